@@ -1,0 +1,53 @@
+"""cluster=local: submitit's LocalExecutor starts tasks_per_node processes on this host."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+
+import submitit
+
+from launcher.clusters.base import Cluster
+
+
+class LocalCluster(Cluster):
+    backend = "local"
+    submission_name = "submission.txt"
+
+    def __init__(self, cfg, run_dir):
+        super().__init__(cfg, run_dir)
+        self._port = cfg.launcher.coordinator_port or _free_port()
+
+    def coordinator_port(self) -> int:
+        return self._port
+
+    def executor(self) -> submitit.LocalExecutor:
+        c = self.cfg.cluster
+        ex = submitit.LocalExecutor(folder=self.folder, python=self.python())
+        ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.timeout_min,
+                             gpus_per_node=c.gpus_per_node, setup=self.setup_lines())
+        return ex
+
+    def submission_text(self, executor: submitit.LocalExecutor) -> str:
+        c = self.cfg.cluster
+        setup = self.setup_lines()
+        controller = shlex.join([sys.executable, "-m", "submitit.local._local", str(self.folder)])
+        lines = [
+            "# cluster=local: submitit's local controller starts one process per task on this host",
+            f"# tasks: {c.tasks_per_node} x {c.cpu_devices_per_task} virtual CPU devices"
+            if c.accelerator.value == "cpu" else f"# tasks: {c.tasks_per_node}",
+            f"# coordinator: 127.0.0.1:{self._port}",
+            *setup,
+            f"SUBMITIT_LOCAL_NTASKS={c.tasks_per_node} {controller}",
+            f"# each task runs: {executor._submitit_command_str}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def _free_port() -> int:
+    # Bound then released: another program could take it before rank 0 does, but a port the
+    # kernel just handed out is unlikely to be reused within the second it takes to start.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

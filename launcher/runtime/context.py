@@ -1,0 +1,110 @@
+"""What a mode sees when it runs inside a task.
+
+A mode is a module in ``launcher/modes/`` with a ``Config`` dataclass (its Hydra schema) and a
+``run(ctx) -> dict`` function. By the time ``run`` is called, device visibility is set, JAX is
+imported and ``jax.distributed`` is initialised, so ``jax.devices()`` lists every global device.
+The dict it returns is written by rank 0 into ``result.json`` at the root of the run dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.runtime.ranks import RankInfo
+
+
+@dataclass
+class TaskContext:
+    cfg: DictConfig
+    run_dir: Path
+    rank: RankInfo
+    log: logging.Logger
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank.process_id == 0
+
+    @property
+    def mode_cfg(self) -> DictConfig:
+        return self.cfg.mode
+
+    def model(self) -> Any:
+        """The configured model, built from ``cfg.model`` (its ``_target_`` and fields)."""
+        from hydra.utils import instantiate
+
+        return instantiate(self.cfg.model, _convert_="all")
+
+    def path(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def write_text(self, name: str, text: str) -> Path | None:
+        """Writes a run-dir artifact; only rank 0 writes, so ranks never race on one file."""
+        if not self.is_main:
+            return None
+        p = self.path(name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + f".tmp{self.rank.process_id}")
+        tmp.write_text(text)
+        tmp.replace(p)
+        return p
+
+    def write_json(self, name: str, obj: Any) -> Path | None:
+        return self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+    @contextlib.contextmanager
+    def progress(self, total: int, description: str) -> Iterator["_Progress"]:
+        """Progress over ``total`` units of work, with ETA.
+
+        Rank 0 publishes it to the run dir, where the waiting launcher draws a live rich bar on
+        the user's terminal, and logs a plain line every tenth of the way (a log is no terminal).
+        Other ranks get a silent counter.
+        """
+        p = _Progress(self, total, description)
+        p.advance(0)
+        yield p
+        p.advance(0, force_log=True)
+
+
+class _Progress:
+    def __init__(self, ctx: TaskContext, total: int, description: str) -> None:
+        self.ctx, self.total, self.description = ctx, max(total, 1), description
+        self.completed = 0
+        self.start = time.perf_counter()
+        self._logged_tenth = -1
+
+    def advance(self, n: int = 1, description: str | None = None, force_log: bool = False) -> None:
+        self.completed += n
+        if description:
+            self.description = description
+        if not self.ctx.is_main:
+            return
+        from launcher.runtime.status import write_progress
+
+        write_progress(self.ctx.run_dir, self.description, self.completed, self.total)
+        tenth = int(10 * self.completed / self.total)
+        if tenth != self._logged_tenth or force_log:
+            self._logged_tenth = tenth
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / self.completed * (self.total - self.completed) if self.completed else float("nan")
+            self.ctx.log.info("%s: %d/%d (%.0f%%), elapsed %.1f s, eta %.1f s", self.description,
+                              self.completed, self.total, 100 * self.completed / self.total, elapsed, eta)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (DictConfig,)):
+        return OmegaConf.to_container(o, resolve=True)
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

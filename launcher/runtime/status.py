@@ -1,0 +1,130 @@
+"""Rank status files and the peer watchdog: how a job fails fast.
+
+JAX ends a process with SIGABRT when a coordination deadline passes instead of raising, and a
+rank blocked in a collective waits ``heartbeat_timeout_seconds`` for a dead peer. So every rank
+keeps a small status file in the shared run dir (state, pid, host, log) and touches it every
+second. A rank that fails writes ``failed``; a rank that dies hard simply goes quiet. Peers and
+the submitting process read these files: a failed or silent rank ends the job within seconds,
+on any backend, whether or not anyone is waiting on the submission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+STATUS_DIR = ".xlaunch"
+HEARTBEAT_S = 1.0
+
+
+def status_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / STATUS_DIR / "ranks"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / "logs" / f"rank{rank}.log"
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    state: str  # starting | joined | done | failed | stopped (ended because a peer failed)
+    pid: int
+    host: str
+    log: str
+    message: str = ""
+    time: float = 0.0
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)  # readers never see half a file
+
+
+def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:
+    """Each rank's last status and the age in seconds of its last heartbeat."""
+    out = {}
+    d = status_dir(run_dir)
+    now = time.time()
+    for p in d.glob("rank*.json") if d.exists() else ():
+        try:
+            st = RankStatus(**json.loads(p.read_text()))
+            out[st.rank] = (st, now - p.stat().st_mtime)
+        except (OSError, ValueError, TypeError):
+            continue  # replaced between glob and read: next poll sees it
+    return out
+
+
+class RankReporter:
+    """Writes this rank's status and heartbeats; watches peers once started."""
+
+    def __init__(self, run_dir: Path, rank: int, num_ranks: int):
+        self.run_dir, self.rank, self.num_ranks = Path(run_dir), rank, num_ranks
+        status_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        self.path = status_dir(run_dir) / f"rank{rank}.json"
+        self.status = RankStatus(rank, "starting", os.getpid(), socket.gethostname(),
+                                 str(rank_log(run_dir, rank)))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.set("starting")
+
+    def set(self, state: str, message: str = "") -> None:
+        self.status.state, self.status.message, self.status.time = state, message, time.time()
+        _write_json(self.path, asdict(self.status))
+
+    def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(HEARTBEAT_S):
+                try:
+                    os.utime(self.path)
+                except OSError:
+                    pass
+                reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank)
+                if reason:
+                    on_peer_failure(reason)
+                    return
+
+        self._thread = threading.Thread(target=loop, name="xlaunch-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, exclude: int = -1) -> str:
+    """Why the job cannot go on ("" if it can): a rank that failed, went silent after joining,
+    or has not joined within the initialisation timeout."""
+    statuses = {r: v for r, v in read_statuses(run_dir).items() if r != exclude}
+    failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed")
+    if failed:
+        st = statuses[failed[0][1]][0]
+        return f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
+    for r, (st, age) in sorted(statuses.items()):
+        if st.state == "joined" and age > peer_timeout_s:
+            return (f"rank {r} stopped responding on {st.host} (pid {st.pid}, no heartbeat for {age:.0f} s; "
+                    f"it probably crashed: see its log {st.log})")
+        if st.state == "starting" and age > init_timeout_s:
+            return (f"rank {r} on {st.host} never joined the job within launcher.init_timeout_s="
+                    f"{init_timeout_s:g} s (see its log {st.log})")
+    return ""
+
+
+def write_progress(run_dir: Path, description: str, completed: float, total: float) -> None:
+    d = Path(run_dir) / STATUS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / "progress.json", {"description": description, "completed": completed, "total": total,
+                                      "time": time.time()})
+
+
+def read_progress(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / STATUS_DIR / "progress.json").read_text())
+    except (OSError, ValueError):
+        return None

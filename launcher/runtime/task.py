@@ -1,0 +1,147 @@
+"""The callable that submitit pickles and runs once per process, on every cluster alike.
+
+Order matters: rank from the environment, then the per-rank log, then device visibility, and
+only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import json
+import logging
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.errors import UserError
+from launcher.runtime import devices, ranks, status
+
+
+class Task:
+    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0):
+        # A plain container pickles without the schema classes' import paths mattering.
+        self.cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        self.run_dir = str(run_dir)
+        self.coordinator_port = coordinator_port
+
+    def __call__(self) -> dict[str, Any]:
+        cfg = OmegaConf.create(self.cfg)
+        run_dir = Path(self.run_dir)
+        port = self.coordinator_port or cfg.launcher.coordinator_port or ranks.default_port()
+        rank = ranks.detect(port)
+        reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes)
+        log = _open_rank_log(run_dir, rank, cfg.launcher.log_level)
+        try:
+            return self._run(cfg, run_dir, rank, reporter, log)
+        except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
+            message = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+            log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
+            reporter.set("failed", message)
+            raise
+        finally:
+            reporter.stop()
+            logging.shutdown()
+
+    def _run(self, cfg, run_dir, rank, reporter, log) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        cluster = cfg.cluster
+        log.info("rank %d/%d (local %d/%d, node %d) on %s from %s; coordinator %s", rank.process_id,
+                 rank.num_processes, rank.local_rank, rank.local_size, rank.node_rank, socket.gethostname(),
+                 rank.source, rank.coordinator)
+        fault_kind, _, fault_rank = cfg.launcher.fault.partition(":")
+        if fault_kind == "hang" and int(fault_rank) == rank.process_id:
+            log.warning("launcher.fault=%s: this rank will never join", cfg.launcher.fault)
+            while True:
+                time.sleep(3600)
+
+        visible = devices.set_visibility(cluster.accelerator, cluster, rank)
+        log.info("device visibility: %s", visible or "unchanged")
+        if cfg.launcher.xla_dump:
+            dump = run_dir / "xla_dump" / f"rank{rank.process_id}"
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                       f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
+        import jax
+
+        if cluster.accelerator == "cpu":
+            jax.config.update("jax_num_cpu_devices", cluster.cpu_devices_per_task)
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if rank.num_processes > 1:
+            log.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d, timeout=%d s)",
+                     rank.coordinator, rank.num_processes, rank.process_id, cfg.launcher.init_timeout_s)
+            jax.distributed.initialize(
+                coordinator_address=rank.coordinator,
+                num_processes=rank.num_processes,
+                process_id=rank.process_id,
+                local_device_ids=devices.jax_local_device_ids(cluster.accelerator, cluster),
+                initialization_timeout=cfg.launcher.init_timeout_s,
+                heartbeat_timeout_seconds=cfg.launcher.heartbeat_timeout_s,
+            )
+        init_s = time.perf_counter() - t0
+        reporter.set("joined")
+        reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s, on_peer_failure=lambda why: _abort(log, reporter, why))
+        log.info("joined in %.2f s: %d global devices, %d local (%s)", init_s, jax.device_count(),
+                 jax.local_device_count(), jax.devices()[0].platform)
+        if fault_kind == "crash" and int(fault_rank) == rank.process_id:
+            raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
+
+        from launcher.runtime.context import TaskContext
+
+        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log)
+        mode = importlib.import_module(f"launcher.modes.{cfg.mode.name}")
+        t1 = time.perf_counter()
+        result = mode.run(ctx)
+        result = {
+            "mode": cfg.mode.name,
+            "cluster": cluster.name,
+            "num_processes": rank.num_processes,
+            "global_devices": jax.device_count(),
+            "platform": jax.devices()[0].platform,
+            "init_time_s": init_s,
+            "mode_time_s": time.perf_counter() - t1,
+            **result,
+        }
+        if ctx.is_main:
+            ctx.write_json("result.json", result)
+            log.info("wrote %s", run_dir / "result.json")
+        reporter.set("done")
+        if rank.num_processes > 1:
+            # Keeps rank 0's coordinator alive until every rank has finished its last collective.
+            jax.distributed.shutdown()
+        return json.loads(json.dumps(result, default=str))
+
+
+def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str) -> logging.Logger:
+    """Sends this process's stdout, stderr (XLA's C++ output included) and logging to its own file."""
+    path = status.rank_log(run_dir, rank.process_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a", buffering=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(f.fileno(), 1)
+    os.dup2(f.fileno(), 2)
+    faulthandler.enable(file=f, all_threads=True)  # a SIGABRT from XLA still leaves a traceback
+    log = logging.getLogger("xlaunch.task")
+    log.handlers.clear()
+    handler = logging.StreamHandler(f)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s rank{rank.process_id} %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+    return log
+
+
+def _abort(log: logging.Logger, reporter: status.RankReporter, why: str) -> None:
+    # Called from the heartbeat thread: the main thread may be stuck inside a collective that
+    # will never complete, so leave at once rather than raise.
+    log.error("ending this rank because %s", why)
+    reporter.set("stopped", why)
+    for h in log.handlers:
+        h.flush()
+    os._exit(17)

@@ -1,0 +1,138 @@
+"""From a composed config to a submitted job, and (with launcher.wait) to its result."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.clusters.base import Cluster
+from launcher.errors import UserError
+from launcher.runtime import status
+from launcher.runtime.task import Task
+
+
+class JobFailed(Exception):
+    """The job ran and failed; the message names the rank and its log."""
+
+
+def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    cluster = Cluster.for_config(cfg, run_dir)
+    executor = cluster.executor()
+    text = cluster.submission_text(executor)
+    saved = run_dir / cluster.submission_name
+    saved.write_text(text)
+    if cfg.launcher.dry_run:
+        print(text, end="")
+        print(f"# dry run: nothing submitted; saved to {saved}", file=sys.stderr)
+        return None
+
+    task = Task(cfg, run_dir, cluster.coordinator_port())
+    job = executor.submit(task)
+    (run_dir / "job.json").write_text(json.dumps({"job_id": str(job.job_id), "backend": cluster.backend,
+                                                  "submitted": time.time()}) + "\n")
+    print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}", file=sys.stderr)
+    if not cfg.launcher.wait:
+        return None
+    return wait(job, cfg, run_dir)
+
+
+def wait(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Polls the job and the ranks' status files until the job ends; fails fast on a bad rank."""
+    lc = cfg.launcher
+    n = expected_ranks(cfg)
+    first_seen = None
+    with _ProgressView() as view:
+        while True:
+            statuses = status.read_statuses(run_dir)
+            now = time.time()
+            if statuses and first_seen is None:
+                first_seen = now  # the job is running: queueing time does not count
+            reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s)
+            if not reason and first_seen is not None and now - first_seen > lc.init_timeout_s + 5:
+                missing = sorted(set(range(n)) - set(statuses))
+                if missing:
+                    reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
+                              f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
+            if reason:
+                job.cancel(check=False)
+                raise JobFailed(_with_log_tail(reason, run_dir, statuses))
+            view.update(status.read_progress(run_dir))
+            if job.done():
+                break
+            time.sleep(lc.poll_interval_s)
+
+    statuses = status.read_statuses(run_dir)
+    try:
+        job.results()
+    except Exception as e:  # submitit says the job failed: name the rank if we can
+        reason = status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
+        raise JobFailed(_with_log_tail(reason, run_dir, statuses)) from None
+    result_path = run_dir / "result.json"
+    if not result_path.exists():
+        raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
+    return json.loads(result_path.read_text())
+
+
+def expected_ranks(cfg: DictConfig) -> int:
+    return cfg.cluster.nodes * cfg.cluster.tasks_per_node
+
+
+def _with_log_tail(reason: str, run_dir: Path, statuses: dict, lines: int = 15) -> str:
+    import re
+
+    m = re.search(r"rank (\d+)", reason)
+    log = status.rank_log(run_dir, int(m.group(1))) if m else None
+    if log is None or not log.exists():
+        return reason
+    tail = log.read_text(errors="replace").splitlines()[-lines:]
+    return reason + f"\n--- last lines of {log} ---\n" + "\n".join(tail)
+
+
+class _ProgressView:
+    """Draws rank 0's published progress as a live bar, when there is a terminal to draw on."""
+
+    def __enter__(self) -> "_ProgressView":
+        self.bar = self.task = None
+        if sys.stderr.isatty():
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn)
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TimeRemainingColumn(), transient=True)
+            self.bar.start()
+        return self
+
+    def update(self, progress: dict | None) -> None:
+        if self.bar is None or not progress:
+            return
+        if self.task is None:
+            self.task = self.bar.add_task(progress["description"], total=progress["total"])
+        self.bar.update(self.task, completed=progress["completed"], total=progress["total"],
+                        description=progress["description"])
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def summarize(result: dict[str, Any], run_dir: Path) -> None:
+    """A short table of the result's scalar fields on the console."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"result: {run_dir / 'result.json'}", show_header=False)
+    for k, v in result.items():
+        if isinstance(v, (int, float, str, bool)):
+            table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
+    Console(stderr=True).print(table)
+
+
+__all__ = ["launch", "wait", "JobFailed", "UserError", "summarize"]
