@@ -42,7 +42,30 @@ def app(cfg: DictConfig) -> dict | None:
 
 def main() -> None:
     schema.register()
+    sys.argv[1:] = _saved_run_as_primary(sys.argv[1:])
     app()
+
+
+def _saved_run_as_primary(argv: list[str]) -> list[str]:
+    """``--config-dir <run>/.hydra --config-name config`` reproduces a run.
+
+    Hydra searches an extra --config-dir after the app's own conf/, whose config.yaml would then
+    win over the run's saved one. A run's .hydra folder holds the whole resolved config, so it
+    becomes the primary config path instead.
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            path = value if eq else (out[i + 1] if i + 1 < len(out) else "")
+            d = Path(path)
+            if (d / "hydra.yaml").exists() and (d / "config.yaml").exists():
+                if eq:
+                    out[i] = f"--config-path={d.resolve()}"
+                else:
+                    out[i], out[i + 1] = "--config-path", str(d.resolve())
+            break
+    return out
 
 
 if __name__ == "__main__":

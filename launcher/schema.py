@@ -107,7 +107,8 @@ class LauncherConfig:
     xla_dump: bool = False
     log_level: str = "INFO"
     # Test-only fault injection, to prove that failures end the job quickly:
-    # "crash:<rank>" raises in that rank after init; "hang:<rank>" never joins.
+    # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT
+    # (no Python cleanup, like a segfault), "hang:<rank>" never joins.
     fault: str = ""
 
 
@@ -176,8 +177,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
     if lc.fault:
         kind, _, rank = lc.fault.partition(":")
-        if kind not in ("crash", "hang") or not rank.isdigit():
-            raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>' or 'hang:<rank>'")
+        if kind not in ("crash", "abort", "hang") or not rank.isdigit():
+            raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>', 'abort:<rank>' or 'hang:<rank>'")
     if c.backend == Backend.tpu and not c.tpu_name:
         raise UserError("cluster=tpu needs the TPU VM's name: add cluster.tpu_name=<name> (and cluster.zone=<zone>)")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         print(f"# dry run: nothing submitted; saved to {saved}", file=sys.stderr)
         return None
 
+    # A reused run dir must not show the last run's ranks to this run's watchers.
+    shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
     task = Task(cfg, run_dir, cluster.coordinator_port())
     job = executor.submit(task)
     (run_dir / "job.json").write_text(json.dumps({"job_id": str(job.job_id), "backend": cluster.backend,

@@ -34,12 +34,13 @@ def rank_log(run_dir: Path, rank: int) -> Path:
 @dataclass
 class RankStatus:
     rank: int
-    state: str  # starting | joined | done | failed | stopped (ended because a peer failed)
+    state: str  # starting | joining | joined | done | failed | stopped (ended because a peer failed)
     pid: int
     host: str
     log: str
     message: str = ""
     time: float = 0.0
+    pidns: str = ""  # the pid is only checkable from the same host and pid namespace
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -70,7 +71,7 @@ class RankReporter:
         status_dir(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = status_dir(run_dir) / f"rank{rank}.json"
         self.status = RankStatus(rank, "starting", os.getpid(), socket.gethostname(),
-                                 str(rank_log(run_dir, rank)))
+                                 str(rank_log(run_dir, rank)), pidns=_pid_namespace())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.set("starting")
@@ -106,14 +107,42 @@ def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, ex
     if failed:
         st = statuses[failed[0][1]][0]
         return f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
+    here = (socket.gethostname(), _pid_namespace())
     for r, (st, age) in sorted(statuses.items()):
+        if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not _alive(st.pid):
+            return (f"rank {r} (pid {st.pid}) died on {st.host} without reporting an error "
+                    f"(killed or crashed: see its log {st.log})")
         if st.state == "joined" and age > peer_timeout_s:
             return (f"rank {r} stopped responding on {st.host} (pid {st.pid}, no heartbeat for {age:.0f} s; "
                     f"it probably crashed: see its log {st.log})")
-        if st.state == "starting" and age > init_timeout_s:
-            return (f"rank {r} on {st.host} never joined the job within launcher.init_timeout_s="
-                    f"{init_timeout_s:g} s (see its log {st.log})")
+    late = [(st.state != "starting", r, st) for r, (st, age) in statuses.items()
+            if st.state in ("starting", "joining") and age > init_timeout_s]
+    if late:
+        # A rank still "starting" never reached jax.distributed.initialize: it is the cause, and
+        # the ranks waiting for it inside initialize ("joining") are not.
+        _, r, st = min(late, key=lambda x: (x[0], x[1]))
+        where = "never reached jax.distributed.initialize" if st.state == "starting" else "could not join"
+        return (f"rank {r} on {st.host} {where} within launcher.init_timeout_s={init_timeout_s:g} s "
+                f"(see its log {st.log})")
     return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    # Only meaningful on the rank's own host; elsewhere the heartbeat's age decides.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def write_progress(run_dir: Path, description: str, completed: float, total: float) -> None:

@@ -40,6 +40,9 @@ class Task:
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level)
         try:
             return self._run(cfg, run_dir, rank, reporter, log)
+        except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
+            reporter.set("stopped", "interrupted")
+            raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
             message = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
             log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
@@ -73,6 +76,7 @@ class Task:
             jax.config.update("jax_num_cpu_devices", cluster.cpu_devices_per_task)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         if rank.num_processes > 1:
+            reporter.set("joining")
             log.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d, timeout=%d s)",
                      rank.coordinator, rank.num_processes, rank.process_id, cfg.launcher.init_timeout_s)
             jax.distributed.initialize(
@@ -88,7 +92,10 @@ class Task:
         reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s, on_peer_failure=lambda why: _abort(log, reporter, why))
         log.info("joined in %.2f s: %d global devices, %d local (%s)", init_s, jax.device_count(),
                  jax.local_device_count(), jax.devices()[0].platform)
-        if fault_kind == "crash" and int(fault_rank) == rank.process_id:
+        if fault_kind in ("crash", "abort") and int(fault_rank) == rank.process_id:
+            log.warning("launcher.fault=%s: injecting a %s", cfg.launcher.fault, fault_kind)
+            if fault_kind == "abort":
+                os.abort()  # dies like a segfaulting or XLA-aborted process: no Python cleanup
             raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
 
         from launcher.runtime.context import TaskContext

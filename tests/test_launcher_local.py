@@ -1,0 +1,151 @@
+"""The embedded default end to end: real processes, real jax.distributed, real gloo collectives."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.launch import REPO, read_result, run_cli
+
+
+def test_default_run_checks_every_device(tmp_path):
+    run = tmp_path / "run"
+    run_cli(run_dir=run)
+    r = read_result(run)
+    assert r["mode"] == "check" and r["cluster"] == "local"
+    assert r["num_processes"] == 2 and r["global_devices"] == 8
+    assert r["psum_ok"] is True and r["psum_value"] == 28.0  # sum of device indices 0..7
+    assert r["allgather_gbps"] > 0
+    assert sorted(p["process_id"] for p in r["processes"]) == [0, 1]
+    assert all(p["local_devices"] == 4 for p in r["processes"])
+    for rank in (0, 1):
+        log = (run / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/2" in log and "joined in" in log
+    # What was run is kept: the resolved config and the exact submission.
+    assert yaml.safe_load((run / "resolved_config.yaml").read_text())["cluster"]["tasks_per_node"] == 2
+    assert "SUBMITIT_LOCAL_NTASKS=2" in (run / "submission.txt").read_text()
+    assert (run / ".hydra" / "config.yaml").exists()
+
+
+def test_saved_config_reproduces_the_run(tmp_path):
+    first, again = tmp_path / "first", tmp_path / "again"
+    run_cli("cluster.tasks_per_node=3", "cluster.cpu_devices_per_task=1", "mode.allgather_mb=0.5", run_dir=first)
+    run_cli("--config-dir", str(first / ".hydra"), "--config-name", "config", run_dir=again)
+    assert (first / "resolved_config.yaml").read_text() == (again / "resolved_config.yaml").read_text()
+    assert read_result(again)["num_processes"] == 3 and read_result(again)["global_devices"] == 3
+
+
+def test_multirun_without_waiting_submits_every_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    t0 = time.time()
+    proc = run_cli("-m", "cluster.tasks_per_node=1,2", "cluster.cpu_devices_per_task=2", "launcher.wait=false",
+                   f"hydra.sweep.dir={sweep}")
+    submitted_in = time.time() - t0
+    assert proc.stderr.count("submitted job") == 2
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 2
+    deadline = time.time() + 120
+    while time.time() < deadline and not all((r / "result.json").exists() for r in runs):
+        time.sleep(0.5)
+    assert [read_result(r)["num_processes"] for r in runs] == [1, 2]
+    assert submitted_in < 30  # returned on submission, not after both jobs
+
+
+def test_dry_run_submits_nothing(tmp_path):
+    run = tmp_path / "run"
+    proc = run_cli("launcher.dry_run=true", run_dir=run)
+    assert "submitit.local._local" in proc.stdout
+    assert (run / "submission.txt").read_text() == proc.stdout
+    assert not (run / "job.json").exists() and not (run / "logs").exists()
+
+
+def test_cfg_job_and_info_behave_as_in_hydra():
+    proc = run_cli("--cfg", "job", "cluster.tasks_per_node=5")
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["cluster"]["tasks_per_node"] == 5 and cfg["mode"]["name"] == "check"
+    info = run_cli("--info", "defaults")
+    assert "cluster/local" in info.stdout and "container/none" in info.stdout
+
+
+@pytest.mark.parametrize("override,message", [
+    ("cluster=nope", "Could not find 'cluster/nope'"),
+    ("cluster.tasks_per_node=two", "could not be converted to Integer"),
+    ("cluster.taskz_per_node=2", "taskz_per_node"),
+    ("cluster.tasks_per_node=0", "cluster.tasks_per_node=0: must be at least 1"),
+    ("cluster.accelerator=fpga", "fpga"),
+    ("mode.allgather_mbb=1", "allgather_mbb"),
+    ("launcher.fault=explode:1", "expected 'crash:<rank>'"),
+])
+def test_bad_input_fails_before_submission(tmp_path, override, message):
+    run = tmp_path / "run"
+    proc = run_cli(override, run_dir=run, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not (run / "job.json").exists()  # nothing was submitted
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("fault,expected", [
+    ("crash:1", "rank 1 failed"),  # a Python exception: reported by the rank itself
+    ("abort:1", "rank 1 (pid"),  # SIGABRT, no cleanup: found dead by its pid
+])
+def test_a_crashing_rank_fails_the_job_fast(tmp_path, fault, expected):
+    run = tmp_path / "run"
+    t0 = time.time()
+    proc = run_cli(f"launcher.fault={fault}", run_dir=run, check=False)
+    elapsed = time.time() - t0
+    assert proc.returncode == 1
+    assert expected in proc.stderr and str(run / "logs" / "rank1.log") in proc.stderr
+    assert elapsed < 30, f"took {elapsed:.1f} s to notice"
+    assert not _leftover_tasks(run)
+
+
+def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
+    run = tmp_path / "run"
+    t0 = time.time()
+    proc = run_cli("launcher.fault=hang:1", "launcher.init_timeout_s=6", run_dir=run, check=False)
+    elapsed = time.time() - t0
+    assert proc.returncode == 1
+    assert "rank 1 on" in proc.stderr and "never reached jax.distributed.initialize" in proc.stderr
+    assert "launcher.init_timeout_s=6" in proc.stderr
+    assert 6 <= elapsed < 40, f"{elapsed:.1f} s"
+    assert not _leftover_tasks(run)
+
+
+def _leftover_tasks(run) -> list[str]:
+    time.sleep(2)  # the controller's SIGINT, then SIGKILL a second later
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if str(run) in line and "submitit" in line]
+
+
+def test_peers_end_the_job_even_when_nobody_waits(tmp_path):
+    """With launcher.wait=false no launcher watches: the ranks' own watchdog must end the job."""
+    run = tmp_path / "run"
+    run_cli("launcher.fault=abort:1", "launcher.wait=false", "launcher.peer_timeout_s=5", run_dir=run)
+    status0 = run / ".xlaunch" / "ranks" / "rank0.json"
+    deadline = time.time() + 60
+    state = None
+    while time.time() < deadline:
+        if status0.exists():
+            state = json.loads(status0.read_text())
+            if state["state"] in ("stopped", "failed", "done"):
+                break
+        time.sleep(0.5)
+    assert state is not None and state["state"] == "stopped", state
+    assert "rank 1" in state["message"]
+    assert not _leftover_tasks(run)
+
+
+def test_xla_dump_lands_in_the_run_dir(tmp_path):
+    run = tmp_path / "run"
+    run_cli("launcher.xla_dump=true", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2", run_dir=run)
+    dumps = list((run / "xla_dump" / "rank0").glob("*before_optimizations.txt"))
+    assert dumps and any("all-gather" in p.read_text() or "all_gather" in p.read_text() for p in dumps)
+
+
+def test_shell_completion_is_hydras():
+    proc = run_cli("-sc", "install=bash")
+    assert "complete" in proc.stdout and "hydra" in proc.stdout.lower()
