@@ -80,7 +80,8 @@ class ClusterConfig:
     zone: Optional[str] = None
     project: Optional[str] = None
     gcloud: str = "gcloud"
-    remote_dir: str = "xlaunch-runs"
+    remote_dir: str = "xlaunch-runs"  # on each worker, relative to its home
+    remote_python: str = "python3"  # the workers' interpreter (with jax[tpu], submitit and xlaunch)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class ContainerConfig:
     python: str = "python3"
     binds: List[str] = field(default_factory=list)  # "host[:container[:opts]]"
     setup: List[str] = field(default_factory=list)  # shell lines run inside, before python
+    venv: Optional[str] = None  # a venv inside the container, activated after setup
     env: Dict[str, str] = field(default_factory=dict)
     options: List[str] = field(default_factory=list)  # extra exec/run options
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a bare Debian 12 machine, as root:
+#   the cluster software the tests start for real (SLURM with accounting, Open MPI, podman),
+#   the Python packages (this project, editable, with its test extras), and the container
+#   image the container tests run in (built once, cached under /var/tmp).
+# Safe to run again: apt and pip skip what is there, the image is reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+
+if [ "$(id -u)" != 0 ]; then
+  echo "install.sh: run as root (apt-get, and the tests start SLURM daemons as root)" >&2
+  exit 1
+fi
+
+apt-get update
+packages=(
+  # SLURM on one machine: controller, two node daemons, accounting (slurmdbd + MariaDB), munge
+  slurm-wlm slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+  # mpirun for cluster=mpi-local (mpi4py's wheel links against it)
+  openmpi-bin libopenmpi-dev
+  # real containers: podman with the runc runtime; debootstrap builds the test image offline
+  podman runc debootstrap
+  ca-certificates tar
+)
+command -v python3 >/dev/null || packages+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
+apt-get install -y --no-install-recommends "${packages[@]}"
+
+# Debian's own python3 is "externally managed" (PEP 668): this machine is the CI's to change.
+pip_flags=()
+stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
+[ -e "$stdlib/EXTERNALLY-MANAGED" ] && pip_flags+=(--break-system-packages)
+python3 -m pip install "${pip_flags[@]}" -e ".[test]"
+
+# The container tests' image: minimal Debian from the package mirror (a minute or three the
+# first time on a machine; tests/clusterkit/image.py).
+python3 -c 'import sys; sys.path.insert(0, "."); from tests.clusterkit.image import ensure_image; print(ensure_image())'

@@ -1,0 +1,225 @@
+"""Applying block plans to a traced program on a real mesh.
+
+The flattened graph is re-evaluated operator by operator (``evaluate``: each operator binds its
+original primitive), and the output of every contraction of a block with a chosen plan is
+pinned with ``jax.lax.with_sharding_constraint`` to the layout that plan implies. XLA's sharding
+propagation fills in the rest, and inserts the collectives. Program inputs are laid out as their
+first planned consumer wants them (``wanted_spec``).
+
+The mesh has axes ``cfp0`` (and ``cfp1``) and is built with ``Mesh(devices, names)``, whose axes
+are Auto: ``jax.make_mesh``'s Explicit axes would refuse a contraction over a split dimension.
+
+A plan saved for ``mode=train`` carries its layouts in the ``constraints`` field of the models'
+plan JSON: ``"<op id>": [...]`` pins the output of that contraction and ``"in:<path>": [...]``
+lays out a program input (its pytree path in the step's arguments), each a PartitionSpec-like
+list (per dimension ``null``, an axis name, or a list of axis names). ``constrained_step``
+turns such a mapping back into a step function.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from launcher.cfp.analysis import Analysis
+from launcher.cfp.graph import Graph
+from launcher.cfp.propagation import ELEMENTWISE, PASS_THROUGH
+from launcher.cfp.strategies import Spec, operand_specs
+
+AXIS_NAMES = ("cfp0", "cfp1")
+
+
+def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -> Any:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    devices = list(devices) if devices is not None else jax.devices()
+    n = 1
+    for s in mesh_shape:
+        n *= s
+    if n != len(devices):
+        from launcher.errors import UserError
+        raise UserError(f"mode.mesh_shape={list(mesh_shape)} has {n} devices but the job has {len(devices)}: "
+                        "make the product of mode.mesh_shape the global device count (or leave it [] for 1-D)")
+    return Mesh(np.asarray(devices, dtype=object).reshape(tuple(mesh_shape)), AXIS_NAMES[:len(mesh_shape)])
+
+
+def pspec(spec: Spec) -> Any:
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*[None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else tuple(AXIS_NAMES[a] for a in ax)
+                           for ax in spec])
+
+
+def spec_json(spec: Spec) -> list:
+    return [None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else [AXIS_NAMES[a] for a in ax] for ax in spec]
+
+
+def spec_from_json(entry: Sequence[Any]) -> Spec:
+    def axes(e: Any) -> tuple[int, ...]:
+        if e is None:
+            return ()
+        names = [e] if isinstance(e, str) else list(e)
+        return tuple(AXIS_NAMES.index(n) for n in names)
+    return tuple(axes(e) for e in entry)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts a plan assignment implies
+
+
+class Layouts:
+    """Layouts of tensors under an assignment {block id: plan index} (blocks absent: free)."""
+
+    def __init__(self, a: Analysis, assignment: Mapping[int, int]) -> None:
+        self.a, self.assignment = a, dict(assignment)
+
+    def contraction_outputs(self) -> dict[int, Spec]:
+        """var id -> layout, for the output of every contraction of an assigned block."""
+        out = {}
+        for b_id, p in self.assignment.items():
+            b = self.a.blocks[b_id]
+            for op in b.roles:
+                c = self.a.contractions[op]
+                out[c.out] = operand_specs(c, b.strategies[op][p])[2]
+        return out
+
+    def produced(self, v: int) -> Spec | None:
+        """The layout ``v`` has where it is produced, if its block is assigned and knows it."""
+        op = self.a.graph.producer[v]
+        if op is None:
+            return None
+        b = self.a.owner[op]
+        if b not in self.assignment:
+            return None
+        return self.a.blocks[b].specs[self.assignment[b]].get(v)
+
+    def wanted(self, v: int, within: Iterable[int] | None = None, depth: int = 3) -> Spec:
+        """The layout ``v``'s consumers (among ops ``within``) want: the operand layout of the
+        first planned contraction reached, or the output layout of the first planned operator
+        that carries v's shape, looking through element-wise operators; else replicated."""
+        g, a = self.a.graph, self.a
+        allowed = set(within) if within is not None else None
+        shape = g.shape(v)
+        frontier = [v]
+        for _ in range(depth + 1):
+            nxt = []
+            for u in frontier:
+                for op_id in g.consumers[u]:
+                    if allowed is not None and op_id not in allowed:
+                        continue
+                    b_id = a.owner[op_id]
+                    p = self.assignment.get(b_id)
+                    found = None
+                    if p is not None:
+                        b = a.blocks[b_id]
+                        if op_id in b.roles:
+                            c = a.contractions[op_id]
+                            lhs, rhs, _ = operand_specs(c, b.strategies[op_id][p])
+                            found = lhs if c.lhs == u else rhs if c.rhs == u else None
+                        else:
+                            found = next((b.specs[p][o] for o in g.ops[op_id].outputs
+                                          if o in b.specs[p] and g.shape(o) == g.shape(u)), None)
+                    if found is not None and _fits(shape, g.shape(u)):
+                        return tuple(found[:len(shape)])
+                    if g.ops[op_id].prim in ELEMENTWISE | PASS_THROUGH | {"broadcast_in_dim", "reshape"}:
+                        nxt.extend(o for o in g.ops[op_id].outputs if _fits(shape, g.shape(o)))
+            frontier = nxt
+        return ((),) * len(shape)
+
+
+def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
+    """``other`` is ``shape`` or ``shape`` with trailing unit dimensions (an index vector)."""
+    return tuple(other[:len(shape)]) == tuple(shape) and all(d == 1 for d in other[len(shape):])
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping[int, Any]) -> dict[int, Any]:
+    """Runs operators ``op_ids`` (program order, top level only) over ``env`` (var id -> value),
+    pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed."""
+    import jax
+
+    for i in op_ids:
+        op, eqn = g.ops[i], g.eqns[i]
+        args = [env[v] if v is not None else eqn.invars[k].val for k, v in enumerate(op.inputs)]
+        with eqn.ctx.manager:
+            outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for v, x in zip(op.outputs, outs):
+            env[v] = jax.lax.with_sharding_constraint(x, pins[v]) if v in pins else x
+    return env
+
+
+def constants(g: Graph, needed: Iterable[int]) -> dict[int, Any]:
+    return {v: g.const_values[v] for v in needed if v in g.const_values}
+
+
+def pins_for(specs: Mapping[int, Spec], mesh: Any) -> dict[int, Any]:
+    from jax.sharding import NamedSharding
+
+    return {v: NamedSharding(mesh, pspec(s)) for v, s in specs.items()}
+
+
+def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any) -> tuple[Any, Any, Any]:
+    """(step, in_shardings, out_shardings) for the whole traced program under ``assignment``;
+    ``step`` takes and returns the same pytrees as the traced function."""
+    layouts = Layouts(a, assignment)
+    specs = {f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(a.graph.inputs, a.graph.input_names)}
+    specs.update({str(a.graph.producer[v]): spec_json(s) for v, s in layouts.contraction_outputs().items()})
+    return constrained_step_from_graph(a.graph, specs, mesh)
+
+
+def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any) -> tuple[Any, Any, Any]:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    pins = {}
+    for key, entry in constraints.items():
+        if key.isdigit() and int(key) < len(g.ops):
+            pins[g.ops[int(key)].outputs[0]] = NamedSharding(mesh, pspec(spec_from_json(entry)))
+    in_specs = []
+    for v, name in zip(g.inputs, g.input_names):
+        entry = constraints.get(f"in:{name}")
+        in_specs.append(NamedSharding(mesh, pspec(spec_from_json(entry)) if entry is not None else PartitionSpec()))
+    top = [op.id for op in g.ops if op.loop is None]
+
+    def flat_step(*leaves: Any) -> list[Any]:
+        env = dict(zip(g.inputs, leaves))
+        env.update(constants(g, g.const_values))
+        env = evaluate(g, top, env, pins)
+        return [env[v] if v is not None else None for v in g.outputs]
+
+    def step(*args: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves(args)
+        return jax.tree_util.tree_unflatten(g.out_tree, flat_step(*leaves))
+
+    in_shardings = jax.tree_util.tree_unflatten(g.in_tree, in_specs)
+    out_shardings = _follow_inputs(g, in_shardings, NamedSharding(mesh, PartitionSpec()))
+    return step, in_shardings, out_shardings
+
+
+def _follow_inputs(g: Graph, in_shardings: Any, replicated: Any) -> Any:
+    """Output shardings: a step returning its first argument's structure first (the training
+    state) keeps that part laid out as it came in, so steps chain; the rest is replicated."""
+    import jax
+
+    outs, ins = g.out_tree.children(), g.in_tree.children()
+    if outs and ins and outs[0] == ins[0]:
+        rest = [jax.tree_util.tree_unflatten(t, [replicated] * t.num_leaves) for t in outs[1:]]
+        return jax.tree_util.tree_unflatten(g.out_tree, jax.tree_util.tree_leaves((in_shardings[0], *rest)))
+    return jax.tree_util.tree_unflatten(g.out_tree, [replicated] * g.out_tree.num_leaves)
+
+
+def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, Any], mesh: Any) -> tuple[Any, Any, Any]:
+    """For ``mode=train`` with a CFP plan: ``step`` (traced on ``args``, arrays or shapes) under the
+    plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
+    for ``jax.jit``; operator ids match the analysis because tracing and flattening are
+    deterministic."""
+    from launcher.cfp.graph import trace
+
+    _, g = trace(step, *args)
+    return constrained_step_from_graph(g, constraints, mesh)

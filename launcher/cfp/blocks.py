@@ -1,0 +1,243 @@
+"""ParallelBlocks: groups of operators whose layout one choice fixes without communication.
+
+A block starts at a forward contraction, its *head*. A *plan* of the block is one of the head's
+strategies (``strategies.py``); choosing it fixes the layout of every operator in the block.
+Operators are visited in program order and each is *owned* by exactly one block:
+
+- a forward contraction joins an existing block as a *sibling* when it shares a (non-input)
+  operand with that block's head or sibling at the same operand position and has the same
+  dimension roles and sizes: Q, K and V projections of one activation, LLaMA's gate and up
+  projections. It takes the head's strategy, role for role;
+- it is *absorbed* by a block when both its operands are members of that block and, under every
+  plan, their layouts imply a communication-free strategy: attention scores and the weighted sum
+  of values, whose operands both come from the Q/K/V projections;
+- otherwise it heads a new block;
+- a backward contraction joins the block of its forward counterpart: the forward contraction
+  that has one of its operands as an operand (the weight for the input gradient, the input for
+  the weight gradient) and whose output has the shape of its other operand (the cotangent). Its
+  strategy under each plan is derived from the counterpart's: the dimensions of the shared
+  operand keep their loop-dimension labels, paired dimensions share labels, and the remaining
+  ones take the counterpart's unused labels by size, so the data-parallel plan's weight gradient
+  contracts over the split batch dimension (the gradient all-reduce) while a column-split plan's
+  stays split. A backward contraction with no counterpart (e.g. recomputed under remat) heads
+  its own block;
+- any other operator is owned by the block of its most recently produced owned input of the
+  output's shape (a residual add belongs to the block that produced the later of its two
+  inputs; a scalar such as a gradient-clipping scale never decides), and follows that block's
+  layouts by the rules in ``propagation.py``. It is a *member* of the block when it is reached
+  from a member and needs no communication under any plan; otherwise it is *glue*: owned (it
+  runs with the block), but the place where the block's plans stop propagating. Operators with
+  no owned input at all (index arithmetic, masks from ``iota``, the optimizer's step counter)
+  are glue of the block of their first consumer.
+
+For each plan, every contraction in a block gets its strategy, hence its operand and output
+layouts; those are the sharding constraints the profile pass applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from launcher.cfp.contractions import Contraction
+from launcher.cfp.graph import Graph
+from launcher.cfp.propagation import propagate
+from launcher.cfp.strategies import Spec, Strategy, enumerate_strategies, from_operand_specs, operand_specs
+
+KIND_FAMILY = {"dot": "dot", "conv": "conv", "lookup": "lookup", "lookup_grad": "lookup"}
+
+
+@dataclass
+class Block:
+    id: int
+    head: int                                   # op id of the head contraction
+    plans: list[Strategy]                       # the head's strategies: plan k is plans[k]
+    ops: list[int] = field(default_factory=list)          # every owned op, program order
+    members: set[int] = field(default_factory=set)        # communication-free under every plan
+    roles: dict[int, str] = field(default_factory=dict)   # contraction -> head/sibling/absorbed/bwd
+    strategies: dict[int, list[Strategy]] = field(default_factory=dict)  # contraction -> per plan
+    specs: list[dict[int, Spec]] = field(default_factory=list)  # per plan: var -> layout
+
+    @property
+    def num_plans(self) -> int:
+        return len(self.plans)
+
+    @property
+    def contractions(self) -> list[int]:
+        return sorted(self.roles)
+
+
+def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int]) -> tuple[list[Block], list[int]]:
+    """The blocks in head order, and the owner block of every operator."""
+    blocks: list[Block] = []
+    owner: list[int | None] = [None] * len(g.ops)
+    pending: list[int] = []
+
+    def owner_of(v: int | None) -> int | None:
+        if v is None or g.producer[v] is None:
+            return None
+        return owner[g.producer[v]]
+
+    def is_member(v: int | None, b: Block) -> bool:
+        return v is not None and g.producer[v] is not None and g.producer[v] in b.members
+
+    def open_block(c: Contraction) -> Block:
+        b = Block(len(blocks), c.op, enumerate_strategies(c, mesh_shape))
+        b.specs = [{} for _ in b.plans]
+        blocks.append(b)
+        return b
+
+    def join(b: Block, c: Contraction, role: str, strats: list[Strategy]) -> None:
+        b.roles[c.op] = role
+        b.strategies[c.op] = strats
+        b.members.add(c.op)
+        owner[c.op] = b.id
+        for p, s in enumerate(strats):
+            b.specs[p][c.out] = operand_specs(c, s)[2]
+
+    for op in g.ops:
+        c = cons.get(op.id)
+        if c is not None:
+            if op.phase != "bwd":
+                found = _sibling(g, c, cons, blocks, owner) or _absorber(c, blocks, owner_of, is_member)
+                if found is not None:
+                    b, role, strats = found
+                    join(b, c, role, strats)
+                    continue
+                b = open_block(c)
+                join(b, c, "head", list(b.plans))
+            else:
+                found = _counterpart(g, c, cons, blocks, owner)
+                if found is not None:
+                    b, strats = found
+                    join(b, c, "bwd", strats)
+                else:
+                    b = open_block(c)
+                    join(b, c, "head", list(b.plans))
+            continue
+
+        owned = [v for v in op.inputs if owner_of(v) is not None]
+        if not owned:
+            pending.append(op.id)
+            continue
+        b = blocks[owner_of(_carrier(g, op, owned))]
+        owner[op.id] = b.id
+        comm = False
+        for p in range(b.num_plans):
+            ins = [b.specs[p].get(v) if owner_of(v) == b.id else None for v in op.inputs]
+            outs, needs = propagate(g, op, ins, mesh_shape)
+            comm = comm or needs
+            for v, s in zip(op.outputs, outs):
+                b.specs[p][v] = s
+        if not comm and any(is_member(v, b) for v in op.inputs):
+            b.members.add(op.id)
+
+    _settle_pending(g, pending, owner, blocks)
+    for i, o in enumerate(owner):
+        blocks[o].ops.append(i)
+    return blocks, owner  # type: ignore[return-value]
+
+
+def _carrier(g: Graph, op, owned: list[int]) -> int:
+    """The input whose block owns ``op``: the latest-produced one among those shaped like the
+    output (the layout carriers of an element-wise op), else among non-scalars, else any. A scalar
+    never decides: gradient clipping multiplies every gradient by one global scale, and that must
+    not pull every layer's optimizer update into the block that computed the scale."""
+    out_shape = g.shape(op.outputs[0]) if op.outputs else None
+    for pool in ([v for v in owned if g.shape(v) == out_shape], [v for v in owned if g.shape(v)], owned):
+        if pool:
+            return max(pool, key=lambda v: g.producer[v])
+    raise AssertionError("no owned input")
+
+
+def _sibling(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
+             owner: list[int | None]) -> tuple[Block, str, list[Strategy]] | None:
+    for side in ("lhs", "rhs"):
+        v = getattr(c, side)
+        if v is None or g.producer[v] is None:
+            continue  # program inputs (weights) are shared by design, not siblings
+        for u in g.consumers[v]:
+            if u >= c.op or u not in cons or owner[u] is None:
+                continue
+            b = blocks[owner[u]]
+            other = cons[u]
+            if b.roles.get(u) in ("head", "sibling") and getattr(other, side) == v and other.signature == c.signature:
+                return b, "sibling", list(b.strategies[u])
+    return None
+
+
+def _absorber(c: Contraction, blocks: list[Block], owner_of, is_member) -> tuple[Block, str, list[Strategy]] | None:
+    if c.lhs is None or c.rhs is None:
+        return None
+    o = owner_of(c.lhs)
+    if o is None or owner_of(c.rhs) != o:
+        return None
+    b = blocks[o]
+    if not (is_member(c.lhs, b) and is_member(c.rhs, b)):
+        return None
+    strats = []
+    for p in range(b.num_plans):
+        s, free = from_operand_specs(c, b.specs[p][c.lhs], b.specs[p][c.rhs])
+        if not free:
+            return None
+        strats.append(s)
+    return b, "absorbed", strats
+
+
+def _counterpart(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
+                 owner: list[int | None]) -> tuple[Block, list[Strategy]] | None:
+    candidates = []
+    for side, other in (("lhs", c.rhs), ("rhs", c.lhs)):
+        v = getattr(c, side)
+        if v is None or other is None:
+            continue
+        for u in g.consumers[v]:
+            f = cons.get(u)
+            if f is None or u >= c.op or owner[u] is None or g.ops[u].phase == "bwd":
+                continue
+            if g.shape(other) != f.out_shape:
+                continue
+            same_family = KIND_FAMILY[f.kind] == KIND_FAMILY[c.kind]
+            candidates.append((not same_family, u, f, v, side))
+    for _, u, f, v, side in sorted(candidates, key=lambda t: (t[0], t[1])):
+        labels = derive_labels(f, v, c, side)
+        if labels is None:
+            continue
+        b = blocks[owner[u]]
+        strats = [Strategy(tuple(s.axes[l] for l in labels)) for s in b.strategies[u]]
+        return b, strats
+    return None
+
+
+def derive_labels(f: Contraction, v: int, c: Contraction, c_side: str) -> list[int] | None:
+    """For each loop dimension of backward contraction ``c``, the loop dimension of forward
+    contraction ``f`` it iterates over, given that ``v`` is an operand of both."""
+    f_side = "lhs" if f.lhs == v else "rhs"
+    f_dim_of = {getattr(d, f_side): i for i, d in enumerate(f.dims) if getattr(d, f_side) is not None}
+    labels: list[int | None] = [None] * len(c.dims)
+    for i, d in enumerate(c.dims):
+        od = getattr(d, c_side)
+        if od is not None and od in f_dim_of:
+            labels[i] = f_dim_of[od]
+    unused = [j for j in range(len(f.dims)) if j not in labels]
+    for i, l in enumerate(labels):
+        if l is None:
+            j = next((j for j in unused if f.dims[j].size == c.dims[i].size), None)
+            if j is None:
+                return None
+            labels[i] = j
+            unused.remove(j)
+    if any(f.dims[l].size != c.dims[i].size for i, l in enumerate(labels)) or len(set(labels)) != len(labels):
+        return None
+    return labels  # type: ignore[return-value]
+
+
+def _settle_pending(g: Graph, pending: list[int], owner: list[int | None], blocks: list[Block]) -> None:
+    for i in reversed(pending):
+        consumers = [u for v in g.ops[i].outputs for u in g.consumers[v] if owner[u] is not None]
+        if consumers:
+            owner[i] = owner[min(consumers)]
+    for i in pending:
+        if owner[i] is None:
+            before = [owner[j] for j in range(i - 1, -1, -1) if owner[j] is not None]
+            owner[i] = before[0] if before else 0

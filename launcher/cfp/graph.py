@@ -1,0 +1,332 @@
+"""The operator graph CFP analyses: a flat list of operators over typed tensors.
+
+It comes from a traced program (``from_jaxpr``) or from an HLO text module (``hlo_text.py``).
+Nested calls (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``, ``closed_call``) are
+inlined, so every operator of the training step appears once, in program order, with a stable id:
+the same program always flattens to the same ids, which is what lets a plan found on one run be
+applied on another (``apply.py`` walks the jaxpr the same way).
+
+Loop bodies (``scan``, ``while``, ``cond`` branches) are walked too: the loop itself is one opaque
+operator (a block boundary), followed by its body's operators, whose inputs are bound to the
+loop's operands where they correspond (constants and carries) and to fresh tensors otherwise. The
+analysis sees the contractions inside a loop; sharding constraints are only applied outside loops.
+
+Each operator is marked with the phase of the training step it belongs to:
+
+- ``fwd``: an ancestor of the loss (the step's scalar floating-point output);
+- ``opt``: not forward, and reached from an input the forward pass never reads (the optimizer
+  state). A stateless optimizer's update is therefore counted with the backward pass;
+- ``bwd``: everything else (gradients, and residuals computed only for the backward pass).
+
+A program without a scalar floating-point output is all forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+# Call-like primitives whose single sub-program is inlined: they change how a computation is
+# staged or differentiated, never what it computes once the step is traced.
+INLINE = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
+                    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"})
+LOOPS = frozenset({"scan", "while", "cond"})
+
+
+@dataclass(frozen=True)
+class Var:
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def type_str(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass
+class Op:
+    id: int
+    prim: str                       # primitive name (jaxpr spelling; HLO opcodes are mapped)
+    inputs: tuple[int | None, ...]  # var ids; None for a literal scalar
+    outputs: tuple[int, ...]
+    params: dict[str, Any]          # what the propagation rules and contractions need, normalised
+    name: str = ""                  # where it came from: nested call path or HLO instruction name
+    loop: int | None = None         # id of the enclosing loop operator, if inside a loop body
+    phase: str = "fwd"
+
+
+@dataclass
+class Graph:
+    vars: list[Var] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)        # program inputs, in flattened order
+    input_names: list[str] = field(default_factory=list)
+    outputs: list[int | None] = field(default_factory=list)
+    source: str = "jaxpr"
+    producer: list[int | None] = field(default_factory=list)   # var id -> op id
+    consumers: list[list[int]] = field(default_factory=list)   # var id -> op ids, in order
+    # For re-evaluating a traced program (apply.py): op id -> its JaxprEqn, and the values of
+    # tensors that are constants of the program (closed-over arrays, literals passed to calls).
+    eqns: dict[int, Any] = field(default_factory=dict, repr=False)
+    const_values: dict[int, Any] = field(default_factory=dict, repr=False)
+    in_tree: Any = field(default=None, repr=False)
+    out_tree: Any = field(default=None, repr=False)
+
+    def new_var(self, shape: Sequence[int], dtype: str) -> int:
+        v = Var(len(self.vars), tuple(int(s) for s in shape), str(dtype))
+        self.vars.append(v)
+        self.producer.append(None)
+        self.consumers.append([])
+        return v.id
+
+    def add_op(self, prim: str, inputs: Sequence[int | None], outputs: Sequence[int],
+               params: dict[str, Any] | None = None, name: str = "", loop: int | None = None) -> Op:
+        op = Op(len(self.ops), prim, tuple(inputs), tuple(outputs), params or {}, name, loop)
+        self.ops.append(op)
+        for v in op.inputs:
+            if v is not None:
+                self.consumers[v].append(op.id)
+        for v in op.outputs:
+            self.producer[v] = op.id
+        return op
+
+    def shape(self, v: int) -> tuple[int, ...]:
+        return self.vars[v].shape
+
+    def describe(self, op: Op) -> str:
+        ins = " ".join(self.vars[v].type_str if v is not None else "lit" for v in op.inputs)
+        outs = " ".join(self.vars[v].type_str for v in op.outputs)
+        return f"{outs} = {op.prim}({ins})"
+
+
+# ---------------------------------------------------------------------------------------------
+# From a jaxpr
+
+
+def trace(fn: Any, *args: Any) -> tuple[Any, Graph]:
+    """Traces ``fn(*args)`` (arrays or ShapeDtypeStructs) and flattens it into a Graph."""
+    import jax
+
+    closed, out_shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+    leaves, in_tree = jax.tree_util.tree_flatten_with_path(args)
+    g = from_jaxpr(closed, [jax.tree_util.keystr(p) for p, _ in leaves])
+    g.in_tree = jax.tree_util.tree_structure(args)
+    g.out_tree = jax.tree_util.tree_structure(out_shapes)
+    return closed, g
+
+
+def from_jaxpr(closed: Any, input_names: Sequence[str] | None = None) -> Graph:
+    g = Graph(source="jaxpr")
+    jaxpr = closed.jaxpr
+    env: dict[Any, int] = {}
+    for v, value in zip(jaxpr.constvars, closed.consts):
+        env[v] = _new(g, v)
+        g.const_values[env[v]] = value
+    for v in jaxpr.invars:
+        env[v] = _new(g, v)
+        g.inputs.append(env[v])
+    names = list(input_names) if input_names is not None else [f"in{i}" for i in range(len(jaxpr.invars))]
+    g.input_names = names
+    _walk(g, jaxpr, env, path="", loop=None)
+    g.outputs = [_read(env, v) for v in jaxpr.outvars]
+    mark_phases(g)
+    return g
+
+
+def _new(g: Graph, v: Any) -> int:
+    aval = v.aval
+    return g.new_var(getattr(aval, "shape", ()), getattr(aval, "dtype", "token"))
+
+
+def _is_literal(v: Any) -> bool:
+    from jax.extend import core as jcore
+    return isinstance(v, jcore.Literal)
+
+
+def _read(env: dict[Any, int], v: Any) -> int | None:
+    if _is_literal(v):
+        return None
+    return env.get(v)
+
+
+def inline_target(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    """(sub-jaxpr, its constants) of an inlinable call, else None. Shared with ``apply.py``."""
+    if eqn.primitive.name not in INLINE:
+        return None
+    from jax.extend import core as jcore
+    for value in eqn.params.values():
+        if isinstance(value, jcore.ClosedJaxpr):
+            jaxpr, consts = value.jaxpr, value.consts
+        elif isinstance(value, jcore.Jaxpr):
+            jaxpr, consts = value, ()
+        else:
+            continue
+        if len(jaxpr.invars) == len(eqn.invars) and len(jaxpr.outvars) == len(eqn.outvars):
+            return jaxpr, consts
+    return None
+
+
+def loop_bodies(eqn: Any) -> list[tuple[Any, list[Any | None]]]:
+    """Each body of a loop eqn with, per body input, the outer operand it stands for (or None)."""
+    p, name, ins = eqn.params, eqn.primitive.name, list(eqn.invars)
+    if name == "scan":
+        body = p["jaxpr"].jaxpr
+        n_bound = p["num_consts"] + p["num_carry"]
+        return [(body, ins[:n_bound] + [None] * (len(body.invars) - n_bound))]
+    if name == "while":
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        carry = ins[cn + bn:]
+        return [(p["cond_jaxpr"].jaxpr, ins[:cn] + carry), (p["body_jaxpr"].jaxpr, ins[cn:cn + bn] + carry)]
+    if name == "cond":
+        return [(br.jaxpr, ins[1:]) for br in p["branches"]]
+    return []
+
+
+def count_flat_ops(jaxpr: Any) -> int:
+    """How many graph operators ``_walk`` makes of a jaxpr (so ``apply.py`` can skip a loop body)."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        target = inline_target(eqn)
+        if target is not None:
+            n += count_flat_ops(target[0])
+            continue
+        n += 1
+        if eqn.primitive.name in LOOPS:
+            n += sum(count_flat_ops(body) for body, _ in loop_bodies(eqn))
+    return n
+
+
+def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None) -> None:
+    for eqn in jaxpr.eqns:
+        target = inline_target(eqn)
+        if target is not None:
+            sub, consts = target
+            inner: dict[Any, int] = {}
+            for cv, value in zip(sub.constvars, consts):
+                inner[cv] = _new(g, cv)
+                g.const_values[inner[cv]] = value
+            for iv, ov in zip(sub.invars, eqn.invars):
+                src = _read(env, ov)
+                if src is None:  # a literal passed into the call
+                    src = _new(g, iv)
+                    g.const_values[src] = ov.val
+                inner[iv] = src
+            label = eqn.params.get("name", eqn.primitive.name)
+            _walk(g, sub, inner, f"{path}{label}/", loop)
+            for ov, iv in zip(eqn.outvars, sub.outvars):
+                src = _read(inner, iv)
+                if src is None:  # the call returns a literal
+                    src = _new(g, ov)
+                    g.const_values[src] = iv.val
+                env[ov] = src
+            continue
+        ins = [_read(env, v) for v in eqn.invars]
+        outs = []
+        for v in eqn.outvars:
+            env[v] = _new(g, v)
+            outs.append(env[v])
+        op = g.add_op(eqn.primitive.name, ins, outs, _params(eqn), path + eqn.primitive.name, loop)
+        g.eqns[op.id] = eqn
+        if eqn.primitive.name in LOOPS:
+            for body, bound in loop_bodies(eqn):
+                inner = {}
+                for cv in body.constvars:
+                    inner[cv] = _new(g, cv)
+                for iv, ov in zip(body.invars, bound):
+                    src = _read(env, ov) if ov is not None else None
+                    inner[iv] = src if src is not None else _new(g, iv)
+                _walk(g, body, inner, f"{path}{eqn.primitive.name}/", op.id)
+
+
+def _params(eqn: Any) -> dict[str, Any]:
+    """The parameters the analysis reads, as plain tuples/ints (stable across runs)."""
+    name, p = eqn.primitive.name, eqn.params
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = p["dimension_numbers"]
+        return {"contracting": (tuple(lc), tuple(rc)), "batch": (tuple(lb), tuple(rb))}
+    if name == "conv_general_dilated":
+        dn = p["dimension_numbers"]
+        return {"lhs_spec": tuple(dn.lhs_spec), "rhs_spec": tuple(dn.rhs_spec), "out_spec": tuple(dn.out_spec),
+                "feature_group_count": int(p["feature_group_count"]),
+                "batch_group_count": int(p["batch_group_count"])}
+    if name == "gather":
+        dn = p["dimension_numbers"]
+        return {"offset_dims": tuple(dn.offset_dims), "collapsed_slice_dims": tuple(dn.collapsed_slice_dims),
+                "start_index_map": tuple(dn.start_index_map),
+                "operand_batching_dims": tuple(dn.operand_batching_dims),
+                "slice_sizes": tuple(int(s) for s in p["slice_sizes"]),
+                "index_vector_dim": len(eqn.invars[1].aval.shape) - 1}
+    if name.startswith("scatter"):
+        dn = p["dimension_numbers"]
+        return {"update_window_dims": tuple(dn.update_window_dims),
+                "inserted_window_dims": tuple(dn.inserted_window_dims),
+                "scatter_dims_to_operand_dims": tuple(dn.scatter_dims_to_operand_dims),
+                "operand_batching_dims": tuple(dn.operand_batching_dims),
+                "index_vector_dim": len(eqn.invars[1].aval.shape) - 1}
+    if name == "pad":
+        return {"padded": tuple(i for i, cfg in enumerate(p["padding_config"]) if tuple(cfg) != (0, 0, 0))}
+    out: dict[str, Any] = {}
+    for key in ("axes", "broadcast_dimensions", "permutation", "dimensions", "dimension", "axis",
+                "new_sizes", "y", "sizes"):
+        if key in p and p[key] is not None:
+            value = p[key]
+            out[key] = tuple(int(x) for x in value) if isinstance(value, (tuple, list)) else _plain(value)
+    if name in ("scan",):
+        out["length"] = int(p["length"])
+    return out
+
+
+def _plain(value: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phases
+
+
+def mark_phases(g: Graph) -> None:
+    loss = [v for v in g.outputs if v is not None and g.vars[v].shape == ()
+            and g.vars[v].dtype.startswith(("float", "bfloat", "f"))]
+    top = [op for op in g.ops if op.loop is None]
+    if not loss:
+        for op in g.ops:
+            op.phase = "fwd"
+        return
+    fwd = _ancestors(g, loss)
+    read_by_fwd = {v for i in fwd for v in g.ops[i].inputs if v is not None}
+    opt_roots = [v for v in g.inputs if v not in read_by_fwd]
+    reached = set(opt_roots)
+    for op in top:
+        if op.id in fwd:
+            op.phase = "fwd"
+        elif any(v in reached for v in op.inputs if v is not None):
+            op.phase = "opt"
+            reached.update(op.outputs)
+        else:
+            op.phase = "bwd"
+    for op in g.ops:
+        if op.loop is not None:
+            op.phase = g.ops[op.loop].phase
+
+
+def _ancestors(g: Graph, roots: Sequence[int]) -> set[int]:
+    seen: set[int] = set()
+    stack = [g.producer[v] for v in roots if g.producer[v] is not None]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        for v in g.ops[i].inputs:
+            if v is not None and g.producer[v] is not None:
+                stack.append(g.producer[v])
+    return seen
+
+
+def iter_top(g: Graph) -> Iterator[Op]:
+    """Operators outside loop bodies, in program order."""
+    return (op for op in g.ops if op.loop is None)

@@ -1,0 +1,407 @@
+"""The CFP profile pass: every plan combination of every unique segment, compiled and timed.
+
+For each template, the first segment instance is turned into a program of that segment alone
+(``segment_program.py``); for every combination of its blocks' plans the program is compiled
+with those plans' sharding constraints on the real mesh, run (warm-up, then repeats) and its
+median time and per-device memory (XLA's memory analysis) recorded. A template whose space
+exceeds ``max_space`` is profiled in consecutive parts (block ranges whose plan-count product
+fits), so an MoE layer's thousands of combinations become a few hundred; the search then treats
+the parts as segments, with measured resharding between them.
+
+Resharding between neighbouring units (segments or parts) is measured, not fitted: for every
+tensor one unit produces and the next consumes (activations forward, gradients backward), every
+pair (layout produced under some combination, layout wanted under some combination) is compiled
+as an identity with those input and output shardings and timed.
+
+Every result goes into the profile store (``store.py``) as soon as it is measured, keyed by the
+model's signature, the mesh, the devices, the template and the combination, so an interrupted
+run resumes and a later one reuses. The next candidate compiles on a worker thread while the
+current one is timed. With several processes, each compiles and runs the same candidates in the
+same order (the collectives need it), and the slowest process's time counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from launcher.cfp.analysis import Analysis
+from launcher.cfp.apply import Layouts, pspec
+from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, segment_program, \
+    synthetic_inputs
+from launcher.cfp.store import ProfileStore
+from launcher.cfp.strategies import Spec
+
+
+@dataclass
+class Unit:
+    """A profiled piece of the block sequence: a segment, or a part of one."""
+    index: int
+    segment: int
+    kind: tuple[int, int]        # (template id, part): units of one kind share profiles
+    start: int                   # first block
+    end: int
+    plan_counts: list[int]
+
+    def combos(self) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(range(n) for n in self.plan_counts)))
+
+    def assignment(self, combo: Sequence[int]) -> dict[int, int]:
+        return {self.start + i: p for i, p in enumerate(combo)}
+
+
+def split_parts(plan_counts: Sequence[int], max_space: int) -> list[tuple[int, int]]:
+    """Consecutive (start, end) offsets whose plan-count products stay within ``max_space``."""
+    parts, start, product = [], 0, 1
+    for i, n in enumerate(plan_counts):
+        if i > start and product * n > max_space:
+            parts.append((start, i))
+            start, product = i, 1
+        product *= n
+    parts.append((start, len(plan_counts)))
+    return parts
+
+
+def profiling_units(a: Analysis, max_space: int) -> list[Unit]:
+    units = []
+    for seg in a.segments:
+        t = a.templates[seg.template]
+        for part, (lo, hi) in enumerate(split_parts(t.plan_counts, max_space)):
+            units.append(Unit(len(units), seg.index, (t.id, part), seg.start + lo, seg.start + hi,
+                              t.plan_counts[lo:hi]))
+    return units
+
+
+@dataclass
+class Boundary:
+    """Tensors crossing from unit ``left`` to ``left + 1`` (either way) and their layouts."""
+    left: int
+    vars: list[int]
+    types: list[tuple]                  # per var: (shape, dtype)
+    produced: list[list[Spec | None]]   # per var: layout per producing unit's combo
+    wanted: list[list[Spec]]            # per var: layout per consuming unit's combo
+    from_left: list[bool]               # per var: produced by the left unit
+
+
+@dataclass
+class Profiles:
+    units: list[Unit]
+    table: dict[tuple[int, int], dict[tuple[int, ...], dict]]   # kind -> combo -> entry
+    boundaries: list[Boundary]
+    reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds
+    launch_s: float = 0.0               # running any program at all on the mesh
+    measured: int = 0                   # entries measured by this run
+    reused: int = 0                     # entries found in the store
+    seconds: float = 0.0
+
+    @property
+    def profiled_configs(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+    def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
+        """A unit's measured time less the cost of launching a program: in the whole step, the
+        units run inside one program, launched once."""
+        return max(self.table[kind][combo]["time_s"] - self.launch_s, 0.0)
+
+    def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
+        """Seconds of resharding across boundary ``b`` for the two units' combo indices (each
+        measured as a program of its own, so less the launch cost, like ``unit_time``)."""
+        total = 0.0
+        for k in range(len(b.vars)):
+            if b.from_left[k]:
+                src, dst = b.produced[k][left_combo], b.wanted[k][right_combo]
+            else:
+                src, dst = b.produced[k][right_combo], b.wanted[k][left_combo]
+            if src is not None and src != dst:
+                total += max(self.reshard[(b.types[k], src, dst)] - self.launch_s, 0.0)
+        return total
+
+
+def model_signature(a: Analysis) -> str:
+    return hashlib.sha1(a.files()["analysis.json"].encode()).hexdigest()[:16]
+
+
+def device_signature(mesh: Any) -> str:
+    import jax
+
+    d = mesh.devices.flat[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
+
+
+class Profiler:
+    def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, *, repeats: int = 3, warmup: int = 1,
+                 max_space: int = 128, overlap: bool = True, log: Callable[[str], None] = print,
+                 is_main: bool = True) -> None:
+        self.a, self.mesh, self.store = a, mesh, store
+        self.repeats, self.warmup, self.overlap, self.log, self.is_main = repeats, warmup, overlap, log, is_main
+        self.units = profiling_units(a, max_space)
+        self.base = {"model": model_signature(a), "mesh": list(a.mesh_shape), "devices": device_signature(mesh)}
+        self._programs: dict[tuple[int, int], SegmentProgram] = {}
+
+    # --- segment combinations ---------------------------------------------------------------
+
+    def first_units(self) -> dict[tuple[int, int], Unit]:
+        first: dict[tuple[int, int], Unit] = {}
+        for u in self.units:
+            first.setdefault(u.kind, u)
+        return first
+
+    def key(self, u: Unit, combo: Sequence[int]) -> dict:
+        sigs = self.a.signatures[u.start:u.end]
+        template = hashlib.sha1("|".join(sigs).encode()).hexdigest()[:16]
+        return {**self.base, "template": template, "combination": list(combo)}
+
+    def program(self, u: Unit) -> SegmentProgram:
+        if u.kind not in self._programs:
+            self._programs[u.kind] = segment_program(self.a, u.start, u.end)
+        return self._programs[u.kind]
+
+    def candidates(self) -> list[tuple[Unit, tuple[int, ...]]]:
+        return [(u, c) for u in self.first_units().values() for c in u.combos()]
+
+    def missing(self, candidates: list[tuple[Unit, tuple[int, ...]]]) -> list[bool]:
+        """Which candidates the store lacks; rank 0 decides for every process."""
+        import numpy as np
+
+        mask = np.array([self.key(u, c) not in self.store for u, c in candidates] if self.is_main
+                        else [False] * len(candidates), dtype=np.int32)
+        return [bool(x) for x in _broadcast(mask)]
+
+    def _prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, list[Any], int, float]:
+        import jax
+
+        sp = self.program(u)
+        assignment = u.assignment(combo)
+        fn, shardings = build(self.a, sp, assignment, self.mesh)
+        t0 = time.perf_counter()
+        args = synthetic_inputs(self.a, sp, shardings)
+        compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
+        return compiled, args, boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment)), \
+            time.perf_counter() - t0
+
+    def measure(self, todo: list[tuple[Unit, tuple[int, ...]]], progress: Any = None) -> int:
+        """Profiles ``todo`` in order, writing each entry as soon as it is measured."""
+        if not todo:
+            return 0
+        pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
+        submit = (lambda cand: pool.submit(self._prepare, *cand)) if pool else None
+        pending = submit(todo[0]) if pool else None
+        try:
+            for i, (u, combo) in enumerate(todo):
+                prepared = pending.result() if pool else self._prepare(u, combo)
+                if pool and i + 1 < len(todo):
+                    pending = submit(todo[i + 1])  # compiles while this one is timed
+                compiled, args, boundary, compile_s = prepared
+                times = _slowest_process(timed_runs(compiled, args, self.warmup, self.repeats))
+                m = compiled.memory_analysis()
+                memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
+                mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
+                entry = {"time_s": statistics.median(times), "times_s": times, "memory": memory,
+                         "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
+                         "blocks": [u.start, u.end]}
+                if self.is_main:
+                    self.store.put(self.key(u, combo), entry)
+                self.log(f"SegmentIdx: {u.kind[0]}{'.' + str(u.kind[1]) if self._parts(u) else ''} "
+                         f"ParallelBlock Strategy: {list(combo)} avgcost: {entry['time_s']:.6f} "
+                         f"mem_cost(GB): {mem / 2**30:.6f}")
+                if progress is not None:
+                    progress.advance()
+        finally:
+            if pool:
+                pool.shutdown(wait=True)
+        return len(todo)
+
+    def _parts(self, u: Unit) -> bool:
+        return any(o.kind[0] == u.kind[0] and o.kind[1] > 0 for o in self.units)
+
+    def table(self) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
+        out: dict[tuple[int, int], dict[tuple[int, ...], dict]] = {}
+        for kind, u in self.first_units().items():
+            out[kind] = {}
+            for c in u.combos():
+                entry = self.store.get(self.key(u, c))
+                if entry is None:
+                    raise RuntimeError(f"profile entry missing after profiling: template {kind}, combination {c}")
+                out[kind][c] = entry
+        return out
+
+    # --- boundaries -------------------------------------------------------------------------
+
+    def boundaries(self) -> list[Boundary]:
+        g, owner = self.a.graph, self.a.owner
+        unit_of = {}
+        for u in self.units:
+            for b in range(u.start, u.end):
+                unit_of[b] = u.index
+        crossing: dict[int, dict[int, bool]] = {}   # left unit -> {var: produced by the left unit}
+        for op in g.ops:
+            if op.loop is not None:
+                continue
+            here = unit_of[owner[op.id]]
+            for v in op.outputs:
+                for c in g.consumers[v]:
+                    there = unit_of[owner[c]]
+                    if g.ops[c].loop is None and abs(here - there) == 1 and g.shape(v):
+                        crossing.setdefault(min(here, there), {})[v] = here < there
+        ops_of = {u.index: [op.id for op in g.ops if op.loop is None and u.start <= owner[op.id] < u.end]
+                  for u in self.units}
+        out = []
+        for left, right in zip(self.units, self.units[1:]):
+            cross = crossing.get(left.index, {})
+            b = Boundary(left.index, [], [], [], [], [])
+            for v, from_left in sorted(cross.items()):
+                src, dst = (left, right) if from_left else (right, left)
+                b.vars.append(v)
+                b.types.append((g.shape(v), g.vars[v].dtype))
+                b.from_left.append(from_left)
+                b.produced.append([Layouts(self.a, src.assignment(c)).produced(v) for c in src.combos()])
+                b.wanted.append([Layouts(self.a, dst.assignment(c)).wanted(v, within=ops_of[dst.index])
+                                 for c in dst.combos()])
+            out.append(b)
+        return out
+
+    def reshard_costs(self, boundaries: list[Boundary]) -> tuple[dict[tuple, float], int]:
+        pairs = set()
+        for b in boundaries:
+            for k in range(len(b.vars)):
+                for src in set(b.produced[k]):
+                    for dst in set(b.wanted[k]):
+                        if src is not None and src != dst:
+                            pairs.add((b.types[k], src, dst))
+        pairs_sorted = sorted(pairs, key=repr)
+        costs, measured = {}, 0
+        for p in pairs_sorted:
+            key = {"kind": "reshard", "mesh": self.base["mesh"], "devices": self.base["devices"],
+                   "shape": list(p[0][0]), "dtype": p[0][1], "src": [list(a) for a in p[1]],
+                   "dst": [list(a) for a in p[2]]}
+            entry = self.store.get(key) if self.is_main else None
+            have = _broadcast_flag(entry is not None)
+            if not have:
+                seconds = reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh, self.warmup, self.repeats)
+                if self.is_main:
+                    self.store.put(key, {"time_s": seconds})
+                measured += 1
+            costs[p] = _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
+        return costs, measured
+
+    # --- everything -------------------------------------------------------------------------
+
+    def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
+        import contextlib
+
+        t0 = time.perf_counter()
+        candidates = self.candidates()
+        missing = self.missing(candidates)
+        todo = [c for c, m in zip(candidates, missing) if m]
+        reused = len(candidates) - len(todo)
+        self.log(f"profile: {len(candidates)} combinations over {len(self.first_units())} units "
+                 f"({reused} in the store, {len(todo)} to measure)")
+        ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
+        with ctx as progress:
+            measured = self.measure(todo, progress)
+        _barrier("cfp-profile")
+        table = self.table()
+        boundaries = self.boundaries()
+        reshard, n_reshard = self.reshard_costs(boundaries)
+        self.log(f"profile: resharding across {len(boundaries)} boundaries: {len(reshard)} layout pairs "
+                 f"({n_reshard} measured now)")
+        launch = self.launch_cost()
+        self.log(f"profile: launching a program on the mesh costs {launch * 1e3:.3f} ms (taken off every "
+                 "unit and resharding time; the whole step pays it once)")
+        return Profiles(self.units, table, boundaries, reshard, launch_s=launch, measured=measured, reused=reused,
+                        seconds=time.perf_counter() - t0)
+
+    def launch_cost(self) -> float:
+        """The time of a program that does nothing: one replicated element, unchanged."""
+        key = {"kind": "launch", "mesh": self.base["mesh"], "devices": self.base["devices"]}
+        entry = self.store.get(key) if self.is_main else None
+        if not _broadcast_flag(entry is not None):
+            seconds = reshard_time((1,), "float32", ((),), ((),), self.mesh, self.warmup, max(self.repeats, 5))
+            if self.is_main:
+                self.store.put(key, {"time_s": seconds})
+        return _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def timed_runs(compiled: Any, args: Sequence[Any], warmup: int, repeats: int) -> list[float]:
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int, repeats: int) -> float:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from launcher.cfp.segment_program import _host_value
+
+    s_in, s_out = NamedSharding(mesh, pspec(src)), NamedSharding(mesh, pspec(dst))
+    host = _host_value(tuple(shape), dtype, 0)
+    x = jax.make_array_from_callback(tuple(shape), s_in, lambda idx: host[idx])
+    # An identity whose input and output layouts differ: exactly the collective XLA inserts.
+    compiled = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out).lower(x).compile()
+    times = _slowest_process(timed_runs(compiled, [x], warmup, repeats))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-process agreement (no-ops with one process)
+
+
+def _slowest_process(times: list[float]) -> list[float]:
+    import jax
+
+    if jax.process_count() == 1:
+        return times
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    gathered = np.asarray(multihost_utils.process_allgather(np.asarray(times, dtype=np.float64)))
+    return [float(x) for x in gathered.reshape(jax.process_count(), -1).max(axis=0)]
+
+
+def _broadcast(x: Any) -> Any:
+    import jax
+
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.broadcast_one_to_all(x)
+
+
+def _broadcast_flag(flag: bool) -> bool:
+    import numpy as np
+
+    return bool(_broadcast(np.array([int(flag)], dtype=np.int32))[0])
+
+
+def _broadcast_float(x: float) -> float:
+    import numpy as np
+
+    return float(_broadcast(np.array([x], dtype=np.float64))[0])
+
+
+def _barrier(name: str) -> None:
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

@@ -1,0 +1,146 @@
+"""How a tensor layout flows through one operator, and when that would need communication.
+
+A layout (``Spec``) gives, per tensor dimension, the mesh axes splitting it. ``propagate`` takes
+the layouts of an operator's inputs that the current ParallelBlock decides (``None`` for inputs
+from elsewhere, which are resharded to follow) and returns the output layouts plus whether
+computing them needs any communication. ParallelBlocks grow through operators for which it
+never does. Rules, per primitive:
+
+- element-wise operators (arithmetic, comparisons, ``select_n``, ``convert_element_type``,
+  ``integer_pow``, transcendental functions, ...): the output takes the inputs' layout; inputs of
+  the output's shape that disagree need a reshard (communication). Scalars do not count;
+- ``broadcast_in_dim``: mapped dimensions keep their axes, new and expanded ones are replicated;
+- ``transpose``: axes follow the permutation;
+- ``reshape`` / ``squeeze`` / ``expand_dims``: dimensions are grouped where the products of the
+  two shapes agree; a split dimension must be the major (first non-unit) dimension of its group
+  and the group's first non-unit output dimension must be divisible by the split, which keeps
+  every shard a contiguous block (e.g. (B, S, H*D) -> (B, S, H, D) with H*D split keeps H split
+  when the split divides H); any other split reshape needs communication;
+- reductions (``reduce_sum``/``max``/``min``/``prod``/``and``/``or``, ``argmax``/``argmin``):
+  free when no reduced dimension is split (partial results would need an all-reduce);
+- ``cumsum`` and friends, ``sort``, ``rev``, ``top_k``, ``concatenate``, ``pad``, ``slice``,
+  ``dynamic_slice``, ``dynamic_update_slice``, ``split``: free when the dimension they work along
+  (or that changes size) is not split;
+- ``iota`` and other operators without inputs: replicated, free;
+- ``optimization_barrier``, ``sharding_constraint``, ``copy``: layouts pass through;
+- anything else (gathers that are not embedding lookups, scatters, loops, custom calls, random
+  number generation, collectives...): unknown, so it stops propagation (a block boundary).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from launcher.cfp.graph import Graph, Op
+from launcher.cfp.strategies import Spec
+
+ELEMENTWISE = frozenset("""
+abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp complex conj
+convert_element_type copy copy_p cos cosh div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag
+integer_pow is_finite le lgamma digamma log log1p logistic lt max min mul ne neg nextafter not or
+population_count pow real reduce_precision rem round rsqrt select_n shift_left shift_right_arithmetic
+shift_right_logical sign sin sinh sqrt square stop_gradient sub tan tanh xor
+""".split())
+PASS_THROUGH = frozenset({"optimization_barrier", "sharding_constraint"})
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+                        "reduce_xor", "argmax", "argmin"})
+ALONG_AXIS = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "split"})
+RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence[int]) -> tuple[list[Spec], bool]:
+    shapes = [g.shape(v) for v in op.outputs]
+    replicated = [((),) * len(s) for s in shapes]
+    known = [(g.shape(v), s) for v, s in zip(op.inputs, ins) if v is not None and s is not None]
+    p = op.params
+
+    if not op.inputs:
+        return replicated, False
+    if op.prim in ELEMENTWISE:
+        same = [s for shape, s in known if shape == shapes[0]]
+        if not same:
+            return replicated, False
+        return [same[0]], any(s != same[0] for s in same)
+    if op.prim in PASS_THROUGH:
+        return [s if s is not None else ((),) * len(sh) for s, sh in zip(ins, shapes)], False
+    if not known or ins[0] is None:
+        # The first operand carries the layout of every structural rule below; without it
+        # there is nothing to propagate.
+        return replicated, bool(known)
+    spec, in_shape = ins[0], g.shape(op.inputs[0])
+    if op.prim == "broadcast_in_dim":
+        out: list = [()] * len(shapes[0])
+        for i, d in enumerate(p.get("broadcast_dimensions", ())):
+            if in_shape[i] == shapes[0][d]:
+                out[d] = spec[i]
+        return [tuple(out)], False
+    if op.prim == "transpose":
+        return [tuple(spec[i] for i in p["permutation"])], False
+    if op.prim in RESHAPES:
+        out_spec = reshape_spec(in_shape, shapes[0], spec, mesh_shape)
+        return ([out_spec], False) if out_spec is not None else (replicated, True)
+    if op.prim in REDUCTIONS:
+        axes = set(p.get("axes", ()))
+        out = tuple(ax for i, ax in enumerate(spec) if i not in axes)
+        return [out] * len(shapes), any(spec[i] for i in axes)
+    if op.prim in ALONG_AXIS or op.prim in ("rev", "top_k", "concatenate"):
+        along = {p["dimension"]} if "dimension" in p else {p["axis"]} if "axis" in p else \
+            set(p.get("dimensions", ())) if op.prim == "rev" else {len(in_shape) - 1}
+        others = [s for shape, s in known[1:] if len(shape) == len(in_shape)]
+        comm = any(spec[i] for i in along) or any(s != spec for s in others)
+        outs = [tuple(() if i in along and len(sh) == len(spec) and sh[i] != in_shape[i] else ax
+                      for i, ax in enumerate(spec)) if len(sh) == len(spec) else ((),) * len(sh) for sh in shapes]
+        return outs, comm
+    if op.prim in ("pad", "slice", "dynamic_slice", "dynamic_update_slice"):
+        changed = set(p.get("padded", ())) | {i for i, (a, b) in enumerate(zip(in_shape, shapes[0])) if a != b}
+        if op.prim == "dynamic_update_slice" and op.inputs[1] is not None:
+            changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]))) if a != b}
+        return [spec], any(spec[i] for i in changed)
+    return replicated, True
+
+
+def reshape_spec(a: Sequence[int], b: Sequence[int], spec: Spec, mesh_shape: Sequence[int]) -> Spec | None:
+    """The output layout of reshaping shape ``a`` (laid out as ``spec``) to ``b``, or None when
+    the reshape cannot keep every split dimension whole (it would need communication)."""
+    groups = _groups(a, b)
+    if groups is None:
+        return None
+    out: list = [()] * len(b)
+    for ga, gb in groups:
+        split = [i for i in ga if spec[i]]
+        if not split:
+            continue
+        if len(split) > 1:
+            return None
+        i = split[0]
+        major_a = next((k for k in ga if a[k] > 1), None)
+        major_b = next((k for k in gb if b[k] > 1), None)
+        n = math.prod(mesh_shape[ax] for ax in spec[i])
+        if i != major_a or major_b is None or b[major_b] % n:
+            return None
+        out[major_b] = spec[i]
+    return tuple(out)
+
+
+def _groups(a: Sequence[int], b: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    groups = []
+    i = j = 0
+    try:
+        while i < len(a) or j < len(b):
+            ga, gb = ([i] if i < len(a) else []), ([j] if j < len(b) else [])
+            pa, pb = (a[i] if ga else 1), (b[j] if gb else 1)
+            i, j = i + len(ga), j + len(gb)
+            while pa != pb:
+                if pa < pb:
+                    ga.append(i)
+                    pa *= a[i]
+                    i += 1
+                else:
+                    gb.append(j)
+                    pb *= b[j]
+                    j += 1
+            groups.append((ga, gb))
+    except IndexError:
+        return None
+    return groups

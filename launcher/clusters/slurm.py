@@ -1,0 +1,96 @@
+"""cluster=slurm (and lumi, which is slurm with LUMI's settings): submitit's SlurmExecutor.
+
+One sbatch job of ``cluster.nodes`` x ``cluster.tasks_per_node`` tasks; ``srun`` starts one task
+per process. The script kept in the run dir (and printed by a dry run) is made by the same
+submitit function, from the same parameters, as the one handed to sbatch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError
+
+from launcher.clusters._shell import one_line
+from launcher.clusters.base import Cluster
+from launcher.errors import UserError
+
+# Cluster fields that become "#SBATCH --<name>=<value>" lines when set.
+_SBATCH_FIELDS = ("partition", "account", "qos", "cpus_per_task", "mem", "mem_per_gpu")
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+class SlurmCluster(Cluster):
+    backend = "slurm"
+    submission_name = "submission.sh"
+
+    def executor(self) -> "SlurmExecutor":
+        ex = SlurmExecutor(folder=self.folder, python=self.python())
+        ex.update_parameters(**self.parameters())
+        return ex
+
+    def parameters(self) -> dict[str, Any]:
+        """submitit SlurmExecutor parameters for this config (each is one sbatch/srun option)."""
+        c = self.cfg.cluster
+        params: dict[str, Any] = {
+            "job_name": f"xlaunch-{one_line('mode.name', self.cfg.mode.name)}",
+            "nodes": c.nodes,
+            "ntasks_per_node": c.tasks_per_node,
+            "time": c.timeout_min,
+            "srun_args": self.srun_args(),
+        }
+        setup = self.setup_lines()
+        if setup:
+            params["setup"] = setup
+        for name in _SBATCH_FIELDS:
+            value = c[name]
+            if value is not None:
+                params[name] = one_line(f"cluster.{name}", value)
+        if c.gpus_per_node:
+            params["gpus_per_node"] = c.gpus_per_node
+        if c.exclusive:
+            params["exclusive"] = True
+        extra = {}
+        for key, value in c.sbatch_args.items():
+            if not _SBATCH_KEY.fullmatch(key):
+                raise UserError(f"cluster.sbatch_args: {key!r} is not an sbatch option name (e.g. mail-type)")
+            extra[key] = one_line(f"cluster.sbatch_args.{key}", value)
+        if extra:
+            params["additional_parameters"] = extra
+        return params
+
+    def srun_args(self) -> list[str]:
+        c = self.cfg.cluster
+        # One dead rank ends the whole step at once, instead of leaving the others blocked in a
+        # collective until JAX's heartbeat timeout.
+        args = ["--kill-on-bad-exit=1"]
+        if c.cpu_bind:
+            args.append(f"--cpu-bind={one_line('cluster.cpu_bind', c.cpu_bind)}")
+        args += [one_line("cluster.srun_args", a) for a in c.srun_args]
+        return args
+
+    def submission_text(self, executor: "SlurmExecutor") -> str:
+        # The uid only names submitit's temporary copy of the file; the text does not use it.
+        return executor._make_submission_file_text(executor._submitit_command_str, uid="")
+
+
+class SlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, with two changes: it can be built where SLURM is not installed
+    (a dry run on a laptop prints the exact script), and a refused submission is a UserError
+    carrying sbatch's own message."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 2  # submitit refuses to build an executor without srun; we check sbatch at submission
+
+    def _submit_command(self, command: str) -> submitit.Job:
+        if shutil.which("sbatch") is None:
+            raise UserError("cluster.backend=slurm: sbatch is not on PATH; submit from a SLURM login node "
+                            "(or preview the job script with launcher.dry_run=true)")
+        try:
+            return super()._submit_command(command)
+        except FailedJobError as e:
+            raise UserError(f"sbatch refused the job: {e}") from None

@@ -1,0 +1,200 @@
+"""cluster=tpu: the same command on every worker of a TPU VM pod, through ``gcloud``.
+
+TPU VM workers share no file system with the machine that submits, so the job is a bash script
+run on this machine (kept in the submitit folder, printed by a dry run) that
+
+1. copies the pickled task to every worker, under ``~/<cluster.remote_dir>/<run>/submitit``;
+2. runs ``gcloud compute tpus tpu-vm ssh NAME --worker=all --command ...``: one process per
+   worker, started by ``launcher.clusters._tpu_worker`` (which finds the worker's number, opens
+   that worker's own log and hands over to submitit);
+3. copies each worker's run dir back into the local run dir (results, rank logs, status files),
+   also when the job failed or was cancelled.
+
+The task runs with its run dir set to the worker's copy (its working directory), since the
+submitting machine's path means nothing there. Each worker needs the same Python packages
+(jax[tpu], submitit, xlaunch) under ``cluster.remote_python``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import shutil
+import typing as tp
+from pathlib import Path
+
+from submitit.core import core, job_environment, utils
+
+from launcher.clusters._script import ScriptExecutor
+from launcher.clusters._shell import one_line, operand
+from launcher.clusters.base import Cluster
+from launcher.errors import UserError
+
+# JAX's own default coordinator port on Cloud TPU (jax/_src/clusters/cloud_tpu_cluster.py).
+DEFAULT_TPU_COORDINATOR_PORT = 8482
+
+
+class TpuCluster(Cluster):
+    backend = "tpu"
+    submission_name = "submission.sh"
+
+    def __init__(self, cfg, run_dir):
+        super().__init__(cfg, run_dir)
+        c = cfg.cluster
+        if c.tasks_per_node != 1:
+            raise UserError(f"cluster.tasks_per_node={c.tasks_per_node}: a TPU VM worker runs one process that "
+                            "drives all its chips; use cluster.tasks_per_node=1 and cluster.nodes=<workers>")
+        runtime = getattr(cfg.container.runtime, "value", cfg.container.runtime)
+        if runtime != "none":
+            raise UserError(f"container={runtime} is not supported on cluster=tpu: the workers run "
+                            "cluster.remote_python directly; use container=none")
+
+    def coordinator_port(self) -> int:
+        return self.cfg.launcher.coordinator_port or DEFAULT_TPU_COORDINATOR_PORT
+
+    def remote_run_dir(self) -> str:
+        """The run dir on each worker, relative to its home: <remote_dir>/<date>/<run>."""
+        parts = [self.cfg.cluster.remote_dir, *self.run_dir.resolve().parts[-2:]]
+        return one_line("cluster.remote_dir", "/".join(p.strip("/") for p in parts if p.strip("/")))
+
+    def executor(self) -> "TpuExecutor":
+        c = self.cfg.cluster
+        ex = TpuExecutor(self.folder, tpu_name=c.tpu_name, remote_run_dir=self.remote_run_dir(),
+                         python=c.remote_python, gcloud=c.gcloud, zone=c.zone, project=c.project)
+        ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines())
+        return ex
+
+    def submission_text(self, executor: "TpuExecutor") -> str:
+        return executor._make_submission_file_text(executor._submitit_command_str, uid="")
+
+
+class TpuJobEnvironment(job_environment.JobEnvironment):
+    """Inside a worker process started by TpuExecutor (SUBMITIT_EXECUTOR=tpu): one task per
+    worker, numbered by TPU_WORKER_ID (set by ``_tpu_worker`` from GKE's variables or the TPU
+    VM's metadata server)."""
+
+    _env = {
+        "job_id": "SUBMITIT_TPU_JOB_ID",
+        "num_tasks": "SUBMITIT_TPU_NUM_WORKERS",
+        "num_nodes": "SUBMITIT_TPU_NUM_WORKERS",
+        "node": "TPU_WORKER_ID",
+        "global_rank": "TPU_WORKER_ID",
+    }
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def hostnames(self) -> tp.Sequence[str]:
+        return [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h] or [self.hostname]
+
+
+class TpuExecutor(ScriptExecutor):
+    """Runs a submitit job once per worker of a TPU VM pod. Parameters: workers, timeout_min,
+    setup (shell lines run on each worker before the task)."""
+
+    defaults = {"workers": 1, "timeout_min": 60, "setup": []}
+
+    def __init__(self, folder: tp.Union[str, Path], tpu_name: str, remote_run_dir: str, python: str = "python3",
+                 gcloud: str = "gcloud", zone: tp.Optional[str] = None, project: tp.Optional[str] = None,
+                 **kwargs: tp.Any) -> None:
+        super().__init__(folder, **kwargs)
+        self.tpu_name = operand("cluster.tpu_name", tpu_name)
+        self.remote_run_dir = operand("cluster.remote_dir", remote_run_dir)
+        self.python = operand("cluster.remote_python", python)
+        self.gcloud = operand("cluster.gcloud", gcloud)
+        self.flags = [f"--zone={operand('cluster.zone', zone)}"] if zone else []
+        self.flags += [f"--project={operand('cluster.project', project)}"] if project else []
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.folder.name):
+            raise ValueError(f"TpuExecutor: folder name {self.folder.name!r} must be a plain name (letters, digits, ._-)")
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 0 if shutil.which("gcloud") else -1
+
+    def _internal_process_submissions(self, delayed_submissions: tp.List[utils.DelayedSubmission]) -> tp.List[core.Job[tp.Any]]:
+        # A task that keeps a run dir (xlaunch's Task) gets the worker's copy: its working dir.
+        for d in delayed_submissions:
+            if hasattr(d.function, "run_dir"):
+                d.function = copy.copy(d.function)
+                d.function.run_dir = "."
+        return super()._internal_process_submissions(delayed_submissions)
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return (f"{shlex.quote(self.python)} -u -m launcher.clusters._tpu_worker {shlex.quote(self.folder.name)} "
+                f"{int(self.parameters['workers'])}")
+
+    def _num_tasks(self) -> int:
+        return self.parameters["workers"]
+
+    def _gcloud(self, verb: str, *args: str, worker: str = "all") -> str:
+        return " ".join([shlex.quote(self.gcloud), "compute", "tpus", "tpu-vm", verb, *args,
+                         *map(shlex.quote, self.flags), f"--worker={worker}"])
+
+    def _remote(self, path: str = "") -> str:
+        return shlex.quote(f"{self.tpu_name}:{self.remote_run_dir}{path}")
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        p = self.parameters
+        rdir = shlex.quote(self.remote_run_dir)
+        sub = shlex.quote(self.folder.name)
+        local = shlex.quote(str(self.folder.parent))
+        run_lines = ["set -e", f"cd {rdir}", *p["setup"], f"exec timeout --signal=KILL {int(60 * p['timeout_min'])} {command}"]
+        # The job id is spliced in unquoted ("$job", digits only); everything else is quoted for
+        # the worker's shell, then the whole command once more for this one.
+        run = "--command=" + shlex.quote("\n".join(run_lines) + " ") + '"$job"'
+        stop = "--command=" + shlex.quote(f"cd {rdir} && kill -KILL $(cat {sub}/") + '"$job"' + \
+            shlex.quote("_*.pid) 2>/dev/null; true")
+        name = shlex.quote(self.tpu_name)
+        leaf = shlex.quote(Path(self.remote_run_dir).name)
+        return "\n".join([
+            "#!/bin/bash",
+            f"# submitit job on TPU VM pod {self.tpu_name} ({p['workers']} worker(s)): copy the pickled task",
+            "# to every worker, run it there (one process and one log per worker), copy each worker's",
+            "# run dir back. The job id is this script's process id, as for submitit's local jobs.",
+            "set -u",
+            "job=$$",
+            f"local={local}",
+            f'pickle="$local/{sub}/${{job}}_submitted.pkl"',
+            "# submitit moves the pickled task into place just after starting this script.",
+            'for _ in $(seq 600); do [ -e "$pickle" ] && break; sleep 0.1; done',
+            "",
+            "copy_back() {",
+            f"  for worker in $(seq 0 {p['workers'] - 1}); do",
+            '    mkdir -p "$local/.xlaunch/workers/$worker"',
+            "    " + self._gcloud("scp", "--recurse", self._remote(), '"$local/.xlaunch/workers/$worker/"',
+                                  worker='"$worker"') +
+            f' && cp -R "$local/.xlaunch/workers/$worker/"{leaf}/. "$local/"',
+            "  done",
+            "}",
+            "stop_workers() {",
+            '  kill "$ssh_pid" 2>/dev/null',
+            "  " + self._gcloud("ssh", name, stop),
+            "}",
+            "",
+            "set -e",
+            self._gcloud("ssh", name, "--command=" + shlex.quote(f"mkdir -p {rdir}/{sub}")),
+            self._gcloud("scp", '"$pickle"', self._remote(f"/{self.folder.name}/")),
+            "set +e",
+            self._gcloud("ssh", name, run) + " &",
+            "ssh_pid=$!",
+            "trap 'stop_workers; copy_back; exit 143' INT TERM",
+            'wait "$ssh_pid"',
+            "rc=$?",
+            "copy_back",
+            'exit "$rc"',
+            "",
+        ])
+
+    def _check_available(self) -> None:
+        if shutil.which(self.gcloud) is None:
+            raise UserError(f"cluster.gcloud={self.gcloud}: not found on PATH; install the Google Cloud CLI "
+                            "(or preview the gcloud commands with launcher.dry_run=true)")
+
+    def _script_logs(self, job) -> tp.Tuple[Path, Path]:
+        # Task logs come back from the workers under submitit's names; gcloud's output stays apart.
+        return job.paths.folder / f"{job.job_id}_gcloud.out", job.paths.folder / f"{job.job_id}_gcloud.err"

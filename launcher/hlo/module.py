@@ -1,0 +1,324 @@
+"""Reading an HLO module from disk and finding out what it needs to run.
+
+Accepted: HLO text (``*before_optimizations*`` dumps, ``jit(f).lower(...).as_text(dialect="hlo")``,
+hand-written modules, with or without the ``HloModule`` line) and serialized protos
+(``--xla_dump_hlo_as_proto`` writes an ``HloProto`` wrapping the ``HloModuleProto``; a bare
+``HloModuleProto`` and an ``HloSnapshot`` are accepted too).
+
+What a module needs is read from the module itself: replica and partition counts from its
+header, or else the device count its sharding annotations imply (GSPMD ``sharding={...}`` and
+Shardy meshes), and which partitioner its annotations were written for.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from launcher.errors import UserError
+from launcher.hlo import _xla
+
+
+@dataclass(frozen=True)
+class ElidedConstant:
+    """A ``constant({...})`` whose values the printer left out (XLA elides large constants)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    start: int  # offset of "{...}" in the text
+    end: int
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str  # the entry parameter's name, with [i] per tuple level for a flattened tuple leaf
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def describe(self) -> str:
+        return f"{self.name}: {hlo_type(self.dtype, self.shape)}"
+
+
+@dataclass(frozen=True)
+class HloProgram:
+    path: Path
+    name: str
+    proto: bytes  # serialized HloModuleProto, elided constants filled
+    text: str  # XLA's canonical print of the module, for inspection and logs
+    replica_count: int | None  # from the header
+    num_partitions: int | None  # from the header
+    annotated_devices: int  # devices the sharding annotations refer to (0: none)
+    partitioner: str  # "shardy", "gspmd" or "none": what the annotations were written for
+    scheduled: bool  # the header says is_scheduled=true: XLA's passes have already run on it
+    parameters: list[Parameter]
+    results: list[tuple[tuple[int, ...], np.dtype]]
+    elided_constants: list[ElidedConstant] = field(default_factory=list)
+
+    @property
+    def use_shardy(self) -> bool:
+        # A module with only GSPMD annotations must not go through Shardy: Shardy imports GSPMD
+        # shardings only when some op carries them, so annotated parameters alone (as in
+        # spmd_8_devices.hlo) would silently compile replicated.
+        return self.partitioner == "shardy"
+
+
+# --- finding files -----------------------------------------------------------------------------
+
+def expand(spec: str | Sequence[str] | None) -> list[Path]:
+    """Files named by ``mode.hlo_file``: one path, a glob, or a list of either, in order."""
+    if spec is None or spec == "" or (not isinstance(spec, str) and len(spec) == 0):
+        raise UserError("mode.hlo_file is not set: give the module to replay, e.g. "
+                        "mode.hlo_file=dump/module_0001.jit_step.before_optimizations.txt")
+    patterns = [spec] if isinstance(spec, str) else list(spec)
+    paths: list[Path] = []
+    for pattern in patterns:
+        pattern = str(pattern)
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise UserError(f"mode.hlo_file: no file matches {pattern!r}")
+            paths += [Path(m) for m in matches if Path(m).is_file()]
+        else:
+            path = Path(pattern)
+            if not path.is_file():
+                where = f" (relative to {Path.cwd()})" if not path.is_absolute() else ""
+                raise UserError(f"mode.hlo_file: {pattern}{where} does not exist or is not a file")
+            paths.append(path)
+    return paths
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+FillConstant = Callable[[ElidedConstant, int], "str | None"]  # (constant, its index) -> literal text
+
+
+def load(path: str | Path, fill_constant: FillConstant | None = None) -> HloProgram:
+    """Reads and parses one module; ``fill_constant`` supplies the values of elided constants
+    (returning None leaves one as the parser fills it)."""
+    path = Path(path)
+    data = path.read_bytes()
+    if not data.strip():
+        raise UserError(f"{path}: the file is empty")
+    text = _as_text(data)
+    elided: list[ElidedConstant] = []
+    if text is None:
+        try:
+            module = _xla.parse_proto(_unwrap_proto(data, path))
+        except _xla.HloParseError as e:
+            raise UserError(f"{path}: not a valid serialized HLO module: {e}") from None
+    else:
+        elided = find_elided_constants(text)
+        filled = _fill(text, elided, fill_constant) if fill_constant else text
+        module = _parse(filled, text, path)
+    proto = _xla.module_proto(module)
+    canonical = _xla.module_text(module)
+    header = canonical.split("\n", 1)[0]
+    params, results = _xla.program_signature(proto)
+    names = entry_parameter_names(canonical)
+    return HloProgram(
+        path=path,
+        name=module.name,
+        proto=proto,
+        text=canonical,
+        replica_count=_header_int(header, "replica_count"),
+        num_partitions=_header_int(header, "num_partitions"),
+        annotated_devices=annotated_devices(canonical),
+        partitioner=partitioner(canonical),
+        scheduled="is_scheduled=true" in header,
+        parameters=[Parameter(names.get(p[0], f"parameter({p[0]})") + "".join(f"[{i}]" for i in p[1:]), shape, dtype)
+                    for p, shape, dtype in params],
+        results=[(shape, dtype) for _, shape, dtype in results],
+        elided_constants=elided,
+    )
+
+
+def _as_text(data: bytes) -> str | None:
+    """The file's text if it is text; None for a binary proto (protos carry control bytes)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", text):
+        return None
+    return text
+
+
+def _parse(text: str, original: str, path: Path):
+    try:
+        return _xla.parse_text(text)
+    except _xla.HloParseError as e:
+        if text is not original:
+            # Filling constants shifts columns: locate the error in the file as written.
+            try:
+                _xla.parse_text(original)
+            except _xla.HloParseError as e_original:
+                e = e_original
+        raise UserError(parse_error_message(path, str(e))) from None
+
+
+_LOCATION = re.compile(r"was parsing (\d+):(\d+): error: (.*?)\n(.*?)\n( *\^)", re.S)
+
+
+def parse_error_message(path: Path, message: str) -> str:
+    """``file.hlo:12:7: <what>``, then the offending line and a caret, from the parser's message."""
+    found = _LOCATION.search(message)
+    if not found:
+        return f"{path}: cannot parse as HLO: {message.strip()}"
+    line, col, what, source, caret = found.groups()
+    hint = ""
+    if "as a single HloInstruction" in message:
+        hint = " (this does not look like an HLO module: expected an 'HloModule <name>' header or computations)"
+    return f"{path}:{line}:{col}: {what.strip()}{hint}\n  {source}\n  {caret}"
+
+
+def _unwrap_proto(data: bytes, path: Path, depth: int = 0) -> bytes:
+    """The HloModuleProto inside ``data``: itself, or field 1 of an HloProto / HloSnapshot."""
+    fields = _top_level_fields(data, path)
+    name = fields.get(1)
+    if 2 in fields and 3 in fields and isinstance(name, bytes) and _as_text(name) is not None:
+        return data  # an HloModuleProto: a printable name, entry name and computations
+    if depth < 2 and isinstance(name, bytes):
+        return _unwrap_proto(name, path, depth + 1)
+    raise UserError(f"{path}: not HLO text and not a serialized HloModuleProto, HloProto or HloSnapshot")
+
+
+def _top_level_fields(data: bytes, path: Path) -> dict[int, bytes | int]:
+    """First value of each top-level field of a protobuf message (wire format only, no schema)."""
+    def varint(pos: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            if pos >= len(data):
+                raise IndexError
+            b = data[pos]
+            value |= (b & 0x7F) << shift
+            pos, shift = pos + 1, shift + 7
+            if not b & 0x80:
+                return value, pos
+
+    fields: dict[int, bytes | int] = {}
+    pos = 0
+    try:
+        while pos < len(data):
+            key, pos = varint(pos)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, pos = varint(pos)
+            elif wire == 2:
+                size, pos = varint(pos)
+                value, pos = data[pos:pos + size], pos + size
+                if pos > len(data):
+                    raise IndexError
+            elif wire in (1, 5):
+                size = 8 if wire == 1 else 4
+                value, pos = data[pos:pos + size], pos + size
+            else:
+                raise IndexError
+            fields.setdefault(number, value)
+    except IndexError:
+        raise UserError(f"{path}: not HLO text and not a readable protobuf (truncated or another format)") from None
+    return fields
+
+
+# --- inspecting ------------------------------------------------------------------------------
+
+def _header_int(header: str, key: str) -> int | None:
+    found = re.search(rf"\b{key}=(\d+)", header)
+    return int(found.group(1)) if found else None
+
+
+def partitioner(text: str) -> str:
+    if "xla.sdy." in text:
+        return "shardy"
+    if re.search(r"\bsharding=\{", text):
+        return "gspmd"
+    return "none"
+
+
+def annotated_devices(text: str) -> int:
+    """How many devices the module's sharding annotations address (0 when it has none).
+
+    GSPMD tiles ``devices=[a,b,...]`` span a*b*... devices (replication dims included), a
+    ``maximal device=n`` needs n+1; a Shardy mesh spans the product of its axis sizes or its
+    listed ``device_ids``.
+    """
+    count = 0
+    for dims in re.findall(r"devices=\[([\d,]+)\]", text):
+        count = max(count, math.prod(int(d) for d in dims.split(",")))
+    for device in re.findall(r"maximal device=(\d+)", text):
+        count = max(count, int(device) + 1)
+    for axes, ids in re.findall(r"#sdy\.mesh<\[([^\]]*)\](?:,\s*device_ids=\[([\d,\s]*)\])?", text):
+        sizes = [int(s) for s in re.findall(r"=\s*(\d+)", axes)]
+        if ids.strip():
+            count = max(count, max(int(i) for i in ids.split(",")) + 1)
+        elif sizes:
+            count = max(count, math.prod(sizes))
+    return count
+
+
+def entry_parameter_names(canonical: str) -> dict[int, str]:
+    """Parameter number -> instruction name in the ENTRY computation of XLA's canonical print."""
+    entry = re.search(r"^ENTRY .*?^\}", canonical, re.S | re.M)
+    body = entry.group(0) if entry else ""
+    return {int(n): name for name, n in re.findall(r"^\s*(?:ROOT\s+)?%?(\S+) = .*? parameter\((\d+)\)", body, re.M)}
+
+
+# --- elided constants --------------------------------------------------------------------------
+
+_ELIDED = re.compile(r"^\s*(?:ROOT\s+)?%?(\S+)\s*=\s*(\w+)\[([\d,]*)\](?:\{[^}]*\})?\s+constant\((\{\.\.\.\})\)", re.M)
+
+
+def find_elided_constants(text: str) -> list[ElidedConstant]:
+    return [ElidedConstant(name=m.group(1), dtype=numpy_dtype(m.group(2)),
+                           shape=tuple(int(d) for d in m.group(3).split(",") if d),
+                           start=m.start(4), end=m.end(4))
+            for m in _ELIDED.finditer(text)]
+
+
+def _fill(text: str, constants: list[ElidedConstant], fill_constant: FillConstant) -> str:
+    pieces, pos = [], 0
+    for i, c in enumerate(constants):
+        literal = fill_constant(c, i)
+        if literal is not None:
+            pieces += [text[pos:c.start], literal]
+            pos = c.end
+    return "".join(pieces + [text[pos:]]) if pieces else text
+
+
+# --- element types ---------------------------------------------------------------------------
+
+_ELEMENT_TYPES = {"pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
+            "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64, "f16": np.float16,
+            "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64, "c64": np.complex64,
+            "c128": np.complex128, "s4": ml_dtypes.int4, "u4": ml_dtypes.uint4, "s2": ml_dtypes.int2,
+            "u2": ml_dtypes.uint2}
+
+
+def numpy_dtype(xla_name: str) -> np.dtype:
+    """XLA's element type name (``bf16``, ``f8e4m3fn``...) as a numpy dtype."""
+    if xla_name in _ELEMENT_TYPES:
+        return np.dtype(_ELEMENT_TYPES[xla_name])
+    small_float = re.fullmatch(r"f(\d+)(e\d+m\d+\w*)", xla_name)  # f8e4m3fn -> float8_e4m3fn
+    if small_float and hasattr(ml_dtypes, f"float{small_float[1]}_{small_float[2]}"):
+        return np.dtype(getattr(ml_dtypes, f"float{small_float[1]}_{small_float[2]}"))
+    raise UserError(f"element type {xla_name!r} is not supported by HLO replay")
+
+
+def hlo_type(dtype: np.dtype, shape: Sequence[int]) -> str:
+    """``f32[8,16]``: an array type as HLO text spells it."""
+    return f"{dtype_name(dtype)}[{','.join(map(str, shape))}]"
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """The XLA spelling of a numpy dtype, for messages that quote HLO shapes."""
+    for name, t in _ELEMENT_TYPES.items():
+        if np.dtype(t) == dtype:
+            return name
+    return dtype.name.replace("float", "f").replace("_", "")

@@ -1,0 +1,62 @@
+"""mode=hlo_replay: run a dumped XLA module on this job's devices, without the program that made it.
+
+    python -m launcher mode=hlo_replay mode.hlo_file='dump/*before_optimizations.txt' \\
+        mode.num_repeats=5 cluster.tasks_per_node=2 cluster.cpu_devices_per_task=4
+
+The module is compiled for as many replicas and partitions as it asks for (its header, else its
+sharding annotations; ``mode.num_replicas``/``mode.num_partitions`` override) across every
+process's devices; the work itself lives in ``launcher.hlo``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher.hlo.options import ArgumentMode, ReplayOptions
+
+
+@dataclass
+class Config:
+    name: str = "hlo_replay"
+    hlo_file: Any = None  # a path, a glob, or a list of them
+    run: bool = True  # false: compile only
+    argument_mode: ArgumentMode = ArgumentMode.random
+    arguments_file: Optional[str] = None  # .npz, one array per parameter in order (argument_mode=file)
+    seed: Optional[int] = None  # default: the top-level seed
+    num_repeats: int = 1
+    num_replicas: Optional[int] = None  # default: from the module
+    num_partitions: Optional[int] = None  # default: from the module
+    output_file: Optional[str] = None  # .npz of the outputs; relative paths are under the run dir
+    # Compile options for these modules only: a list ["--xla_name=value", ...] or one string of
+    # space-separated flags, as in XLA_FLAGS.
+    xla_flags: Any = field(default_factory=list)
+    backend_only: bool = False  # after-optimizations dumps: compile with XLA's HLO passes disabled
+
+
+def run(ctx) -> dict:
+    from launcher.hlo.module import expand
+    from launcher.hlo.replay import replay
+
+    cfg = ctx.mode_cfg
+    output_file = None
+    if cfg.output_file:
+        output_file = Path(cfg.output_file)
+        output_file = output_file if output_file.is_absolute() else ctx.run_dir / output_file
+    options = ReplayOptions(
+        run=cfg.run,
+        argument_mode=cfg.argument_mode,
+        arguments_file=cfg.arguments_file,
+        seed=ctx.cfg.seed if cfg.seed is None else cfg.seed,
+        num_repeats=cfg.num_repeats,
+        num_replicas=cfg.num_replicas,
+        num_partitions=cfg.num_partitions,
+        output_file=output_file,
+        xla_flags=cfg.xla_flags or (),
+        backend_only=cfg.backend_only,
+    )
+    results = [r.summary() for r in replay(expand(cfg.hlo_file), options, log=ctx.log)]
+    if len(results) == 1:
+        return results[0]
+    return {"modules": results}

@@ -1,0 +1,109 @@
+"""mode=search: the CFP search pass, and the searched plan run beside the baselines.
+
+Reuses the profile store: combinations already measured for this model, mesh and devices are
+read, missing ones are measured first (the log says how many of each). The analysis is redone
+(it takes seconds and the plan is applied to the traced program anyway). Then dynamic
+programming picks a combination per segment under ``mode.memory_budget_gb``, the plan runs on the
+whole training step (``mode.iterations`` steps, ``mode.run_repeats`` repeats) next to the
+built-in plans, and the run dir gets ``plan.json`` (for ``mode=train mode.plan=...``),
+``after_ir.txt`` (the compiled program with its shardings), ``comparison.txt`` and
+``comparison.png``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, List
+
+from launcher.modes.profile import Config as ProfileConfig
+from launcher.modes.profile import run_profile
+
+
+@dataclass
+class Config(ProfileConfig):
+    name: str = "search"
+    memory_budget_gb: float = 0.0  # per device; 0 = unlimited
+    iterations: int = 100          # training steps per repeat of each whole-model run
+    run_repeats: int = 3
+    baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
+
+
+def plan_json(analysis: Any, assignment: list[int]) -> Any:
+    """The searched plan in the models' plan format; layouts go in ``constraints``."""
+    from launcher.cfp.apply import AXIS_NAMES, Layouts, spec_json
+    from models.plans import Plan
+
+    layouts = Layouts(analysis, dict(enumerate(assignment)))
+    g = analysis.graph
+    constraints: dict[str, Any] = {f"in:{name}": spec_json(layouts.wanted(v))
+                                   for v, name in zip(g.inputs, g.input_names)}
+    constraints.update({str(g.producer[v]): spec_json(s) for v, s in layouts.contraction_outputs().items()})
+    axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
+    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}}, constraints)
+
+
+def run_search(ctx: Any) -> dict:
+    import jax
+
+    from launcher.cfp.measure import baselines, run_plan
+    from launcher.cfp.report import bar_chart, table_text
+    from launcher.cfp.search import search
+
+    cfg = ctx.mode_cfg
+    analysis, program, mesh, profiles = run_profile(ctx)
+    budget = cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb > 0 else None
+    found = search(profiles, len(analysis.blocks), budget)
+    ctx.log.info("searched ParallelBlock Strategies solution: %s", found.assignment)
+    ctx.log.info("searched segment combinations: %s", [list(c) for c in found.combos])
+    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device (search %.3f s)", found.predicted_time_s,
+                 found.predicted_memory_bytes / 2**30, found.search_time_s)
+
+    total = cfg.iterations * cfg.run_repeats
+    with ctx.progress(total, "searched plan") as bar:
+        searched = run_plan(analysis, program, dict(enumerate(found.assignment)), mesh, iterations=cfg.iterations,
+                            repeats=cfg.run_repeats, seed=ctx.cfg.seed, progress=bar)
+    ctx.log.info("searched training cost: %s", [round(t, 6) for t in searched.repeat_times_s])
+    ctx.log.info("tflops: %s", [round(t, 6) for t in searched.tflops_per_repeat()])
+    ctx.write_text("after_ir.txt", searched.compiled.as_text())
+    plan = plan_json(analysis, found.assignment)
+    ctx.write_text("plan.json", plan.to_json())
+
+    runs, skipped = baselines(program, jax.devices(), iterations=cfg.iterations, repeats=cfg.run_repeats,
+                              seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), names=cfg.baselines)
+    everything = {"cfp": searched, **runs}
+    table = table_text(everything, skipped)
+    ctx.log.info("\n%s", table)
+    ctx.write_text("comparison.txt", table)
+    if ctx.is_main:
+        bar_chart(everything, ctx.path("comparison.png"))
+
+    return {
+        **analysis.summary(),
+        "mesh_shape": list(analysis.mesh_shape),
+        "plan": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos],
+                 "file": str(ctx.path("plan.json"))},
+        "predicted_step_time_s": found.predicted_time_s,
+        "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+        "step_time_s": searched.step_time_s,
+        "repeat_times_s": searched.repeat_times_s,
+        "memory_gb": searched.memory_bytes / 2**30,
+        "tflops": searched.tflops,
+        "flop_count": searched.flops,
+        "losses": searched.losses,
+        "profiled_configs": profiles.profiled_configs,
+        "measured_configs": profiles.measured,
+        "reused_configs": profiles.reused,
+        "search_time_s": found.search_time_s,
+        "profile_time_s": profiles.seconds,
+        "memory_budget_gb": cfg.memory_budget_gb,
+        "baselines": {name: r.summary() for name, r in runs.items()},
+        "baselines_skipped": skipped,
+    }
+
+
+def run(ctx: Any) -> dict:
+    t0 = time.perf_counter()
+    result = run_search(ctx)
+    result["mode_wall_s"] = time.perf_counter() - t0
+    return result

@@ -1,0 +1,94 @@
+"""mode=train: trains the configured model for ``mode.steps`` steps under a sharding plan over
+every global device, and reports losses, step time, throughput and memory.
+
+    python -m launcher mode=train model=gpt-tiny mode.plan=dp_tp mode.mesh_axes={model:4}
+
+``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep) or the path of a plan JSON file
+(the format ``models/plans.py`` documents; the search writes the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+
+@dataclass
+class Config:
+    name: str = "train"
+    steps: int = 20
+    plan: str = "dp"  # dp | tp | fsdp | dp_tp | ep | path/to/plan.json
+    mesh_axes: Dict[str, int] = field(default_factory=dict)  # resize plan axes, e.g. {model: 4}
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # global-norm clipping; 0 disables
+    warmup_steps: int = 2  # first steps left out of the median step time (compilation, caches)
+    seed: int = 0
+
+
+def run(ctx) -> dict:
+    import jax
+
+    from launcher.errors import UserError
+    from models.base import check_model
+    from models.plans import load_plan
+    from models.train import make_optimizer, run_training
+
+    cfg = ctx.mode_cfg
+    if cfg.steps < 1:
+        raise UserError(f"mode.steps={cfg.steps}: must be at least 1")
+    if not 0 <= cfg.warmup_steps < cfg.steps:
+        raise UserError(f"mode.warmup_steps={cfg.warmup_steps} must be at least 0 and below mode.steps={cfg.steps}, "
+                        "so some steps are left to time")
+    model = _build_model(ctx)
+    check_model(model)
+    plan = load_plan(cfg.plan)
+    if cfg.mesh_axes:
+        plan = plan.with_axis_sizes(**dict(cfg.mesh_axes))
+    optimizer = make_optimizer({"learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
+                                "grad_clip": cfg.grad_clip})
+    devices = jax.devices()
+    mesh_shape = plan.axis_sizes(len(devices))
+    ctx.log.info("training %s (%d parameters) for %d steps, plan %s on mesh %s", type(model).__name__,
+                 model.param_count(), cfg.steps, plan.name, mesh_shape)
+
+    with ctx.progress(cfg.steps, f"train {type(model).__name__} [{plan.name}]") as bar:
+        result = run_training(model, plan, cfg.steps, devices, optimizer=optimizer, seed=cfg.seed, progress=bar)
+
+    step_time = result.median_step_time(cfg.warmup_steps)
+    flops = float(model.flops_per_step())
+    out = {
+        "model": type(model).__name__,
+        "param_count": int(model.param_count()),
+        "plan": {**plan.to_dict(), "mesh_shape": mesh_shape},
+        "steps": cfg.steps,
+        "losses": result.losses,
+        "step_times_s": result.step_times_s,
+        "step_time_s": step_time,
+        "compile_time_s": result.compile_time_s,
+        "flops_per_step": flops,
+        "tflops": flops / step_time / 1e12,
+        "tflops_per_device": flops / step_time / 1e12 / len(devices),
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "memory": result.memory,
+    }
+    paper = getattr(model, "paper_flops_per_step", None)
+    if paper is not None:
+        out["paper_flops_per_step"] = float(paper())
+        out["paper_tflops"] = out["paper_flops_per_step"] / step_time / 1e12
+    ctx.log.info("losses %.4f -> %.4f; median step %.4f s, %.4f TFLOP/s, peak %.1f MB/device",
+                 result.losses[0], result.losses[-1], step_time, out["tflops"], result.peak_memory_bytes / 2**20)
+    return out
+
+
+def _build_model(ctx):
+    """``ctx.model()``, with a model's own UserError raised as itself rather than wrapped in
+    Hydra's InstantiationException, so the user sees the one message that names the field."""
+    from launcher.errors import UserError
+
+    try:
+        return ctx.model()
+    except Exception as e:
+        if isinstance(e.__cause__, UserError):
+            raise e.__cause__ from None
+        raise

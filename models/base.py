@@ -1,0 +1,145 @@
+"""The model protocol every mode relies on, and the base class the built-in models share.
+
+A model is any object with the members of ``Model`` below; modes never look at which model
+they run. A user model plugs in through ``model._target_=mypkg.MyModel`` with the same members
+(``check_model`` says which one is missing). The built-in language models derive from
+``LanguageModel``, which turns a config dataclass and a description of the parameters
+(``param_specs``) into the whole protocol; a subclass writes ``param_specs``, ``forward`` and
+its FLOP counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+from launcher.errors import UserError
+from models import data
+from models.configs import DTYPES
+from models.layers import axes_of, init_params, is_spec
+
+
+@runtime_checkable
+class Model(Protocol):
+    config: Any  # a dataclass with at least batch_size, seq_len, num_layers, dtype
+
+    def init(self, rng: jax.Array) -> Any: ...  # parameter pytree (nested dicts)
+    def loss(self, params: Any, batch: dict) -> jax.Array: ...  # scalar, auxiliary losses included
+    def make_batch(self, rng: jax.Array) -> dict: ...  # synthetic data, a function of rng only
+    def flops_per_step(self) -> float: ...  # analytic training FLOPs (forward + backward)
+    def param_count(self) -> int: ...
+    def param_axes(self) -> Any: ...  # like params, leaves are tuples of logical axis names
+    def batch_axes(self) -> dict: ...  # like make_batch's output, leaves are logical axis tuples
+
+
+PROTOCOL = ("config", "init", "loss", "make_batch", "flops_per_step", "param_count", "param_axes", "batch_axes")
+
+
+def check_model(model: Any) -> None:
+    """Raises UserError naming what a (user) model lacks."""
+    missing = [name for name in PROTOCOL if not hasattr(model, name)]
+    if missing:
+        raise UserError(f"model {type(model).__module__}.{type(model).__name__} lacks {missing}; a model needs "
+                        f"{list(PROTOCOL)} (see models/base.py: Model)")
+
+
+class LanguageModel:
+    """Shared protocol implementation for token-in, logits-out models."""
+
+    config_class: type = type(None)  # set by each subclass
+    causal: bool = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        fields = {f.name for f in dataclasses.fields(self.config_class)} - {"_target_"}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            raise UserError(f"{type(self).__name__}: unknown model field(s) {unknown}; valid fields: {sorted(fields)}")
+        self.config = self.config_class(**kwargs)
+        self._validate()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    # --- validation -------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        c = self.config
+        for key in ("batch_size", "seq_len", "num_layers", "hidden", "heads", "vocab_size"):
+            if getattr(c, key) < 1:
+                raise UserError(f"model.{key}={getattr(c, key)}: must be at least 1")
+        if c.ffn_dim is not None and c.ffn_dim < 1:
+            raise UserError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
+        if c.hidden % c.heads:
+            divisors = [d for d in range(1, c.hidden + 1) if c.hidden % d == 0 and d <= 128]
+            raise UserError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
+                            f"hidden/heads dimensions; use heads in {divisors} or change hidden")
+        if c.dtype not in DTYPES:
+            raise UserError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
+        if c.vocab_size < 2:
+            raise UserError(f"model.vocab_size={c.vocab_size}: must be at least 2 (token 0 is reserved)")
+
+    @property
+    def dtype(self) -> Any:
+        return jnp.dtype(self.config.dtype)
+
+    @property
+    def ffn(self) -> int:
+        return self.config.ffn_dim or 4 * self.config.hidden
+
+    # --- what a subclass provides -----------------------------------------------------------
+
+    def param_specs(self) -> Any:
+        raise NotImplementedError
+
+    def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """(logits (batch, seq, vocab), auxiliary loss already weighted, a scalar)."""
+        raise NotImplementedError
+
+    def flops_per_step(self) -> float:
+        raise NotImplementedError
+
+    def paper_flops_per_step(self) -> float:
+        """FLOPs per step by the convention the CFP paper / Alpa report for this model family."""
+        raise NotImplementedError
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    def init(self, rng: jax.Array) -> Any:
+        return init_params(self.param_specs(), rng)
+
+    def param_axes(self) -> Any:
+        return axes_of(self.param_specs())
+
+    def param_count(self) -> int:
+        leaves = jax.tree.leaves(self.param_specs(), is_leaf=is_spec)
+        return sum(math.prod(s.shape) for s in leaves)
+
+    def make_batch(self, rng: jax.Array) -> dict[str, jax.Array]:
+        c = self.config
+        return data.next_token_batch(rng, c.batch_size, c.seq_len, c.vocab_size)
+
+    def batch_axes(self) -> dict:
+        return {"tokens": ("batch", "seq"), "targets": ("batch", "seq")}
+
+    def loss(self, params: Any, batch: dict) -> jax.Array:
+        logits, aux = self.forward(params, batch)
+        return cross_entropy(logits, batch["targets"], batch.get("weights")) + aux
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+    """Mean token cross-entropy, in float32; with ``weights`` a weighted mean.
+
+    The target's log-probability is picked with a one-hot product rather than a gather, so a
+    vocabulary split over devices costs an all-reduce of (batch, seq) sums, not an all-gather
+    of the logits (Megatron's vocab-parallel cross-entropy).
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.sum(jax.nn.one_hot(targets, logits.shape[-1], dtype=jnp.float32) * logp, axis=-1)
+    if weights is None:
+        return nll.mean()
+    return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)

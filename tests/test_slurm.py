@@ -1,0 +1,53 @@
+"""cluster=slurm against a real SLURM (two slurmd nodes, slurmdbd accounting; see conftest)."""
+
+import time
+
+import pytest
+
+from tests.launch import read_result, run_cli
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_check_runs_on_two_nodes_with_two_tasks_each(slurm, tmp_path):
+    run = tmp_path / "run"
+    run_cli("cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2",
+            "mode.allgather_mb=0.25", run_dir=run, env=slurm.env, timeout=240)
+    r = read_result(run)
+    assert r["cluster"] == "slurm" and r["num_processes"] == 4 and r["global_devices"] == 8
+    assert r["psum_ok"] is True and r["psum_value"] == 28.0
+    assert sorted(p["process_id"] for p in r["processes"]) == [0, 1, 2, 3]
+    # srun placed two tasks on each pretend node: local ranks 0,1 and node ids 0,1.
+    for rank, (local, node) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        log = (run / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/4 (local {local}/2, node {node})" in log and "from slurm" in log
+    # The saved script is byte for byte the one sbatch was given (submitit keeps its copy).
+    job_id = (run / "submitit").glob("*_submission.sh").__next__().name.split("_")[0]
+    assert (run / "submission.sh").read_text() == (run / "submitit" / f"{job_id}_submission.sh").read_text()
+    assert "srun --unbuffered" in (run / "submission.sh").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_crashing_rank_fails_the_slurm_job_quickly(slurm, tmp_path):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = run_cli("cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1",
+                   "launcher.fault=crash:1", run_dir=run, env=slurm.env, timeout=240, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "rank 1 failed" in proc.stderr and "injected crash" in proc.stderr
+    assert time.monotonic() - t0 < 120
+    # Nothing of the job is left running: no task, srun, batch script or slurmstepd.
+    deadline = time.monotonic() + 30
+    while slurm.job_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert slurm.job_processes() == []
+
+
+def test_sbatch_refusal_is_reported_and_metacharacters_stay_inert(slurm, tmp_path):
+    owned = tmp_path / "owned"
+    proc = run_cli("cluster=slurm", f"cluster.partition='debug; touch {owned}'", run_dir=tmp_path / "run",
+                   env=slurm.env, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "sbatch refused the job" in proc.stderr and "invalid partition" in proc.stderr.lower()
+    assert not owned.exists()

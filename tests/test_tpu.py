@@ -1,0 +1,136 @@
+"""cluster=tpu end to end, with a STAND-IN for gcloud (tests/clusterkit/bin/gcloud): it runs each
+worker's command on this machine, one process per worker in its own home folder, as the real
+gcloud does on each TPU VM. The worker side (our _tpu_worker module, submitit, the task) is real.
+"""
+
+import http.server
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from launcher.clusters._tpu_worker import main, worker_identity
+from launcher.clusters.tpu import TpuExecutor
+from tests.launch import REPO, read_result, run_cli
+
+STANDIN_BIN = REPO / "tests" / "clusterkit" / "bin"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_check_runs_on_every_worker_of_a_stand_in_pod(tmp_path):
+    run, pod = tmp_path / "2030-01-01" / "run", tmp_path / "pod"
+    env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
+           "XLAUNCH_STANDIN_TPU_WORKERS": "2"}
+    # No TPU here: the stand-in pod's workers use 2 CPU devices each.
+    run_cli("cluster=tpu", "cluster.tpu_name=pod-a", "cluster.zone=us-central2-b", "cluster.nodes=2",
+            "cluster.accelerator=cpu", "cluster.cpu_devices_per_task=2", f"cluster.remote_python={sys.executable}",
+            f"launcher.coordinator_port={_free_port()}", "mode.allgather_mb=0.25", run_dir=run, env=env, timeout=240)
+    r = read_result(run)  # written by worker 0, copied back
+    assert r["cluster"] == "tpu" and r["num_processes"] == 2 and r["global_devices"] == 4 and r["psum_ok"] is True
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    for w in (0, 1):
+        remote = pod / f"worker{w}" / "xlaunch-runs" / "2030-01-01" / "run"
+        # Each worker ran in its own copy of the run dir, with its own log, and it came back.
+        assert f"rank {w}/2" in (remote / "logs" / f"rank{w}.log").read_text()
+        assert "from tpu" in (run / "logs" / f"rank{w}.log").read_text()
+        worker_log = (run / "submitit" / f"{job_id}_{w}_log.out").read_text()
+        assert f"node={w}(2), global_rank={w}(2)" in worker_log
+    # Worker 1 wrote no result.json of its own: only rank 0 writes.
+    assert not (pod / "worker1" / "xlaunch-runs" / "2030-01-01" / "run" / "result.json").exists()
+    # The gcloud calls made are exactly those of the saved script (the dry run's text) when bash
+    # runs it with this job's id.
+    calls = [json.loads(line) for line in (pod / "calls.log").read_text().splitlines()]
+    script = (run / "submission.sh").read_text()
+    assert replay_gcloud_calls(script, job_id, tmp_path / "replayed") == calls
+    assert [c[3] for c in calls] == ["ssh", "scp", "ssh", "scp", "scp"]  # mkdir, task, run, 2 x copy back
+    assert calls[0] == ["compute", "tpus", "tpu-vm", "ssh", "pod-a",
+                        "--command=mkdir -p xlaunch-runs/2030-01-01/run/submitit", "--zone=us-central2-b",
+                        "--worker=all"]
+    assert calls[2][5].endswith(f"launcher.clusters._tpu_worker submitit 2 {job_id}")
+
+
+def replay_gcloud_calls(script: str, job_id: str, record) -> list[list[str]]:
+    """Runs the job script with a shell function in place of gcloud that records its arguments."""
+    path = shlex.quote(str(record))
+    fake = f"gcloud() {{ printf '%s\\0' \"$@\" >> {path}; printf '\\n' >> {path}; }}\n"
+    text = script.replace("job=$$\n", f"job={job_id}\n", 1)
+    subprocess.run(["bash", "-c", fake + text], capture_output=True, text=True, timeout=60)
+    return [rec.split("\0") for rec in record.read_text().split("\0\n") if rec]
+
+
+class _Metadata(http.server.BaseHTTPRequestHandler):
+    values = {"agent-worker-number": "1", "worker-network-endpoints": "w-0:id0:10.0.0.2,w-1:id1:10.0.0.3"}
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        key = self.path.rsplit("/", 1)[-1]
+        ok = self.headers.get("Metadata-Flavor") == "Google" and key in self.values
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        if ok:
+            self.wfile.write(self.values[key].encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_worker_identity_comes_from_the_metadata_server_on_a_tpu_vm():
+    # A TPU VM sets no TPU_WORKER_* variables; a local HTTP server answers as its metadata server.
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Metadata)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"GCE_METADATA_IP": f"127.0.0.1:{server.server_port}"}
+        assert worker_identity(env) == (1, ["10.0.0.2", "10.0.0.3"])
+    finally:
+        server.shutdown()
+    # Where GKE sets the variables, they win.
+    assert worker_identity({"TPU_WORKER_ID": "0", "TPU_WORKER_HOSTNAMES": "a,b"}) == (0, ["a", "b"])
+
+
+def test_a_worker_refuses_a_pod_of_another_size(monkeypatch):
+    monkeypatch.setenv("TPU_WORKER_ID", "0")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3,10.0.0.4,10.0.0.5")
+    with pytest.raises(SystemExit, match="has 4 workers but the job was submitted for 2: set cluster.nodes=4"):
+        main(["submitit", "2", "123"])
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypatch):
+    pod, run = tmp_path / "pod", tmp_path / "run"
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv("XLAUNCH_STANDIN_TPU_ROOT", str(pod))
+    monkeypatch.setenv("XLAUNCH_STANDIN_TPU_WORKERS", "2")
+    ex = TpuExecutor(run / "submitit", tpu_name="pod-b", remote_run_dir="runs/b", python=sys.executable)
+    ex.update_parameters(workers=2, timeout_min=5)
+    job = ex.submit(time.sleep, 3600)
+    pid_files = [pod / f"worker{w}" / "runs" / "b" / "submitit" / f"{job.job_id}_{w}.pid" for w in (0, 1)]
+    deadline = time.monotonic() + 60
+    while not all(f.exists() and f.read_text().strip() for f in pid_files) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [int(f.read_text()) for f in pid_files]
+    assert all(map(_running, pids))
+    job.cancel()
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job.done() and not any(map(_running, pids))
+    for w in (0, 1):  # each worker's log was copied back on the way out
+        assert "Loading pickle" in (run / "submitit" / f"{job.job_id}_{w}_log.out").read_text()
