@@ -85,11 +85,13 @@ def time_bare() -> float:
         port = free_port()
         env = {**os.environ, "JAX_PLATFORMS": "cpu"}
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, str(script), str(port), str(i)], env=env) for i in (0, 1)]
+        logs = [Path(tmp) / f"bare{i}.log" for i in (0, 1)]
+        procs = [subprocess.Popen([sys.executable, str(script), str(port), str(i)], env=env,
+                                  stdout=log.open("w"), stderr=subprocess.STDOUT) for i, log in enumerate(logs)]
         codes = [p.wait(timeout=600) for p in procs]
         elapsed = time.perf_counter() - t0
         if any(codes):
-            raise RuntimeError(f"bare script failed: exit codes {codes}")
+            raise RuntimeError(f"bare script failed: exit codes {codes}\n" + logs[0].read_text()[-2000:])
         return elapsed
 
 
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--no-slurm", action="store_true", help="skip the local SLURM measurement")
     args = ap.parse_args()
 
+    load_at_start = os.getloadavg()[0]  # other work on the machine slows both variants alike
     launcher_local, bare = [], []
     for i in range(args.repeats):
         launcher_local.append(time_launcher(["cluster=local", "cluster.tasks_per_node=2",
@@ -112,7 +115,8 @@ def main() -> None:
     result = {
         "what": "wall time of mode=check (2 processes x 4 CPU devices) through the launcher vs a bare "
                 "two-process jax.distributed script doing the same psum and all-gather",
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1min_at_start": load_at_start},
         "repeats": args.repeats,
         "local": {"launcher": summary(launcher_local), "bare_jax_distributed": summary(bare),
                   "ratio_launcher_over_bare": statistics.median(launcher_local) / statistics.median(bare),

@@ -18,7 +18,6 @@ at their host paths, so the pickled task, its logs and its results need no trans
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path

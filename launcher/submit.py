@@ -33,6 +33,10 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     if cfg.launcher.dry_run:
         print(text, end="")
         print(f"# dry run: nothing submitted; saved to {saved}", file=sys.stderr)
+        from launcher.containers import WRAPPER_NAME
+
+        if (run_dir / WRAPPER_NAME).exists():
+            print(f"# the tasks' python runs in the container through {run_dir / WRAPPER_NAME}", file=sys.stderr)
         return None
 
     # A reused run dir must not show the last run's ranks to this run's watchers.

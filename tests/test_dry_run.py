@@ -164,3 +164,9 @@ def test_tpu_needs_one_task_per_worker(tmp_path):
     proc = run_cli("cluster=tpu", "cluster.tpu_name=p", "cluster.tasks_per_node=4", "launcher.dry_run=true",
                    run_dir=tmp_path / "run", check=False, timeout=60)
     assert proc.returncode == 2 and "cluster.tasks_per_node=4" in proc.stderr and "tasks_per_node=1" in proc.stderr
+
+
+def test_a_tpu_name_that_is_not_one_is_refused(tmp_path):
+    proc = run_cli("cluster=tpu", "cluster.tpu_name='pod;reboot'", "launcher.dry_run=true", run_dir=tmp_path / "run",
+                   check=False, timeout=60)
+    assert proc.returncode == 2 and "cluster.tpu_name='pod;reboot'" in proc.stderr

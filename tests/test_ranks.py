@@ -20,7 +20,7 @@ def test_mpirun_inside_slurm_is_mpi():
            "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}
     info = ranks.detect(99, env)
     assert info.source == "openmpi"
-    assert (info.process_id, info.num_processes, info.local_rank, info.node_rank) == (2, 4, 0, 1)
+    assert (info.process_id, info.num_processes, info.local_rank, info.node_rank) == (2, 4, 0, 1)  # 2 // 2
     assert info.coordinator == "n0:99"
 
 

@@ -21,6 +21,9 @@ class ScriptJob(LocalJob):
 
 
 class ScriptExecutor(core.PicklingExecutor):
+    """Subclasses give ``defaults`` (their parameters and default values),
+    ``_make_submission_file_text``, ``_num_tasks`` and ``_check_available``."""
+
     job_class: tp.Type[ScriptJob] = ScriptJob
     defaults: tp.ClassVar[tp.Dict[str, tp.Any]] = {}
 

@@ -103,6 +103,9 @@ class TpuExecutor(ScriptExecutor):
                  **kwargs: tp.Any) -> None:
         super().__init__(folder, **kwargs)
         self.tpu_name = operand("cluster.tpu_name", tpu_name)
+        if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.tpu_name):
+            raise UserError(f"cluster.tpu_name={tpu_name!r}: a TPU VM name is lowercase letters, digits and "
+                            "hyphens, starting with a letter (as `gcloud compute tpus tpu-vm list` shows it)")
         self.remote_run_dir = operand("cluster.remote_dir", remote_run_dir)
         self.python = operand("cluster.remote_python", python)
         self.gcloud = operand("cluster.gcloud", gcloud)

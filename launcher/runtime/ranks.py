@@ -95,7 +95,8 @@ class OpenMpiEnv(RankEnv):
             num_processes=self._int("OMPI_COMM_WORLD_SIZE"),
             local_rank=self._int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
             local_size=self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-            node_rank=self._int("OMPI_COMM_WORLD_NODE_RANK", 0),
+            # OMPI_COMM_WORLD_NODE_RANK is the rank within the node, not the node's index.
+            node_rank=self._int("OMPI_COMM_WORLD_RANK") // max(self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), 1),
             coordinator=f"{host}:{port}",
             source=self.name,
         )

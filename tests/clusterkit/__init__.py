@@ -1,0 +1,1 @@
+"""Real cluster software for the tests: a local SLURM, a container image, a gcloud stand-in."""

@@ -64,6 +64,6 @@ def build_rootfs_tar(dest: Path) -> None:
             raise ImageBuildError(f"debootstrap from {MIRROR} failed (set XLAUNCH_TEST_DEBIAN_MIRROR to a "
                                   f"reachable mirror):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         (root / MARKER.lstrip("/")).write_text(MARKER_TEXT)
-        partial = dest.with_suffix(".partial")
+        partial = dest.parent / f".{dest.name}.{os.getpid()}.partial"
         subprocess.run(["tar", "-C", str(root), "-cf", str(partial), "."], check=True)
         partial.replace(dest)  # a cache file is whole or absent
