@@ -1,13 +1,13 @@
 """HLO replay against the program itself: a training step, jitted and run directly, against the
 same step dumped as HLO text and replayed, on the same devices and the same inputs.
 
-    python bench/bench_hlo_replay.py [--model gpt-tiny] [--repeats 60] [--compiles 5]
+    python bench/bench_hlo_replay.py [--model gpt-tiny] [--repeats 100] [--compiles 5]
 
 For each layout (one CPU device under plan dp; 8 virtual CPU devices under plan dp_tp):
 
-1. step time: the median over ``--repeats`` executions of each, interleaved (original, replay,
-   original, ...) so that drift on a shared machine hits both alike; each time is launch to
-   outputs ready. Ratio replay / original.
+1. step time: the median over ``--repeats`` executions of each, run in back-to-back pairs whose
+   order alternates, so that drift on a shared machine hits both alike; each time is launch to
+   outputs ready. Ratio replay / original of the medians, and the median of the pairs' ratios.
 2. compile time: the median over ``--compiles`` XLA compilations of the lowered step, the
    original's ``Lowered.compile()`` against replay's compile of the dumped module (interleaved
    too); replay's reading, parsing and conversion to StableHLO is reported apart as load time.
@@ -109,16 +109,20 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
         replay_compile.append(replay.result.compile_time_s)
         replay_load.append(replay.result.load_time_s)
 
-    # Step: interleaved, after a few warm-up runs of each.
+    # Step: after a few warm-up runs of each, pairs of runs in alternating order (original then
+    # replay, replay then original), so neither side always runs second.
     for _ in range(3):
         timed(lambda: compiled(*inputs))
         replay.execute()
     replay.result.execution_times_s.clear()
     original_step_s = []
-    for _ in range(repeats):
+    for i in range(repeats):
+        if i % 2:
+            replay.execute()
         seconds, expected = timed(lambda: compiled(*inputs))
         original_step_s.append(seconds)
-        replay.execute()
+        if not i % 2:
+            replay.execute()
     replay_step_s = replay.result.execution_times_s
 
     got = fetch(replay.result.outputs)
@@ -145,6 +149,8 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
         "compile_replay_times_s": replay_compile,
     }
     row["step_ratio"] = row["step_replay_s"] / row["step_original_s"]
+    # The median of the per-pair ratios: each pair ran back to back, so load drift cancels.
+    row["step_ratio_paired"] = statistics.median(r / o for r, o in zip(replay_step_s, original_step_s))
     row["compile_ratio"] = row["compile_replay_s"] / row["compile_original_s"]
     return row
 
@@ -152,7 +158,7 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="gpt-tiny", help="a preset in conf/model")
-    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--compiles", type=int, default=5)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "bench_hlo_replay.json"))
     args = ap.parse_args()
@@ -164,7 +170,8 @@ def main() -> None:
             row = bench_layout(model, plan_name, jax.devices()[:n], args.repeats, args.compiles, Path(tmp))
             rows.append(row)
             print(f"{args.model} {plan_name:>5} on {n} device(s): step {row['step_original_s'] * 1e3:8.3f} ms -> "
-                  f"replay {row['step_replay_s'] * 1e3:8.3f} ms (x{row['step_ratio']:.3f}); compile "
+                  f"replay {row['step_replay_s'] * 1e3:8.3f} ms (x{row['step_ratio']:.3f}, paired x{row['step_ratio_paired']:.3f}); "
+                  f"compile "
                   f"{row['compile_original_s']:.3f} s -> {row['compile_replay_s']:.3f} s (x{row['compile_ratio']:.3f}), "
                   f"+ load {row['replay_load_s']:.3f} s; outputs max |diff| {row['outputs_max_abs_diff']:.2e}; "
                   f"flops {row['flops_original']} / {row['flops_replay']}", flush=True)

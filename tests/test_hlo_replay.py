@@ -165,6 +165,12 @@ def test_lowered_gspmd_module_replays_with_gspmd(tmp_path, devices):
     np.testing.assert_allclose(values(result)[0], (a * 2).sum(axis=0))
 
 
+def test_mode_module_does_not_import_jax():
+    """The CLI imports every mode to register its schema, before any process has set up JAX."""
+    code = "import sys, launcher.modes.hlo_replay as m; m.Config(); assert 'jax' not in sys.modules, 'jax imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
 # --- through the launcher: several processes ----------------------------------------------------
 
 def test_two_processes_match_direct_run(sharded_dump, tmp_path):
@@ -402,6 +408,26 @@ def test_parse_error_columns_are_those_of_the_file_even_with_elided_constants(de
         replay_one(bad, devices)
 
 
+def test_proto_wrappers_are_unwrapped(devices, tmp_path):
+    """A bare HloModuleProto, and one wrapped in an HloSnapshot's HloProto (field 1 of each)."""
+    from jaxlib import xla_client as xc
+
+    def field_1(payload: bytes) -> bytes:
+        size, varint = len(payload), b""
+        while True:
+            varint += bytes([(size & 0x7F) | (0x80 if size > 0x7F else 0)])
+            size >>= 7
+            if not size:
+                return b"\x0a" + varint + payload
+
+    module = xc.hlo.hlo_module_from_text(TUPLED.read_text()).as_serialized_hlo_module_proto()
+    for name, data in (("bare.pb", module), ("snapshot.pb", field_1(field_1(module)))):
+        (tmp_path / name).write_bytes(data)
+        np.savez(tmp_path / "args.npz", np.ones((2, 2), np.float32), np.full((2, 2), 2, np.float32))
+        result = replay_one(tmp_path / name, devices, argument_mode="file", arguments_file=tmp_path / "args.npz")
+        np.testing.assert_array_equal(values(result)[0], np.full((2, 2), 3, np.float32))
+
+
 def test_not_a_module(devices, tmp_path):
     junk = tmp_path / "junk.pb"
     junk.write_bytes(b"\x08\x96\x01\xff\xff")
@@ -434,6 +460,14 @@ def test_arguments_file_mismatches_name_the_parameter(devices, tmp_path):
             replay_one(SPMD8, devices, argument_mode="file", arguments_file=tmp_path / f"{name}.npz")
     with pytest.raises(UserError, match="needs mode.arguments_file"):
         replay_one(SPMD8, devices, argument_mode="file")
+
+
+def test_jaxlib_outside_the_supported_range_is_named():
+    from launcher.hlo import _xla
+
+    _xla._check_jaxlib(jax.__version__)  # the installed one is supported
+    with pytest.raises(UserError, match=r"supports jaxlib >=0.10.2,<0.11, but jaxlib 0.11.0 is installed"):
+        _xla._check_jaxlib("0.11.0")
 
 
 def test_bad_options(devices):

@@ -60,7 +60,7 @@ class ReplayResult:
             "parameters": [{"name": p.name, "shape": list(p.shape), "dtype": dtype_name(p.dtype),
                             "shard_shape": list(s.shard_shape(p.shape))}
                            for p, s in zip(self.parameters, self.parameter_shardings)],
-            "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype)} for o in self.outputs],
+            "outputs": [{"shape": list(o.shape), "dtype": dtype_name(o.dtype)} for o in self.outputs],
         }
         if self.outputs_file is not None:
             out["outputs_file"] = str(self.outputs_file)

@@ -1,7 +1,11 @@
 """mode=hlo_replay: run a dumped XLA module on this job's devices, without the program that made it.
 
-    python -m launcher mode=hlo_replay mode.hlo_file='dump/*before_optimizations.txt' \\
-        mode.num_repeats=5 cluster.tasks_per_node=2 cluster.cpu_devices_per_task=4
+    python -m launcher mode=hlo_replay mode.hlo_file='dump/*jit_step*before_optimizations.txt' \\
+        mode.num_repeats=5 cluster.tasks_per_node=2 cluster.cpu_devices_per_task=4 \\
+        "mode.xla_flags='--xla_cpu_enable_fast_math=false'" mode.output_file=outputs.npz
+
+Dumps come from ``XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`` (or ``launcher.xla_dump=true``,
+which writes them under the run dir's ``xla_dump/rank<N>/``).
 
 The module is compiled for as many replicas and partitions as it asks for (its header, else its
 sharding annotations; ``mode.num_replicas``/``mode.num_partitions`` override) across every
