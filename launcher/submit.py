@@ -48,10 +48,10 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}", file=sys.stderr)
     if not cfg.launcher.wait:
         return None
-    return wait(job, cfg, run_dir)
+    return wait(job, cluster, cfg, run_dir)
 
 
-def wait(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Polls the job and the ranks' status files until the job ends; fails fast on a bad rank."""
     lc = cfg.launcher
     n = expected_ranks(cfg)
@@ -69,7 +69,7 @@ def wait(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
                               f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
             if reason:
-                job.cancel(check=False)
+                cluster.cancel(job)
                 raise JobFailed(_with_log_tail(reason, run_dir, statuses))
             view.update(status.read_progress(run_dir))
             if job.done():

@@ -1,0 +1,13 @@
+"""Plain-JAX models behind one protocol (``models.base.Model``), and how to train and shard them.
+
+    configs.py   the Hydra schemas of the ``model`` group (no JAX import)
+    base.py      the protocol every mode relies on; the shared language-model base class
+    layers.py    parameter specs, embeddings, norms, attention, MLPs, rotary embeddings
+    gpt.py, bert.py, llama2.py, moe.py   one model each
+    data.py      synthetic tokens with a learnable signal; rng.py, the random numbers behind it
+    sharding.py  logical axis names -> mesh axes; ``constrain`` for activations
+    plans.py     sharding plans (dp, tp, fsdp, dp_tp, ep, or JSON files)
+    train.py     optimizer, state, train step and the training loop of mode=train
+
+This package must stay importable without JAX: the CLI imports ``models.configs``.
+"""

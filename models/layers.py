@@ -53,7 +53,8 @@ def is_spec(x: Any) -> bool:
 
 def init_params(specs: Any, key: jax.Array) -> Any:
     """Every parameter of ``specs`` from ``key``, each from its own stream (its position in the
-    tree's sorted order), so the values do not depend on how the arrays are sharded."""
+    tree's sorted order). ``models.rng`` values depend only on their index, so a sharded
+    initialisation computes the same parameters as a single device."""
     leaves, treedef = jax.tree.flatten(specs, is_leaf=is_spec)
     return jax.tree.unflatten(treedef, [s.initialize(key, i) for i, s in enumerate(leaves)])
 

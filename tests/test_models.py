@@ -7,6 +7,7 @@ plan is in test_plans.py (in subprocesses with 8 virtual devices).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -35,6 +36,22 @@ def load_preset(name: str, **overrides):
     return get_class(fields.pop("_target_"))(**fields)
 
 
+@pytest.mark.parametrize("preset", sorted(p.stem for p in CONF.glob("*.yaml")))
+def test_presets_compose_through_hydra_and_build(preset):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from launcher import schema
+
+    schema.register()
+    with initialize_config_dir(str(CONF.parent), version_base=None):
+        cfg = compose("config", overrides=[f"model={preset}", "model.num_layers=3", "model.dtype=bfloat16"])
+    model = instantiate(cfg.model, _convert_="all")
+    assert type(model) is type(load_preset(preset))
+    assert (model.config.num_layers, model.config.dtype) == (3, "bfloat16")
+    assert model.param_count() > 0 and model.flops_per_step() > 0  # no arrays: specs and formulas
+
+
 # --- the protocol -------------------------------------------------------------------------
 
 
@@ -61,6 +78,20 @@ def test_protocol_axes_match_params_and_batch(family):
     other = model.make_batch(jax.random.key(2))
     assert all(np.array_equal(batch[k], again[k]) for k in batch)
     assert not np.array_equal(batch["tokens"], other["tokens"])
+
+
+def test_counter_based_normals_look_normal_and_streams_are_independent():
+    from models import rng
+
+    key = jax.random.key(3)
+    z = np.asarray(jax.jit(lambda k: jnp.stack([rng.normal(k, (200_000,), s) for s in (0, 1)]))(key))
+    for row in z:
+        assert abs(row.mean()) < 0.01 and abs(row.std() - 1) < 0.01
+        assert abs((np.abs(row) > 1.96).mean() - 0.05) < 0.005  # the tails of N(0, 1)
+    assert abs(np.corrcoef(z[0], z[1])[0, 1]) < 0.01
+    assert abs(np.corrcoef(z[0, :-1], z[0, 1:])[0, 1]) < 0.01
+    other = np.asarray(rng.normal(jax.random.key(4), (1000,)))
+    assert not np.allclose(other, z[0, :1000])
 
 
 def test_synthetic_data_follows_the_stride_rule():
@@ -120,6 +151,54 @@ def test_presets_have_the_papers_shapes():
     bert = load_preset("bert")
     assert (bert.config.num_layers, bert.config.hidden, bert.config.heads, bert.ffn) == (24, 1024, 16, 4096)
     assert 330e6 < bert.param_count() < 340e6  # BERT-large, less token types and pooler
+
+
+@dataclass
+class RegressionConfig:
+    batch_size: int = 16
+    seq_len: int = 1
+    num_layers: int = 1
+    dtype: str = "float32"
+    features: int = 8
+
+
+class Regression:
+    """A user model: least squares, with the protocol's members and nothing from models/."""
+
+    def __init__(self, **kwargs):
+        self.config = RegressionConfig(**kwargs)
+
+    def init(self, rng):
+        return {"w": jnp.zeros((self.config.features, 1))}
+
+    def loss(self, params, batch):
+        return jnp.mean(jnp.square(batch["x"] @ params["w"] - batch["y"]))
+
+    def make_batch(self, rng):
+        x = jax.random.normal(rng, (self.config.batch_size, self.config.features))
+        return {"x": x, "y": x @ jnp.arange(1.0, self.config.features + 1)[:, None]}
+
+    def flops_per_step(self):
+        return 3 * 2 * self.config.batch_size * self.config.features
+
+    def param_count(self):
+        return self.config.features
+
+    def param_axes(self):
+        return {"w": ("embed", None)}
+
+    def batch_axes(self):
+        return {"x": ("batch", None), "y": ("batch", None)}
+
+
+def test_a_user_model_with_the_protocol_trains_like_the_builtins():
+    from models.plans import builtin
+    from models.train import run_training
+
+    r = run_training(Regression(), builtin("fsdp"), 30, jax.devices()[:1], learning_rate=0.3)
+    assert r.losses[-1] < 0.2 * r.losses[0]
+    with pytest.raises(UserError, match=r"lacks \['init', 'loss', 'make_batch'"):
+        run_training(type("Half", (), {"config": None})(), builtin("dp"), 1, jax.devices()[:1])
 
 
 # --- GShard top-2 gating --------------------------------------------------------------------

@@ -69,8 +69,9 @@ class Cluster:
         exports = [f"export {_env_name(k)}={shlex.quote(str(v))}" for k, v in self.cfg.cluster.env.items()]
         return exports + list(self.cfg.cluster.setup)
 
-    def submit(self, task: Any) -> submitit.Job:
-        return self.executor().submit(task)
+    def cancel(self, job: submitit.Job) -> None:
+        """Ends a job that can no longer succeed."""
+        job.cancel(check=False)
 
 
 def _env_name(name: str) -> str:

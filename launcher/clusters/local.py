@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import socket
 import sys
+import time
 
 import submitit
 
 from launcher.clusters.base import Cluster
+from launcher.runtime import status
 
 
 class LocalCluster(Cluster):
@@ -28,6 +33,26 @@ class LocalCluster(Cluster):
         ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.timeout_min,
                              gpus_per_node=c.gpus_per_node, setup=self.setup_lines())
         return ex
+
+    def cancel(self, job: submitit.Job) -> None:
+        """Stops the tasks themselves: the controller then exits as after any ending.
+
+        submitit's own cancel interrupts the controller, which prints a KeyboardInterrupt
+        traceback on the user's console; the ranks' pids are in their status files.
+        """
+        pids = [st.pid for st, _ in status.read_statuses(self.run_dir).values()
+                if st.host == socket.gethostname()]
+        # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL.
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            deadline = time.time() + 1
+            while time.time() < deadline and not job.done():
+                time.sleep(0.05)
+            if job.done():
+                return
+        job.cancel(check=False)  # a task that never wrote its status: the controller's way
 
     def submission_text(self, executor: submitit.LocalExecutor) -> str:
         c = self.cfg.cluster

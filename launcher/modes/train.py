@@ -40,7 +40,7 @@ def run(ctx) -> dict:
     if not 0 <= cfg.warmup_steps < cfg.steps:
         raise UserError(f"mode.warmup_steps={cfg.warmup_steps} must be at least 0 and below mode.steps={cfg.steps}, "
                         "so some steps are left to time")
-    model = _build_model(ctx)
+    model = ctx.model()
     check_model(model)
     plan = load_plan(cfg.plan)
     if cfg.mesh_axes:
@@ -79,16 +79,3 @@ def run(ctx) -> dict:
     ctx.log.info("losses %.4f -> %.4f; median step %.4f s, %.4f TFLOP/s, peak %.1f MB/device",
                  result.losses[0], result.losses[-1], step_time, out["tflops"], result.peak_memory_bytes / 2**20)
     return out
-
-
-def _build_model(ctx):
-    """``ctx.model()``, with a model's own UserError raised as itself rather than wrapped in
-    Hydra's InstantiationException, so the user sees the one message that names the field."""
-    from launcher.errors import UserError
-
-    try:
-        return ctx.model()
-    except Exception as e:
-        if isinstance(e.__cause__, UserError):
-            raise e.__cause__ from None
-        raise

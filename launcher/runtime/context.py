@@ -38,9 +38,18 @@ class TaskContext:
 
     def model(self) -> Any:
         """The configured model, built from ``cfg.model`` (its ``_target_`` and fields)."""
+        from hydra.errors import InstantiationException
         from hydra.utils import instantiate
 
-        return instantiate(self.cfg.model, _convert_="all")
+        from launcher.errors import UserError
+
+        try:
+            return instantiate(self.cfg.model, _convert_="all")
+        except InstantiationException as e:
+            # A model's own UserError names the field to fix; Hydra's wrapper would bury it.
+            if isinstance(e.__cause__, UserError):
+                raise e.__cause__ from None
+            raise UserError(f"model._target_={self.cfg.model.get('_target_')!r}: {e}") from None
 
     def path(self, name: str) -> Path:
         return self.run_dir / name

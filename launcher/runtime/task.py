@@ -69,7 +69,9 @@ class Task:
         if cfg.launcher.xla_dump:
             dump = run_dir / "xla_dump" / f"rank{rank.process_id}"
             os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                       f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
+                                       f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+                                       # text dumps elide large constants; protos keep them for replay
+                                       f" --xla_dump_hlo_as_proto").strip()
         import jax
 
         if cluster.accelerator == "cpu":
