@@ -11,10 +11,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import jax
 import pytest
 
 from tests.clusterkit.image import ensure_image
 from tests.clusterkit.slurm import LocalSlurm
+
+# In-process JAX tests share one backend whose device count cannot change once it starts, so
+# it is fixed here, before any test module touches it: 8 virtual CPU devices.
+jax.config.update("jax_num_cpu_devices", 8)
 
 
 @pytest.fixture(scope="session")
