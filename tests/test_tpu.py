@@ -7,7 +7,6 @@ import http.server
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -16,16 +15,11 @@ import time
 import pytest
 
 from launcher.clusters._tpu_worker import main, worker_identity
+from launcher.clusters.base import free_port
 from launcher.clusters.tpu import TpuExecutor
 from tests.launch import REPO, read_result, run_cli
 
 STANDIN_BIN = REPO / "tests" / "clusterkit" / "bin"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -37,7 +31,7 @@ def test_check_runs_on_every_worker_of_a_stand_in_pod(tmp_path):
     # No TPU here: the stand-in pod's workers use 2 CPU devices each.
     run_cli("cluster=tpu", "cluster.tpu_name=pod-a", "cluster.zone=us-central2-b", "cluster.nodes=2",
             "cluster.accelerator=cpu", "cluster.cpu_devices_per_task=2", f"cluster.remote_python={sys.executable}",
-            f"launcher.coordinator_port={_free_port()}", "mode.allgather_mb=0.25", run_dir=run, env=env, timeout=240)
+            f"launcher.coordinator_port={free_port()}", "mode.allgather_mb=0.25", run_dir=run, env=env, timeout=240)
     r = read_result(run)  # written by worker 0, copied back
     assert r["cluster"] == "tpu" and r["num_processes"] == 2 and r["global_devices"] == 4 and r["psum_ok"] is True
     job_id = json.loads((run / "job.json").read_text())["job_id"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import shlex
+import socket
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import submitit
 from omegaconf import DictConfig
@@ -78,3 +79,11 @@ def _env_name(name: str) -> str:
     if not name.replace("_", "a").isalnum() or name[0].isdigit():
         raise UserError(f"cluster.env: {name!r} is not a valid environment variable name")
     return name
+
+
+def free_port() -> int:
+    # Bound then released: another program could take it before rank 0 does, but a port the
+    # kernel just handed out is unlikely to be reused within the second it takes to start.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -12,7 +12,7 @@ import time
 
 import submitit
 
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, free_port
 from launcher.runtime import status
 
 
@@ -22,7 +22,7 @@ class LocalCluster(Cluster):
 
     def __init__(self, cfg, run_dir):
         super().__init__(cfg, run_dir)
-        self._port = cfg.launcher.coordinator_port or _free_port()
+        self._port = cfg.launcher.coordinator_port or free_port()
 
     def coordinator_port(self) -> int:
         return self._port
@@ -68,11 +68,3 @@ class LocalCluster(Cluster):
             f"# each task runs: {executor._submitit_command_str}",
         ]
         return "\n".join(lines) + "\n"
-
-
-def _free_port() -> int:
-    # Bound then released: another program could take it before rank 0 does, but a port the
-    # kernel just handed out is unlikely to be reused within the second it takes to start.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -20,7 +20,7 @@ from submitit.core import job_environment
 
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import env_name, one_line, operand
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, free_port
 from launcher.errors import UserError
 
 
@@ -37,11 +37,9 @@ class MpiCluster(Cluster):
         if not c.hosts and c.nodes != 1:
             raise UserError(f"cluster.nodes={c.nodes}: without cluster.hosts mpirun starts every rank on "
                             "this host; use cluster.nodes=1 or list the hosts: cluster.hosts=[h1,h2]")
-        from launcher.clusters.local import _free_port
-
         # Rank 0 runs on the first host, which is this one unless cluster.hosts says otherwise;
         # a port free here is then at least likely to be free there.
-        self._port = cfg.launcher.coordinator_port or _free_port()
+        self._port = cfg.launcher.coordinator_port or free_port()
 
     def coordinator_port(self) -> int:
         return self._port

@@ -18,7 +18,6 @@ class Config:
 
 def run(ctx) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

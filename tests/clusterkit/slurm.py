@@ -21,6 +21,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from launcher.clusters.base import free_port
 
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sacct", "sinfo", "squeue", "scontrol", "scancel")
@@ -28,12 +29,6 @@ CLIENTS = ("sbatch", "srun", "sacct", "sinfo", "squeue", "scontrol", "scancel")
 
 class SlurmStartError(RuntimeError):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -75,7 +70,7 @@ class LocalSlurm:
             if not p.stat().st_mode & 0o001:
                 raise SlurmStartError(f"{p} is not searchable by others, which munged refuses; put the SLURM "
                                       "folder elsewhere (e.g. under /tmp)")
-        self.ports = {name: _free_port() for name in ("ctld", "dbd", "db", *self.nodes)}
+        self.ports = {name: free_port() for name in ("ctld", "dbd", "db", *self.nodes)}
         deadline = time.monotonic() + timeout
         try:
             self._start_munge(deadline)
