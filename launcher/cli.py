@@ -5,6 +5,7 @@ Everything about the run comes from the Hydra config tree in ``conf/``; see ``--
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def app(cfg: DictConfig) -> dict | None:
     # the schema is applied here too: a reproduced run is checked like a composed one.
     cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, `kill`: stop the job like Ctrl-C does
     try:
         schema.validate(cfg)
         result = launch(cfg, run_dir)
@@ -38,6 +40,10 @@ def app(cfg: DictConfig) -> dict | None:
     if result is not None:
         summarize(result, run_dir)
     return result
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main() -> None:

@@ -48,7 +48,13 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}", file=sys.stderr)
     if not cfg.launcher.wait:
         return None
-    return wait(job, cluster, cfg, run_dir)
+    try:
+        return wait(job, cluster, cfg, run_dir)
+    except KeyboardInterrupt:
+        # Whoever waits owns the job: stopping the launcher stops the job, and the run dir
+        # keeps what was done (logs, stored profiles).
+        cluster.cancel(job)
+        raise JobFailed(f"interrupted: job {job.job_id} cancelled; what it wrote is in {run_dir}") from None
 
 
 def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

@@ -149,3 +149,19 @@ def test_xla_dump_lands_in_the_run_dir(tmp_path):
 def test_shell_completion_is_hydras():
     proc = run_cli("-sc", "install=bash")
     assert "complete" in proc.stdout and "hydra" in proc.stdout.lower()
+
+
+def test_stopping_the_launcher_stops_the_job(tmp_path):
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", "launcher.fault=hang:1", "launcher.init_timeout_s=120",
+            f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    status1 = run / ".xlaunch" / "ranks" / "rank1.json"
+    deadline = time.time() + 60
+    while time.time() < deadline and not status1.exists():
+        time.sleep(0.2)
+    assert status1.exists()
+    proc.terminate()  # what `timeout` or a scheduler's kill sends
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "interrupted: job" in err and "cancelled" in err
+    assert not _leftover_tasks(run)
