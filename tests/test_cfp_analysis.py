@@ -178,7 +178,7 @@ def test_gpt_layers_map_to_one_template(n):
     assert a.exhaustive_space == 3 ** (4 * n + 2)
     assert a.segment_space == 3 + 81 + 3
     text = a.segments_txt()
-    assert f"ParallelBlocks sequence: (5, 9) mapped to (1, 5)" in text
+    assert "ParallelBlocks sequence: (5, 9) mapped to (1, 5)" in text
 
 
 def test_moe_splits_experts_and_alternates_two_templates():

@@ -26,9 +26,10 @@ from launcher.errors import UserError
 from tests.launch import REPO, read_result, run_cli
 
 # A 2-layer GPT whose only choices on a 1-D mesh of 4 (or 8) are the embedding's and the head's:
-# widths of 6 leave every layer block one plan (split the batch), the vocabulary of 32 gives the
-# lookup and the head a second one (split the vocabulary). 4 whole-model plans in all.
-SMALL_GPT = dict(num_layers=2, hidden=6, heads=2, ffn_dim=6, vocab_size=32, seq_len=16, batch_size=8)
+# widths of 6 leave every layer block one plan (split the batch), the vocabulary of 512 gives the
+# lookup and the head a second one (split the vocabulary, which also takes the table's memory
+# off the data-parallel plan). 4 whole-model plans in all.
+SMALL_GPT = dict(num_layers=2, hidden=6, heads=2, ffn_dim=6, vocab_size=512, seq_len=16, batch_size=8)
 
 
 def run_python(code: str, *args: str, devices: int = 4, timeout: float = 600) -> dict:
@@ -69,7 +70,8 @@ def synthetic_profiles():
     units = [Unit(0, 0, (0, 0), 0, 1, [2]), Unit(1, 1, (1, 0), 1, 2, [3]), Unit(2, 2, (2, 0), 2, 3, [2])]
     times = {(0, 0): [1.0, 1.4], (1, 0): [2.0, 1.2, 1.5], (2, 0): [0.7, 0.5]}
     mems = {(0, 0): [10, 4], (1, 0): [30, 50, 12], (2, 0): [8, 9]}
-    table = {k: {(c,): {"time_s": t, "mem_bytes": mems[k][c]} for c, t in enumerate(v)} for k, v in times.items()}
+    table = {k: {(c,): {"time_s": t, "mem_bytes": mems[k][c], "buffers": 2} for c, t in enumerate(v)}
+             for k, v in times.items()}
     x = ((8, 4), "float32")
     # One tensor crosses each boundary; its layout is the left unit's combination and the right
     # unit wants layout 0 for combination 0, else layout 1.
@@ -214,7 +216,9 @@ for _ in range(4):
     for i, (compiled, state, batch, _) in enumerate(runs):
         times = []
         for _ in range(5):
-            t = time.perf_counter(); jax.block_until_ready(compiled(state, batch)); times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            jax.block_until_ready(compiled(state, batch))
+            times.append(time.perf_counter() - t)
         best[i] = min(best[i], statistics.median(times))
 
 uniform0 = [0] * len(a.blocks)
@@ -227,7 +231,8 @@ except UserError as e:
     impossible = str(e)
 print(json.dumps({"plans": plans, "measured": best, "memory": [r[3] for r in runs],
                   "predicted": [predict(prof, q) for q in plans], "searched": found.assignment,
-                  "uniform0_memory": m0, "budgeted": budgeted.assignment, "budgeted_memory": budgeted.predicted_memory_bytes,
+                  "uniform0_memory": m0, "budgeted": budgeted.assignment,
+                  "budgeted_memory": budgeted.predicted_memory_bytes,
                   "impossible": impossible, "configs": prof.profiled_configs, "exhaustive": a.exhaustive_space}))
 """
 
@@ -276,8 +281,9 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     for name in ("plan.json", "after_ir.txt", "comparison.png", "comparison.txt", "parallel_blocks.txt"):
         assert (tmp_path / "cfp" / name).stat().st_size > 0, name
     # Both processes searched the same plan from the same profiles.
-    lines = [[line.split("INFO ", 1)[1] for line in (tmp_path / "cfp" / "logs" / f"rank{r}.log").read_text().splitlines()
-              if "searched ParallelBlock Strategies solution" in line] for r in (0, 1)]
+    logs = [(tmp_path / "cfp" / "logs" / f"rank{r}.log").read_text().splitlines() for r in (0, 1)]
+    lines = [[line.split("INFO ", 1)[1] for line in log if "searched ParallelBlock Strategies solution" in line]
+             for log in logs]
     assert lines[0] and lines[0] == lines[1]
     assert lines[0][0].endswith(str(result["plan"]["assignment"]))
 

@@ -49,7 +49,8 @@ class Analysis:
                 f"{_t(c.lhs_shape)} x {_t(c.rhs_shape)} -> {_t(c.out_shape)}  roles: {c.roles_str()}")
 
     def strategy_map_txt(self) -> str:
-        lines = [f"# Strategy map: every tensor contraction and its parallel strategies on mesh {list(self.mesh_shape)}",
+        lines = [f"# Strategy map: every tensor contraction and its parallel strategies on mesh "
+                 f"{list(self.mesh_shape)}",
                  f"# {len(self.contractions)} contractions; notation OUT = LHS x RHS @ {{mesh axis per split dim}}", ""]
         for op in sorted(self.contractions):
             c = self.contractions[op]
@@ -57,7 +58,8 @@ class Analysis:
             lines.append(f"{self.contraction_line(op)}  ({len(strategies)} strategies)")
             for k, s in enumerate(strategies):
                 coll = collective(c, s)
-                extra = f"   [{coll['kind']} {coll['bytes']} B over axes {coll['axes']}]" if coll["kind"] != "none" else ""
+                extra = "" if coll["kind"] == "none" else \
+                    f"   [{coll['kind']} {coll['bytes']} B over axes {coll['axes']}]"
                 lines.append(f"    {k}: {notation(c, s)}{extra}")
         return "\n".join(lines) + "\n"
 

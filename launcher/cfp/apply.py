@@ -1,16 +1,18 @@
 """Applying block plans to a traced program on a real mesh.
 
 The flattened graph is re-evaluated operator by operator (``evaluate``: each operator binds its
-original primitive), and the output of every contraction of a block with a chosen plan is
-pinned with ``jax.lax.with_sharding_constraint`` to the layout that plan implies. XLA's sharding
-propagation fills in the rest, and inserts the collectives. Program inputs are laid out as their
+original primitive), and every tensor whose layout a block's chosen plan determines (its
+contractions' outputs and whatever the plan propagates to, ``Layouts.pinned``) is pinned with
+``jax.lax.with_sharding_constraint``. XLA's sharding propagation fills in the rest (operators of
+blocks without a plan), and inserts the collectives. Program inputs are laid out as their
 first planned consumer wants them (``wanted_spec``).
 
 The mesh has axes ``cfp0`` (and ``cfp1``) and is built with ``Mesh(devices, names)``, whose axes
 are Auto: ``jax.make_mesh``'s Explicit axes would refuse a contraction over a split dimension.
 
 A plan saved for ``mode=train`` carries its layouts in the ``constraints`` field of the models'
-plan JSON: ``"<op id>": [...]`` pins the output of that contraction and ``"in:<path>": [...]``
+plan JSON: ``"<op id>": [...]`` pins the output of that operator (``"<op id>.<k>"`` its k-th
+output) and ``"in:<path>": [...]``
 lays out a program input (its pytree path in the step's arguments), each a PartitionSpec-like
 list (per dimension ``null``, an axis name, or a list of axis names). ``constrained_step``
 turns such a mapping back into a step function.
@@ -18,7 +20,7 @@ turns such a mapping back into a step function.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 from launcher.cfp.analysis import Analysis
 from launcher.cfp.graph import Graph
@@ -74,14 +76,16 @@ class Layouts:
     def __init__(self, a: Analysis, assignment: Mapping[int, int]) -> None:
         self.a, self.assignment = a, dict(assignment)
 
-    def contraction_outputs(self) -> dict[int, Spec]:
-        """var id -> layout, for the output of every contraction of an assigned block."""
-        out = {}
+    def pinned(self) -> dict[int, Spec]:
+        """var id -> layout, for every (non-scalar) tensor an assigned block's operators produce
+        and whose layout its plan determines: the contractions' outputs and everything the plan
+        propagates to. Pinning all of them makes a segment run alone and the same segment inside
+        the whole step lay out (and communicate) alike."""
+        g, out = self.a.graph, {}
         for b_id, p in self.assignment.items():
-            b = self.a.blocks[b_id]
-            for op in b.roles:
-                c = self.a.contractions[op]
-                out[c.out] = operand_specs(c, b.strategies[op][p])[2]
+            for v, spec in self.a.blocks[b_id].specs[p].items():
+                if g.shape(v):
+                    out[v] = spec
         return out
 
     def produced(self, v: int) -> Spec | None:
@@ -94,19 +98,18 @@ class Layouts:
             return None
         return self.a.blocks[b].specs[self.assignment[b]].get(v)
 
-    def wanted(self, v: int, within: Iterable[int] | None = None, depth: int = 3) -> Spec:
+    def wanted(self, v: int, within: AbstractSet[int] | None = None, depth: int = 3) -> Spec:
         """The layout ``v``'s consumers (among ops ``within``) want: the operand layout of the
         first planned contraction reached, or the output layout of the first planned operator
         that carries v's shape, looking through element-wise operators; else replicated."""
         g, a = self.a.graph, self.a
-        allowed = set(within) if within is not None else None
         shape = g.shape(v)
         frontier = [v]
         for _ in range(depth + 1):
             nxt = []
             for u in frontier:
                 for op_id in g.consumers[u]:
-                    if allowed is not None and op_id not in allowed:
+                    if within is not None and op_id not in within:
                         continue
                     b_id = a.owner[op_id]
                     p = self.assignment.get(b_id)
@@ -169,8 +172,19 @@ def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any) -> tuple[A
     ``step`` takes and returns the same pytrees as the traced function."""
     layouts = Layouts(a, assignment)
     specs = {f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(a.graph.inputs, a.graph.input_names)}
-    specs.update({str(a.graph.producer[v]): spec_json(s) for v, s in layouts.contraction_outputs().items()})
+    specs.update(pin_constraints(a.graph, layouts.pinned()))
     return constrained_step_from_graph(a.graph, specs, mesh)
+
+
+def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
+    """Pinned layouts keyed as in a plan's ``constraints``: ``"<op id>"`` for an operator's only
+    output, ``"<op id>.<k>"`` for its k-th of several."""
+    out = {}
+    for v, spec in pinned.items():
+        op = g.ops[g.producer[v]]
+        key = str(op.id) if len(op.outputs) == 1 else f"{op.id}.{op.outputs.index(v)}"
+        out[key] = spec_json(spec)
+    return out
 
 
 def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any) -> tuple[Any, Any, Any]:
@@ -179,8 +193,10 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
 
     pins = {}
     for key, entry in constraints.items():
-        if key.isdigit() and int(key) < len(g.ops):
-            pins[g.ops[int(key)].outputs[0]] = NamedSharding(mesh, pspec(spec_from_json(entry)))
+        if key.startswith("in:"):
+            continue
+        op_id, _, k = key.partition(".")
+        pins[g.ops[int(op_id)].outputs[int(k or 0)]] = NamedSharding(mesh, pspec(spec_from_json(entry)))
     in_specs = []
     for v, name in zip(g.inputs, g.input_names):
         entry = constraints.get(f"in:{name}")

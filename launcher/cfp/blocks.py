@@ -98,22 +98,14 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     for op in g.ops:
         c = cons.get(op.id)
         if c is not None:
-            if op.phase != "bwd":
-                found = _sibling(g, c, cons, blocks, owner) or _absorber(c, blocks, owner_of, is_member)
-                if found is not None:
-                    b, role, strats = found
-                    join(b, c, role, strats)
-                    continue
-                b = open_block(c)
-                join(b, c, "head", list(b.plans))
-            else:
+            if op.phase == "bwd":
                 found = _counterpart(g, c, cons, blocks, owner)
-                if found is not None:
-                    b, strats = found
-                    join(b, c, "bwd", strats)
-                else:
-                    b = open_block(c)
-                    join(b, c, "head", list(b.plans))
+            else:
+                found = _sibling(g, c, cons, blocks, owner) or _absorber(c, blocks, owner_of, is_member)
+            if found is None:
+                b = open_block(c)
+                found = (b, "head", list(b.plans))
+            join(found[0], c, found[1], found[2])
             continue
 
         owned = [v for v in op.inputs if owner_of(v) is not None]
@@ -185,7 +177,7 @@ def _absorber(c: Contraction, blocks: list[Block], owner_of, is_member) -> tuple
 
 
 def _counterpart(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
-                 owner: list[int | None]) -> tuple[Block, list[Strategy]] | None:
+                 owner: list[int | None]) -> tuple[Block, str, list[Strategy]] | None:
     candidates = []
     for side, other in (("lhs", c.rhs), ("rhs", c.lhs)):
         v = getattr(c, side)
@@ -204,8 +196,7 @@ def _counterpart(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks:
         if labels is None:
             continue
         b = blocks[owner[u]]
-        strats = [Strategy(tuple(s.axes[l] for l in labels)) for s in b.strategies[u]]
-        return b, strats
+        return b, "bwd", [Strategy(tuple(s.axes[l] for l in labels)) for s in b.strategies[u]]
     return None
 
 

@@ -237,8 +237,8 @@ def _emit(g: Graph, comps: dict[str, list[Instr]], ins: Instr, env: dict[str, An
 def _translate(g: Graph, comps: dict[str, list[Instr]], ins: Instr, inputs: list) -> tuple[str, dict]:
     op, a = ins.opcode, ins.attrs
     if op == "dot":
-        return "dot_general", {"contracting": (_ints(a.get("lhs_contracting_dims")), _ints(a.get("rhs_contracting_dims"))),
-                               "batch": (_ints(a.get("lhs_batch_dims")), _ints(a.get("rhs_batch_dims")))}
+        dims = lambda key: (_ints(a.get(f"lhs_{key}_dims")), _ints(a.get(f"rhs_{key}_dims")))
+        return "dot_general", {"contracting": dims("contracting"), "batch": dims("batch")}
     if op == "convolution":
         lhs, rhs_out = a["dim_labels"].split("_", 1)
         rhs, out = rhs_out.split("->")

@@ -1,9 +1,12 @@
 """Running whole-model plans: the searched plan, the uniform plans, and the built-in baselines.
 
 Every run trains the real model on its real data (``models.train``'s state, optimizer and
-batches, so the losses are those ``mode=train`` gives for the same seed): ``repeats`` repeats of
-``iterations`` steps after one warm-up step, each step timed alone (batch generation excluded).
-A repeat's cost is the mean of its steps; TFLOPS divide the model's analytic FLOPs per step by
+batches, so the losses are those ``mode=train`` gives for the same seed). Plans are compiled
+first (``Runner``), then timed in interleaved rounds (``race``): ``repeats`` rounds in which every
+plan runs ``iterations`` steps, each step timed alone (batch generation excluded), after one
+warm-up step. Interleaving matters on a shared machine: a plan timed while the load is high
+and another while it is low would compare the load, not the plans. A round's cost is the mean
+of its steps and the median round counts; TFLOPS divide the model's analytic FLOPs per step by
 it. Memory is per device, from XLA's buffer assignment (``models.train.memory_stats``).
 """
 
@@ -22,7 +25,7 @@ from launcher.errors import UserError
 @dataclass
 class PlanRun:
     name: str
-    repeat_times_s: list[float]          # mean step time of each repeat
+    repeat_times_s: list[float]          # mean step time of each round
     losses: list[float]
     memory_bytes: int
     flops: float
@@ -45,9 +48,41 @@ class PlanRun:
                 "repeat_times_s": self.repeat_times_s, "compile_time_s": self.compile_time_s}
 
 
-def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, iterations: int,
-             repeats: int, seed: int = 0, name: str = "cfp", progress: Any = None) -> PlanRun:
-    """Trains ``program`` (a TrainingProgram) under a block-plan assignment."""
+class Runner:
+    """A compiled training step with its state, ready to be timed step by step."""
+
+    def __init__(self, name: str, compiled: Any, state: Any, make_batch: Any, program: Any, seed: int,
+                 first_step: int, memory_bytes: int, compile_time_s: float, losses: Sequence[float] = ()) -> None:
+        self.name, self.compiled, self.state, self.make_batch = name, compiled, state, make_batch
+        self.program, self.seed, self.step_no = program, seed, first_step
+        self.memory_bytes, self.compile_time_s = memory_bytes, compile_time_s
+        self.losses, self.rounds = list(losses), []
+
+    def steps(self, n: int, progress: Any = None) -> list[float]:
+        import jax
+
+        from models.train import data_key
+
+        times = []
+        for _ in range(n):
+            batch = jax.block_until_ready(self.make_batch(data_key(self.seed, self.step_no)))
+            t = time.perf_counter()
+            self.state, loss = self.compiled(self.state, batch)
+            self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
+            times.append(time.perf_counter() - t)
+            self.step_no += 1
+            if progress is not None:
+                progress.advance()
+        return times
+
+    def result(self) -> PlanRun:
+        return PlanRun(self.name, self.rounds, self.losses, self.memory_bytes,
+                       float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
+
+
+def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
+                name: str = "cfp") -> Runner:
+    """``program`` (a TrainingProgram) compiled under a block-plan assignment."""
     import jax
 
     from models.train import data_key, init_state, memory_stats
@@ -59,68 +94,98 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
     make_batch = jax.jit(program.model.make_batch, out_shardings=in_sh[1])
     compiled = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=0).lower(
         state, make_batch(data_key(seed, 0))).compile()
-    compile_time = time.perf_counter() - t0
-
-    def one(i: int) -> tuple[float, float]:
-        nonlocal state
-        batch = jax.block_until_ready(make_batch(data_key(seed, i)))
-        t = time.perf_counter()
-        state, loss = compiled(state, batch)
-        loss = float(loss)  # the replicated loss: fetching it waits for the step
-        return time.perf_counter() - t, loss
-
-    return _loop(name, one, iterations, repeats, memory_stats(compiled)["peak_bytes"], program.model,
-                 compile_time, compiled, progress)
+    return Runner(name, compiled, state, make_batch, program, seed, 0, memory_stats(compiled)["peak_bytes"],
+                  time.perf_counter() - t0)
 
 
-def run_baseline(program: Any, plan_name: str, devices: Sequence[Any], *, iterations: int, repeats: int,
-                 seed: int = 0, progress: Any = None) -> PlanRun:
-    """A built-in plan (``models.plans``) through ``models.train.run_training``; raises UserError
-    when the plan does not fit the model or the devices."""
+def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner:
+    """A built-in plan (``models.plans``), set up and compiled by ``models.train.run_training``
+    (one step); raises UserError when the plan does not fit the model or the devices."""
+    import jax
+
     from models.plans import builtin
     from models.train import run_training
 
-    steps = 1 + iterations * repeats
-    r = run_training(program.model, builtin(plan_name), steps, devices, optimizer=program.optimizer, seed=seed,
-                     progress=progress)
-    times = r.step_times_s[1:]
-    per_repeat = [statistics.mean(times[k * iterations:(k + 1) * iterations]) for k in range(repeats)]
-    return PlanRun(plan_name, per_repeat, r.losses, r.peak_memory_bytes, float(program.model.flops_per_step()),
-                   r.compile_time_s, r.compiled)
+    r = run_training(program.model, builtin(plan_name), 1, devices, optimizer=program.optimizer, seed=seed)
+    make_batch = jax.jit(program.model.make_batch, out_shardings=r.shardings.batch)
+    return Runner(plan_name, r.compiled, r.state, make_batch, program, seed, 1, r.peak_memory_bytes,
+                  r.compile_time_s, r.losses)
 
 
-def _loop(name: str, one: Any, iterations: int, repeats: int, memory: int, model: Any, compile_time: float,
-          compiled: Any, progress: Any) -> PlanRun:
-    losses, per_repeat = [], []
-    dt, loss = one(0)  # warm-up
-    losses.append(loss)
-    i = 1
+def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None) -> list[PlanRun]:
+    """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner."""
+    for r in runners:
+        if r.step_no == 0:
+            r.steps(1)
     for _ in range(repeats):
-        times = []
-        for _ in range(iterations):
-            dt, loss = one(i)
-            times.append(dt)
-            losses.append(loss)
-            i += 1
-            if progress is not None:
-                progress.advance()
-        per_repeat.append(statistics.mean(times))
-    return PlanRun(name, per_repeat, losses, memory, float(model.flops_per_step()), compile_time, compiled)
+        for r in runners:
+            r.rounds.append(statistics.mean(r.steps(iterations, progress)))
+    return [r.result() for r in runners]
+
+
+def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, iterations: int,
+             repeats: int, seed: int = 0, name: str = "cfp", progress: Any = None) -> PlanRun:
+    runner = plan_runner(a, program, assignment, mesh, seed=seed, name=name)
+    return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
 
 
 BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")
 
 
-def baselines(program: Any, devices: Sequence[Any], *, iterations: int, repeats: int, seed: int, log: Any,
-              names: Sequence[str] = BASELINES) -> tuple[dict[str, PlanRun], dict[str, str]]:
+def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
+                     names: Sequence[str] = BASELINES) -> tuple[list[Runner], dict[str, str]]:
     """Every built-in plan that fits; the others with the reason they do not."""
-    runs, skipped = {}, {}
+    runners, skipped = [], {}
     for name in names:
         try:
-            runs[name] = run_baseline(program, name, devices, iterations=iterations, repeats=repeats, seed=seed)
-            log(f"baseline {name}: step {runs[name].step_time_s * 1e3:.3f} ms, "
-                f"{runs[name].memory_bytes / 2**20:.2f} MiB per device")
+            runners.append(baseline_runner(program, name, devices, seed=seed))
         except UserError as e:
             skipped[name] = str(e)
             log(f"baseline {name}: skipped ({e})")
-    return runs, skipped
+    return runners, skipped
+
+
+def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int, repeats: int, seed: int,
+                        log: Any) -> list[dict]:
+    """Every uniform plan (all blocks on plan k, or their last plan) of the whole step: the
+    collective volume of its compiled program, the time spent communicating and the step time.
+
+    The CPU backend's profiler trace does not separate collectives from computation, so the
+    communication time is an estimate: collective bytes over the all-reduce bandwidth measured
+    on the same mesh (each row says so)."""
+    from launcher.cfp.comm import collectives, total_bytes
+
+    bandwidth = allreduce_bandwidth(mesh)
+    log(f"all-reduce bandwidth on the mesh: {bandwidth / 1e9:.3f} GB/s per device")
+    rows = []
+    for k in range(max(b.num_plans for b in a.blocks)):
+        assignment = {b.id: min(k, b.num_plans - 1) for b in a.blocks}
+        r = run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
+                     name=f"uniform{k}")
+        stats = collectives(r.compiled.as_text())
+        volume = total_bytes(stats)
+        comm = volume / bandwidth
+        rows.append({"plan": k, "comm_volume_bytes": volume, "collectives": stats, "step_time_s": r.step_time_s,
+                     "comm_time_s": comm, "compute_time_s": max(r.step_time_s - comm, 0.0),
+                     "comm_time_method": "estimate: collective bytes / measured all-reduce bandwidth",
+                     "memory_gb": r.memory_bytes / 2**30})
+        log(f"Uniform plan {k}: Comm Volume: {volume / 1e6:.3f} MB, comm time {comm:.6f} s (estimate), "
+            f"compute {rows[-1]['compute_time_s']:.6f} s, step {r.step_time_s:.6f} s")
+    return rows
+
+
+def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
+    """Bytes per second per device of an all-reduce over every device of ``mesh``."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from launcher.cfp.profile import timed_runs, slowest_process
+
+    n = mesh.devices.size
+    per = max(int(mib * 2**20 / 4), 1)
+    sharded = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    x = jax.make_array_from_callback((n, per), sharded, lambda idx: np.ones((1, per), np.float32))
+    f = jax.jit(lambda y: y.sum(axis=0, keepdims=True), in_shardings=sharded,
+                out_shardings=NamedSharding(mesh, PartitionSpec())).lower(x).compile()
+    return per * 4 / statistics.median(slowest_process(timed_runs(f, [x], 1, repeats)))

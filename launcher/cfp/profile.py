@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,11 @@ from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, 
     synthetic_inputs
 from launcher.cfp.store import ProfileStore
 from launcher.cfp.strategies import Spec
+
+
+# Part of every store key: bump it when what a measurement means changes (which tensors are
+# pinned, what a segment program contains), so old entries are not reused.
+PROFILE_VERSION = 2
 
 
 @dataclass
@@ -94,7 +100,8 @@ class Profiles:
     table: dict[tuple[int, int], dict[tuple[int, ...], dict]]   # kind -> combo -> entry
     boundaries: list[Boundary]
     reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds
-    launch_s: float = 0.0               # running any program at all on the mesh
+    launch: tuple[float, float] = (0.0, 0.0)  # running a program: seconds + seconds per buffer
+    whole_buffers: int = 0              # arguments + results of the whole step
     measured: int = 0                   # entries measured by this run
     reused: int = 0                     # entries found in the store
     seconds: float = 0.0
@@ -103,10 +110,20 @@ class Profiles:
     def profiled_configs(self) -> int:
         return sum(len(v) for v in self.table.values())
 
+    def launch_cost(self, buffers: int) -> float:
+        fixed, per_buffer = self.launch
+        return fixed + per_buffer * buffers
+
+    @property
+    def whole_launch_s(self) -> float:
+        return self.launch_cost(self.whole_buffers)
+
     def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
-        """A unit's measured time less the cost of launching a program: in the whole step, the
-        units run inside one program, launched once."""
-        return max(self.table[kind][combo]["time_s"] - self.launch_s, 0.0)
+        """A unit's measured time less the cost of launching it as a program of its own (which
+        grows with its arguments and results): in the whole step, the units run inside one
+        program, launched once."""
+        e = self.table[kind][combo]
+        return max(e["time_s"] - self.launch_cost(e["buffers"]), 0.0)
 
     def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
         """Seconds of resharding across boundary ``b`` for the two units' combo indices (each
@@ -118,12 +135,12 @@ class Profiles:
             else:
                 src, dst = b.produced[k][right_combo], b.wanted[k][left_combo]
             if src is not None and src != dst:
-                total += max(self.reshard[(b.types[k], src, dst)] - self.launch_s, 0.0)
+                total += max(self.reshard[(b.types[k], src, dst)] - self.launch_cost(2), 0.0)
         return total
 
 
 def model_signature(a: Analysis) -> str:
-    return hashlib.sha1(a.files()["analysis.json"].encode()).hexdigest()[:16]
+    return hashlib.sha1(json.dumps(a.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def device_signature(mesh: Any) -> str:
@@ -140,7 +157,8 @@ class Profiler:
         self.a, self.mesh, self.store = a, mesh, store
         self.repeats, self.warmup, self.overlap, self.log, self.is_main = repeats, warmup, overlap, log, is_main
         self.units = profiling_units(a, max_space)
-        self.base = {"model": model_signature(a), "mesh": list(a.mesh_shape), "devices": device_signature(mesh)}
+        self.base = {"version": PROFILE_VERSION, "model": model_signature(a), "mesh": list(a.mesh_shape),
+                     "devices": device_signature(mesh)}
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
 
     # --- segment combinations ---------------------------------------------------------------
@@ -197,13 +215,14 @@ class Profiler:
                 if pool and i + 1 < len(todo):
                     pending = submit(todo[i + 1])  # compiles while this one is timed
                 compiled, args, boundary, compile_s = prepared
-                times = _slowest_process(timed_runs(compiled, args, self.warmup, self.repeats))
+                times = slowest_process(timed_runs(compiled, args, self.warmup, self.repeats))
                 m = compiled.memory_analysis()
                 memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
                 mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
+                sp = self.program(u)
                 entry = {"time_s": statistics.median(times), "times_s": times, "memory": memory,
                          "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
-                         "blocks": [u.start, u.end]}
+                         "blocks": [u.start, u.end], "buffers": len(sp.inputs) + len(sp.outputs)}
                 if self.is_main:
                     self.store.put(self.key(u, combo), entry)
                 self.log(f"SegmentIdx: {u.kind[0]}{'.' + str(u.kind[1]) if self._parts(u) else ''} "
@@ -248,7 +267,7 @@ class Profiler:
                     there = unit_of[owner[c]]
                     if g.ops[c].loop is None and abs(here - there) == 1 and g.shape(v):
                         crossing.setdefault(min(here, there), {})[v] = here < there
-        ops_of = {u.index: [op.id for op in g.ops if op.loop is None and u.start <= owner[op.id] < u.end]
+        ops_of = {u.index: {op.id for op in g.ops if op.loop is None and u.start <= owner[op.id] < u.end}
                   for u in self.units}
         out = []
         for left, right in zip(self.units, self.units[1:]):
@@ -276,9 +295,9 @@ class Profiler:
         pairs_sorted = sorted(pairs, key=repr)
         costs, measured = {}, 0
         for p in pairs_sorted:
-            key = {"kind": "reshard", "mesh": self.base["mesh"], "devices": self.base["devices"],
-                   "shape": list(p[0][0]), "dtype": p[0][1], "src": [list(a) for a in p[1]],
-                   "dst": [list(a) for a in p[2]]}
+            key = {"kind": "reshard", "version": PROFILE_VERSION, "mesh": self.base["mesh"],
+                   "devices": self.base["devices"], "shape": list(p[0][0]), "dtype": p[0][1],
+                   "src": [list(a) for a in p[1]], "dst": [list(a) for a in p[2]]}
             entry = self.store.get(key) if self.is_main else None
             have = _broadcast_flag(entry is not None)
             if not have:
@@ -310,21 +329,27 @@ class Profiler:
         reshard, n_reshard = self.reshard_costs(boundaries)
         self.log(f"profile: resharding across {len(boundaries)} boundaries: {len(reshard)} layout pairs "
                  f"({n_reshard} measured now)")
-        launch = self.launch_cost()
-        self.log(f"profile: launching a program on the mesh costs {launch * 1e3:.3f} ms (taken off every "
-                 "unit and resharding time; the whole step pays it once)")
-        return Profiles(self.units, table, boundaries, reshard, launch_s=launch, measured=measured, reused=reused,
+        launch = self.launch_model()
+        self.log(f"profile: launching a program on the mesh costs {launch[0] * 1e3:.3f} ms + "
+                 f"{launch[1] * 1e6:.1f} us per argument or result (taken off every unit and resharding "
+                 "time; the whole step pays it once)")
+        g = self.a.graph
+        return Profiles(self.units, table, boundaries, reshard, launch=launch,
+                        whole_buffers=len(g.inputs) + len(g.outputs), measured=measured, reused=reused,
                         seconds=time.perf_counter() - t0)
 
-    def launch_cost(self) -> float:
-        """The time of a program that does nothing: one replicated element, unchanged."""
-        key = {"kind": "launch", "mesh": self.base["mesh"], "devices": self.base["devices"]}
+    def launch_model(self, wide: int = 64) -> tuple[float, float]:
+        """(fixed, per buffer) seconds of launching a program, fitted on two programs that add 1
+        to 1 and to ``wide`` tiny replicated arrays."""
+        key = {"kind": "launch", "mesh": self.base["mesh"], "devices": self.base["devices"], "wide": wide}
         entry = self.store.get(key) if self.is_main else None
         if not _broadcast_flag(entry is not None):
-            seconds = reshard_time((1,), "float32", ((),), ((),), self.mesh, self.warmup, max(self.repeats, 5))
+            t1, tn = (launch_time(n, self.mesh, max(self.repeats, 20)) for n in (1, wide))
+            per_buffer = max(tn - t1, 0.0) / (2 * (wide - 1))
             if self.is_main:
-                self.store.put(key, {"time_s": seconds})
-        return _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
+                self.store.put(key, {"fixed_s": max(t1 - 2 * per_buffer, 0.0), "per_buffer_s": per_buffer})
+        entry = self.store.get(key) if self.is_main else {"fixed_s": 0.0, "per_buffer_s": 0.0}
+        return _broadcast_float(entry["fixed_s"]), _broadcast_float(entry["per_buffer_s"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,6 +369,17 @@ def timed_runs(compiled: Any, args: Sequence[Any], warmup: int, repeats: int) ->
     return times
 
 
+def launch_time(n: int, mesh: Any, repeats: int) -> float:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    xs = [jax.make_array_from_callback((4,), replicated, lambda idx: np.ones(4, np.float32)[idx]) for _ in range(n)]
+    compiled = jax.jit(lambda *a: [x + 1 for x in a]).lower(*xs).compile()
+    return statistics.median(slowest_process(timed_runs(compiled, xs, 2, repeats)))
+
+
 def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int, repeats: int) -> float:
     import jax
     import numpy as np
@@ -355,8 +391,9 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
     host = _host_value(tuple(shape), dtype, 0)
     x = jax.make_array_from_callback(tuple(shape), s_in, lambda idx: host[idx])
     # An identity whose input and output layouts differ: exactly the collective XLA inserts.
-    compiled = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out).lower(x).compile()
-    times = _slowest_process(timed_runs(compiled, [x], warmup, repeats))
+    identity = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out)
+    compiled = identity.lower(x).compile()
+    times = slowest_process(timed_runs(compiled, [x], warmup, repeats))
     return statistics.median(times)
 
 
@@ -364,7 +401,7 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
 # Multi-process agreement (no-ops with one process)
 
 
-def _slowest_process(times: list[float]) -> list[float]:
+def slowest_process(times: list[float]) -> list[float]:
     import jax
 
     if jax.process_count() == 1:

@@ -82,7 +82,7 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     for u, combo in zip(units, picked):
         for j, p in enumerate(combo):
             assignment[u.start + j] = p
-    return SearchResult(picked, assignment, t + prof.launch_s, int(m), time.perf_counter() - t0)
+    return SearchResult(picked, assignment, t + prof.whole_launch_s, int(m), time.perf_counter() - t0)
 
 
 def _pareto(options: list[tuple]) -> list[tuple]:
@@ -99,7 +99,7 @@ def _pareto(options: list[tuple]) -> list[tuple]:
 
 def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
     """Predicted (step time, memory) of a whole-model plan given as a plan per block."""
-    t, m, idx = prof.launch_s, 0, []
+    t, m, idx = prof.whole_launch_s, 0, []
     for u in prof.units:
         combo = tuple(assignment[u.start:u.end])
         t += prof.unit_time(u.kind, combo)

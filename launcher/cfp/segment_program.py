@@ -50,8 +50,8 @@ def segment_program(a: Analysis, start: int, end: int) -> SegmentProgram:
 
 
 def input_layouts(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int]) -> list[Spec]:
-    layouts = Layouts(a, assignment)
-    return [layouts.wanted(v, within=sp.ops) for v in sp.inputs]
+    layouts, within = Layouts(a, assignment), set(sp.ops)
+    return [layouts.wanted(v, within=within) for v in sp.inputs]
 
 
 def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: Any) -> tuple[Any, list[Any]]:
@@ -59,7 +59,7 @@ def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: 
     from jax.sharding import NamedSharding
 
     g = a.graph
-    pins = pins_for(Layouts(a, assignment).contraction_outputs(), mesh)
+    pins = pins_for(Layouts(a, assignment).pinned(), mesh)
     needed = {v for i in sp.ops for v in g.ops[i].inputs if v is not None}
     consts = constants(g, needed)
 

@@ -79,51 +79,6 @@ def profiles_json(analysis: Any, profiles: Any) -> dict:
     }
 
 
-def communication_study(ctx: Any, analysis: Any, program: Any, mesh: Any) -> list[dict]:
-    """Every uniform plan of the whole step: collective volume, communication estimate, step time."""
-    from launcher.cfp.comm import collectives, total_bytes
-    from launcher.cfp.measure import run_plan
-
-    cfg = ctx.mode_cfg
-    bandwidth = allreduce_bandwidth(mesh)
-    ctx.log.info("all-reduce bandwidth on the mesh: %.3f GB/s (used to estimate communication time: this "
-                 "backend's profiler trace does not separate collectives)", bandwidth / 1e9)
-    rows = []
-    for k in range(max(b.num_plans for b in analysis.blocks)):
-        assignment = {b.id: min(k, b.num_plans - 1) for b in analysis.blocks}
-        r = run_plan(analysis, program, assignment, mesh, iterations=cfg.iterations, repeats=cfg.run_repeats,
-                     seed=ctx.cfg.seed, name=f"uniform{k}")
-        stats = collectives(r.compiled.as_text())
-        volume = total_bytes(stats)
-        comm = volume / bandwidth
-        row = {"plan": k, "comm_volume_bytes": volume, "collectives": stats, "step_time_s": r.step_time_s,
-               "comm_time_s": comm, "compute_time_s": max(r.step_time_s - comm, 0.0),
-               "comm_time_method": "estimate: collective bytes / measured all-reduce bandwidth",
-               "memory_gb": r.memory_bytes / 2**30}
-        rows.append(row)
-        ctx.log.info("Uniform plan %d: Comm Volume: %.3f MB, comm time %.6f s (estimate), compute %.6f s, "
-                     "step %.6f s", k, volume / 1e6, comm, row["compute_time_s"], r.step_time_s)
-    return rows
-
-
-def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
-    """Bytes per second per device of an all-reduce over every device of ``mesh``."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from launcher.cfp.profile import timed_runs, _slowest_process
-
-    n = mesh.devices.size
-    per = max(int(mib * 2**20 / 4), 1)
-    sharded = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
-    x = jax.make_array_from_callback((n, per), sharded, lambda idx: np.ones((1, per), np.float32))
-    f = jax.jit(lambda y: y.sum(axis=0, keepdims=True), in_shardings=sharded,
-                out_shardings=NamedSharding(mesh, PartitionSpec())).lower(x).compile()
-    t = float(np.median(_slowest_process(timed_runs(f, [x], 1, repeats))))
-    return per * 4 / t
-
-
 def run(ctx: Any) -> dict:
     t0 = time.perf_counter()
     analysis, program, mesh, profiles = run_profile(ctx)
@@ -132,6 +87,11 @@ def run(ctx: Any) -> dict:
               "reused_configs": profiles.reused, "profile_time_s": profiles.seconds,
               "units": len(profiles.units), "reshard_pairs": len(profiles.reshard)}
     if ctx.mode_cfg.enumerate:
-        result["communication_study"] = communication_study(ctx, analysis, program, mesh)
+        from launcher.cfp.measure import communication_study
+
+        cfg = ctx.mode_cfg
+        result["communication_study"] = communication_study(
+            analysis, program, mesh, iterations=cfg.iterations, repeats=cfg.run_repeats, seed=ctx.cfg.seed,
+            log=lambda line: ctx.log.info("%s", line))
     result["mode_wall_s"] = time.perf_counter() - t0
     return result

@@ -31,14 +31,14 @@ class Config(ProfileConfig):
 
 def plan_json(analysis: Any, assignment: list[int]) -> Any:
     """The searched plan in the models' plan format; layouts go in ``constraints``."""
-    from launcher.cfp.apply import AXIS_NAMES, Layouts, spec_json
+    from launcher.cfp.apply import AXIS_NAMES, Layouts, pin_constraints, spec_json
     from models.plans import Plan
 
     layouts = Layouts(analysis, dict(enumerate(assignment)))
     g = analysis.graph
     constraints: dict[str, Any] = {f"in:{name}": spec_json(layouts.wanted(v))
                                    for v, name in zip(g.inputs, g.input_names)}
-    constraints.update({str(g.producer[v]): spec_json(s) for v, s in layouts.contraction_outputs().items()})
+    constraints.update(pin_constraints(g, layouts.pinned()))
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
     return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}}, constraints)
 
@@ -46,12 +46,16 @@ def plan_json(analysis: Any, assignment: list[int]) -> Any:
 def run_search(ctx: Any) -> dict:
     import jax
 
-    from launcher.cfp.measure import baselines, run_plan
+    from launcher.cfp.measure import baseline_runners, plan_runner, race
     from launcher.cfp.report import bar_chart, table_text
     from launcher.cfp.search import search
 
     cfg = ctx.mode_cfg
     analysis, program, mesh, profiles = run_profile(ctx)
+    if cfg.name == "search":
+        ctx.log.info("mode=search: analysis recomputed (it is needed to apply the plan); %d of %d segment "
+                     "combinations reused from the profile store, %d were missing and measured now",
+                     profiles.reused, profiles.profiled_configs, profiles.measured)
     budget = cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb > 0 else None
     found = search(profiles, len(analysis.blocks), budget)
     ctx.log.info("searched ParallelBlock Strategies solution: %s", found.assignment)
@@ -59,18 +63,21 @@ def run_search(ctx: Any) -> dict:
     ctx.log.info("predicted step time %.6f s, memory %.6f GB per device (search %.3f s)", found.predicted_time_s,
                  found.predicted_memory_bytes / 2**30, found.search_time_s)
 
-    total = cfg.iterations * cfg.run_repeats
-    with ctx.progress(total, "searched plan") as bar:
-        searched = run_plan(analysis, program, dict(enumerate(found.assignment)), mesh, iterations=cfg.iterations,
-                            repeats=cfg.run_repeats, seed=ctx.cfg.seed, progress=bar)
+    log = lambda line: ctx.log.info("%s", line)
+    runners = [plan_runner(analysis, program, dict(enumerate(found.assignment)), mesh, seed=ctx.cfg.seed)]
+    more, skipped = baseline_runners(program, jax.devices(), seed=ctx.cfg.seed, log=log, names=cfg.baselines)
+    runners += more
+    with ctx.progress(cfg.iterations * cfg.run_repeats * len(runners), "searched plan and baselines") as bar:
+        searched, *others = race(runners, iterations=cfg.iterations, repeats=cfg.run_repeats, progress=bar)
+    runs = {r.name: r for r in others}
     ctx.log.info("searched training cost: %s", [round(t, 6) for t in searched.repeat_times_s])
     ctx.log.info("tflops: %s", [round(t, 6) for t in searched.tflops_per_repeat()])
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
     plan = plan_json(analysis, found.assignment)
     ctx.write_text("plan.json", plan.to_json())
 
-    runs, skipped = baselines(program, jax.devices(), iterations=cfg.iterations, repeats=cfg.run_repeats,
-                              seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), names=cfg.baselines)
+    for name, r in runs.items():
+        log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device")
     everything = {"cfp": searched, **runs}
     table = table_text(everything, skipped)
     ctx.log.info("\n%s", table)

@@ -1,0 +1,138 @@
+"""CFP profile + search against the built-in plans, per tiny model, on 8 virtual CPU devices.
+
+    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 20] [--repeats 3]
+
+For each model (conf/model/<name>-tiny.yaml) in its own process with 8 virtual devices:
+analysis on a 4x2 mesh (``--mesh``; on it every baseline's layout is one of CFP's plans: data
+parallel splits the batch over both axes, dp_tp splits it over one and the heads or columns over
+the other, tp splits heads and columns over both; a 1-D mesh of 8 cannot express dp_tp), profile
+(store: --store, reused across runs), search, then the
+searched plan and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained side by side
+(``--repeats`` repeats of ``--iterations`` steps; the median repeat counts). Reported per model:
+
+- searched step time over the best baseline's (goal: never above 1.02, below 1.0 where mixed
+  plans pay);
+- profiled configurations over the exhaustive space;
+- profile and search wall time;
+- predicted over measured step time of the searched plan (goal: within 10%).
+
+Results go to bench/results/bench_cfp_search.json. Timings on a shared 2-core machine are
+noisy; the file records every repeat so the spread can be judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, store: str, profile_repeats: int) -> dict:
+    import jax
+
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_cfp_analysis import tiny_model
+
+    from launcher.cfp.analysis import analyze
+    from launcher.cfp.apply import make_mesh
+    from launcher.cfp.measure import baseline_runners, plan_runner, race
+    from launcher.cfp.profile import Profiler
+    from launcher.cfp.program import training_program
+    from launcher.cfp.search import search
+    from launcher.cfp.store import ProfileStore
+
+    model = tiny_model(name)
+    program = training_program(model)
+    t = time.perf_counter()
+    a = analyze(program.step, program.args, mesh_shape)
+    analysis_s = time.perf_counter() - t
+    mesh = make_mesh(a.mesh_shape)
+    log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
+    prof = Profiler(a, mesh, ProfileStore(store), repeats=profile_repeats, warmup=1, overlap=False, log=log).run()
+    found = search(prof, len(a.blocks))
+    log(f"searched ParallelBlock Strategies solution: {found.assignment}")
+    runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log)
+    runners.insert(0, plan_runner(a, program, dict(enumerate(found.assignment)), mesh))
+    searched, *others = race(runners, iterations=iterations, repeats=repeats)
+    runs = {r.name: r for r in others}
+    best_name = min(runs, key=lambda k: runs[k].step_time_s)
+    return {
+        "model": f"{name}-tiny",
+        "mesh_shape": mesh_shape,
+        "blocks": len(a.blocks),
+        "templates": [t.plan_counts for t in a.templates],
+        "exhaustive_space": a.exhaustive_space,
+        "segment_space": a.segment_space,
+        "profiled_configs": prof.profiled_configs,
+        "profiled_over_exhaustive": prof.profiled_configs / a.exhaustive_space,
+        "analysis_time_s": analysis_s,
+        "profile_time_s": prof.seconds,
+        "measured_configs": prof.measured,
+        "search_time_s": found.search_time_s,
+        "assignment": found.assignment,
+        "predicted_step_time_s": found.predicted_time_s,
+        "step_time_s": searched.step_time_s,
+        "repeat_times_s": searched.repeat_times_s,
+        "predicted_over_measured": found.predicted_time_s / searched.step_time_s,
+        "memory_gb": searched.memory_bytes / 2**30,
+        "baselines": {k: r.summary() for k, r in runs.items()},
+        "baselines_skipped": skipped,
+        "best_baseline": best_name,
+        "searched_over_best_baseline": searched.step_time_s / runs[best_name].step_time_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe"])
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])
+    ap.add_argument("--store", default=str(REPO / "outputs" / "cfp_profiles"))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "bench_cfp_search.json"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.mesh, args.iterations, args.repeats, args.store,
+                                args.profile_repeats)))
+        return
+
+    rows = []
+    for name in args.models:
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}"}
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "--worker", name, "--mesh", *map(str, args.mesh),
+                               "--iterations", str(args.iterations),
+                               "--repeats", str(args.repeats), "--profile-repeats", str(args.profile_repeats),
+                               "--store", args.store], env=env, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: worker failed ({proc.returncode})")
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        row["wall_s"] = time.perf_counter() - t
+        rows.append(row)
+        print(f"{row['model']:>12}: searched/best baseline ({row['best_baseline']}) "
+              f"{row['searched_over_best_baseline']:.3f}, profiled {row['profiled_configs']} of "
+              f"{row['exhaustive_space']:.3g} ({row['profiled_over_exhaustive']:.2e}), profile "
+              f"{row['profile_time_s']:.0f} s, search {row['search_time_s'] * 1e3:.1f} ms, predicted/measured "
+              f"{row['predicted_over_measured']:.3f}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,
+                               "iterations": args.iterations, "repeats": args.repeats, "models": rows},
+                              indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
