@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.test_cfp_search import run_python
 
 APPLY_MLP = r"""
@@ -77,6 +79,7 @@ print(json.dumps(rows))
 """
 
 
+@pytest.mark.slow
 def test_communication_study_reads_collectives_of_each_uniform_plan():
     from tests.test_cfp_search import SMALL_GPT
 

@@ -128,7 +128,8 @@ from launcher.cfp.apply import make_mesh
 from launcher.cfp.profile import Profiler
 from launcher.cfp.store import ProfileStore
 a = analyze(*mlp_program(), [4])
-prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), repeats=2, warmup=1, overlap=False,
+overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
+prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), repeats=2, warmup=1, overlap=overlap,
                 log=lambda line: print(line, flush=True)).run()
 print(json.dumps({"measured": prof.measured, "reused": prof.reused, "configs": prof.profiled_configs}))
 """
@@ -169,8 +170,9 @@ def test_killed_profile_resumes_without_measuring_twice(tmp_path):
 def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
     store_dir = tmp_path / "store"
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir), *extra], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for extra in ([], ["overlap"])]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     entries = segment_entries(store_dir)

@@ -15,7 +15,8 @@ as an identity with those input and output shardings and timed.
 
 Every result goes into the profile store (``store.py``) as soon as it is measured, keyed by the
 model's signature, the mesh, the devices, the template and the combination, so an interrupted
-run resumes and a later one reuses. The next candidate compiles on a worker thread while the
+run resumes and a later one reuses. Rank 0 writes it and every process reads it back, so with
+several hosts it must be on a shared filesystem (like the run dir). The next candidate compiles on a worker thread while the
 current one is timed. With several processes, each compiles and runs the same candidates in the
 same order (the collectives need it), and the slowest process's time counts.
 """
@@ -160,6 +161,7 @@ class Profiler:
         self.base = {"version": PROFILE_VERSION, "model": model_signature(a), "mesh": list(a.mesh_shape),
                      "devices": device_signature(mesh)}
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
+        self._split = {u.kind[0] for u in self.units if u.kind[1] > 0}  # templates profiled in parts
 
     # --- segment combinations ---------------------------------------------------------------
 
@@ -207,13 +209,15 @@ class Profiler:
         if not todo:
             return 0
         pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
-        submit = (lambda cand: pool.submit(self._prepare, *cand)) if pool else None
-        pending = submit(todo[0]) if pool else None
+        next_up = pool.submit(self._prepare, *todo[0]) if pool else None
         try:
             for i, (u, combo) in enumerate(todo):
-                prepared = pending.result() if pool else self._prepare(u, combo)
-                if pool and i + 1 < len(todo):
-                    pending = submit(todo[i + 1])  # compiles while this one is timed
+                if pool:
+                    prepared = next_up.result()
+                    if i + 1 < len(todo):
+                        next_up = pool.submit(self._prepare, *todo[i + 1])  # compiles while this one is timed
+                else:
+                    prepared = self._prepare(u, combo)
                 compiled, args, boundary, compile_s = prepared
                 times = slowest_process(timed_runs(compiled, args, self.warmup, self.repeats))
                 m = compiled.memory_analysis()
@@ -225,7 +229,8 @@ class Profiler:
                          "blocks": [u.start, u.end], "buffers": len(sp.inputs) + len(sp.outputs)}
                 if self.is_main:
                     self.store.put(self.key(u, combo), entry)
-                self.log(f"SegmentIdx: {u.kind[0]}{'.' + str(u.kind[1]) if self._parts(u) else ''} "
+                part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
+                self.log(f"SegmentIdx: {u.kind[0]}{part} "
                          f"ParallelBlock Strategy: {list(combo)} avgcost: {entry['time_s']:.6f} "
                          f"mem_cost(GB): {mem / 2**30:.6f}")
                 if progress is not None:
@@ -234,9 +239,6 @@ class Profiler:
             if pool:
                 pool.shutdown(wait=True)
         return len(todo)
-
-    def _parts(self, u: Unit) -> bool:
-        return any(o.kind[0] == u.kind[0] and o.kind[1] > 0 for o in self.units)
 
     def table(self) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
         out: dict[tuple[int, int], dict[tuple[int, ...], dict]] = {}

@@ -96,14 +96,8 @@ def _host_value(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 
 def boundary_bytes(a: Analysis, sp: SegmentProgram, layouts: list[Spec]) -> int:
     """Per-device bytes of the arguments another segment produces (counted there, as results)."""
-    g = a.graph
-    total = 0
-    for v, spec in zip(sp.inputs, layouts):
-        if v in sp.boundary:
-            var = g.vars[v]
-            total += shard_bytes(var.shape, spec, np.dtype(_np_dtype(var.dtype)).itemsize, a.mesh_shape)
-    return total
+    import jax.numpy as jnp
 
-
-def _np_dtype(dtype: str) -> str:
-    return "float16" if dtype == "bfloat16" else dtype
+    g, boundary = a.graph, set(sp.boundary)
+    return sum(shard_bytes(g.vars[v].shape, spec, jnp.dtype(g.vars[v].dtype).itemsize, a.mesh_shape)
+               for v, spec in zip(sp.inputs, layouts) if v in boundary)
