@@ -120,24 +120,21 @@ class Plan:
         shapes = param_shapes if param_shapes is not None else jax.eval_shape(model.init, jax.random.key(0))
         rules = self.rules_for("params")
         self._check_applies(model, rules)
-
-        def one(path: Any, axes: Any, shape: Any) -> NamedSharding:
-            what = f"plan {self.name!r}: parameter {_path_str(path)} {tuple(shape.shape)}"
-            _check_rank(what, axes, shape.shape)
-            return NamedSharding(mesh, spec_for(axes, rules, mesh, shape.shape, what))
-
-        return jax.tree.map_with_path(one, model.param_axes(), shapes, is_leaf=_is_axes)
+        return self._tree_shardings("parameter", model.param_axes(), shapes, rules, mesh)
 
     def batch_shardings(self, model: Any, mesh: Mesh, batch_shapes: Any = None) -> Any:
         shapes = batch_shapes if batch_shapes is not None else jax.eval_shape(model.make_batch, jax.random.key(0))
-        rules = self.rules_for("inputs")
+        return self._tree_shardings("input", model.batch_axes(), shapes, self.rules_for("inputs"), mesh)
+
+    def _tree_shardings(self, kind: str, axes_tree: Any, shapes: Any, rules: Rules, mesh: Mesh) -> Any:
+        """A NamedSharding per leaf of ``shapes``, from its logical axes; errors name the leaf."""
 
         def one(path: Any, axes: Any, shape: Any) -> NamedSharding:
-            what = f"plan {self.name!r}: input {_path_str(path)} {tuple(shape.shape)}"
+            what = f"plan {self.name!r}: {kind} {_path_str(path)} {tuple(shape.shape)}"
             _check_rank(what, axes, shape.shape)
             return NamedSharding(mesh, spec_for(axes, rules, mesh, shape.shape, what))
 
-        return jax.tree.map_with_path(one, model.batch_axes(), shapes, is_leaf=_is_axes)
+        return jax.tree.map_with_path(one, axes_tree, shapes, is_leaf=_is_axes)
 
     def shardings(self, model: Any, mesh: Mesh, optimizer: Any = None) -> Shardings:
         """Shardings of parameters, training state and batch; raises UserError if the plan does
