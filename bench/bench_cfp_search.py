@@ -6,7 +6,8 @@ For each model (conf/model/<name>-tiny.yaml) in its own process with 8 virtual d
 analysis on a 4x2 mesh (``--mesh``; on it every baseline's layout is one of CFP's plans: data
 parallel splits the batch over both axes, dp_tp splits it over one and the heads or columns over
 the other, tp splits heads and columns over both; a 1-D mesh of 8 cannot express dp_tp), profile
-(store: --store, reused across runs), search, then the
+(store: --store, reused across runs), search (the DP optimum and its shortlist of ``--top-k``
+plans measured briefly on the whole step, as mode=search does), then the
 searched plan and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained side by side
 (``--repeats`` repeats of ``--iterations`` steps; the median repeat counts). Reported per model:
 
@@ -34,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, store: str, profile_repeats: int) -> dict:
+def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, store: str, profile_repeats: int,
+           top_k: int) -> dict:
     import jax
 
     sys.path.insert(0, str(REPO))
@@ -43,10 +45,10 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
     from launcher.cfp.analysis import analyze
     from launcher.cfp.apply import make_mesh
-    from launcher.cfp.measure import baseline_runners, plan_runner, race
+    from launcher.cfp.measure import baseline_runners, pick, race
     from launcher.cfp.profile import Profiler
     from launcher.cfp.program import training_program
-    from launcher.cfp.search import search
+    from launcher.cfp.search import search, shortlist
     from launcher.cfp.store import ProfileStore
 
     model = tiny_model(name)
@@ -58,9 +60,10 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     prof = Profiler(a, mesh, ProfileStore(store), repeats=profile_repeats, warmup=1, overlap=False, log=log).run()
     found = search(prof, len(a.blocks))
-    log(f"searched ParallelBlock Strategies solution: {found.assignment}")
+    chosen, candidates = pick(a, program, mesh, shortlist(prof, found, len(a.blocks), top_k), iterations=5)
+    log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {chosen.assignment}")
     runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log)
-    runners.insert(0, plan_runner(a, program, dict(enumerate(found.assignment)), mesh))
+    runners.insert(0, chosen)
     searched, *others = race(runners, iterations=iterations, repeats=repeats)
     runs = {r.name: r for r in others}
     best_name = min(runs, key=lambda k: runs[k].step_time_s)
@@ -77,11 +80,13 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "profile_time_s": prof.seconds,
         "measured_configs": prof.measured,
         "search_time_s": found.search_time_s,
-        "assignment": found.assignment,
-        "predicted_step_time_s": found.predicted_time_s,
+        "assignment": chosen.assignment,
+        "search_optimum": found.assignment,
+        "candidates": candidates,
+        "predicted_step_time_s": chosen.predicted_time_s,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
-        "predicted_over_measured": found.predicted_time_s / searched.step_time_s,
+        "predicted_over_measured": chosen.predicted_time_s / searched.step_time_s,
         "memory_gb": searched.memory_bytes / 2**30,
         "baselines": {k: r.summary() for k, r in runs.items()},
         "baselines_skipped": skipped,
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--top-k", type=int, default=3, help="plans the search measures on the whole step")
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])
     ap.add_argument("--store", default=str(REPO / "outputs" / "cfp_profiles"))
@@ -105,7 +111,7 @@ def main() -> None:
 
     if args.worker:
         print(json.dumps(worker(args.worker, args.mesh, args.iterations, args.repeats, args.store,
-                                args.profile_repeats)))
+                                args.profile_repeats, args.top_k)))
         return
 
     rows = []
@@ -115,6 +121,7 @@ def main() -> None:
         proc = subprocess.run([sys.executable, __file__, "--worker", name, "--mesh", *map(str, args.mesh),
                                "--iterations", str(args.iterations),
                                "--repeats", str(args.repeats), "--profile-repeats", str(args.profile_repeats),
+                               "--top-k", str(args.top_k),
                                "--store", args.store], env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{name}: worker failed ({proc.returncode})")

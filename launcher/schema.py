@@ -185,3 +185,19 @@ def validate(cfg: DictConfig) -> None:
         raise UserError("cluster=tpu needs the TPU VM's name: add cluster.tpu_name=<name> (and cluster.zone=<zone>)")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
+    _validate_mode_counts(cfg.mode)
+
+
+# Counts the modes share by name: checked here, before submission, rather than in each task.
+_AT_LEAST_ONE = ("steps", "iterations", "run_repeats", "repeats", "verify_top_k", "verify_iterations",
+                 "max_segment_space")
+_NOT_NEGATIVE = ("warmup", "memory_budget_gb")
+
+
+def _validate_mode_counts(mode: DictConfig) -> None:
+    for key in _AT_LEAST_ONE:
+        if key in mode and mode[key] < 1:
+            raise UserError(f"mode.{key}={mode[key]}: must be at least 1 (e.g. mode.{key}=3)")
+    for key in _NOT_NEGATIVE:
+        if key in mode and mode[key] < 0:
+            raise UserError(f"mode.{key}={mode[key]}: must be 0 or more")

@@ -19,7 +19,8 @@ through JSON:
 
 ``mesh_axes`` is ordered (outermost first); a size of null takes whatever the device count
 leaves. A rule maps to a mesh axis name, a list of them, or null. ``constraints`` is reserved
-for the CFP search (contraction id -> PartitionSpec-like list); plans carry it unchanged.
+for the CFP search (operator id -> PartitionSpec-like list, see ``launcher/cfp/apply.py``);
+plans carry it unchanged and ``models.train.run_training`` applies it.
 """
 
 from __future__ import annotations

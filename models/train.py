@@ -2,7 +2,9 @@
 
 The step is a pure function ``step(state, batch) -> (state, loss)`` over the state pytree
 ``{"params": ..., "opt_state": ...}``; ``run_training`` compiles it once with the plan's input
-and output shardings (and the plan's activation rules active while tracing), then runs it.
+and output shardings (and the plan's activation rules active while tracing), then runs it. A
+plan the CFP search wrote carries per-operator ``constraints`` instead of rules; the step is then
+re-traced and re-evaluated with them applied (``launcher.cfp.apply.constrained_step``).
 Batches come from ``model.make_batch`` on a key derived from the seed and the step number,
 compiled with the plan's input shardings, so every process computes exactly its own shards of
 the same global batch whatever the number of devices or processes.
@@ -103,13 +105,15 @@ def run_training(model: Any, plan: Plan, steps: int, devices: Optional[Sequence[
     mesh = plan.mesh(devices)
     sh = plan.shardings(model, mesh, optimizer)
     replicated = NamedSharding(mesh, PartitionSpec())
+    step_fn, out_shardings = make_train_step(model, optimizer), (sh.state, replicated)
+    if plan.constraints:  # a searched (CFP) plan: per-operator layouts of the traced step
+        step_fn, sh, out_shardings = _constrained(step_fn, model, optimizer, plan, sh, mesh)
 
     t0 = time.perf_counter()
     state = jax.jit(lambda k: init_state(model, optimizer, k), out_shardings=sh.state)(jax.random.key(seed))
     make_batch = jax.jit(model.make_batch, out_shardings=sh.batch)
     batch = make_batch(data_key(seed, 0))
-    step = jax.jit(make_train_step(model, optimizer), in_shardings=(sh.state, sh.batch),
-                   out_shardings=(sh.state, replicated), donate_argnums=0)
+    step = jax.jit(step_fn, in_shardings=(sh.state, sh.batch), out_shardings=out_shardings, donate_argnums=0)
     with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
         compiled = step.lower(state, batch).compile()
     compile_time = time.perf_counter() - t0
@@ -130,6 +134,19 @@ def run_training(model: Any, plan: Plan, steps: int, devices: Optional[Sequence[
     return TrainingResult(losses=losses, step_times_s=times, compile_time_s=compile_time,
                           peak_memory_bytes=memory["peak_bytes"], memory=memory, shardings=sh,
                           compiled=compiled, state=state)
+
+
+def _constrained(step: Callable, model: Any, optimizer: Any, plan: Plan, sh: Shardings,
+                 mesh: Any) -> tuple[Callable, Shardings, Any]:
+    """The step under ``plan.constraints`` (keys are operator ids of the traced step, as the CFP
+    search writes them), with the state and batch laid out as the plan's ``in:`` entries say."""
+    from launcher.cfp.apply import constrained_step
+
+    state_shapes = jax.eval_shape(lambda k: init_state(model, optimizer, k), jax.random.key(0))
+    batch_shapes = jax.eval_shape(model.make_batch, jax.random.key(0))
+    fn, (state_sh, batch_sh), out_sh = constrained_step(step, (state_shapes, batch_shapes), plan.constraints,
+                                                        mesh, plan=plan.name)
+    return fn, Shardings(params=state_sh["params"], state=state_sh, batch=batch_sh, mesh=mesh), out_sh
 
 
 def memory_stats(compiled: Any) -> dict[str, int]:

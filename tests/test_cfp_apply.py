@@ -91,3 +91,72 @@ def test_communication_study_reads_collectives_of_each_uniform_plan():
         assert r["comm_time_method"].startswith("estimate")
     # Plan 1 splits the vocabulary of the lookup and the head: other collectives than plan 0's.
     assert rows[0]["collectives"] != rows[1]["collectives"]
+
+
+# ---------------------------------------------------------------------------------------------
+# A searched plan under models.train.run_training (mode=train mode.plan=plan.json), in process
+
+
+def _searched_plan(model, assignment_of):
+    from launcher.cfp.analysis import analyze
+    from launcher.cfp.program import training_program
+    from launcher.modes.search import plan_json
+    from models.plans import Plan
+
+    program = training_program(model)
+    a = analyze(program.step, program.args, [4, 2])
+    plan = plan_json(a, [assignment_of(b) for b in a.blocks])
+    return a, program, Plan.from_dict(json.loads(plan.to_json()))  # through JSON, as mode=train reads it
+
+
+def test_run_training_applies_the_searched_layouts():
+    import jax
+
+    from launcher.cfp.apply import make_mesh, spec_from_json
+    from launcher.cfp.comm import collectives
+    from launcher.cfp.measure import plan_runner
+    from models.gpt import GPT
+    from models.plans import builtin
+    from models.train import run_training
+
+    model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
+    a, program, plan = _searched_plan(model, lambda b: b.num_plans - 1)  # the last plan: splits over both axes
+    trained = run_training(model, plan, 3, optimizer=program.optimizer)
+    reference = run_training(model, builtin("dp"), 3, optimizer=program.optimizer)
+    assert trained.losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-6)
+
+    # Every input laid out as the plan says (not replicated), and the state stays so after steps.
+    leaves = jax.tree_util.tree_leaves(trained.state)
+    names = a.graph.input_names[:len(leaves)]
+    split = 0
+    for name, leaf in zip(names, leaves):
+        want = spec_from_json(plan.constraints[f"in:{name}"]) if f"in:{name}" in plan.constraints else ()
+        got = tuple(() if s is None else (s,) if isinstance(s, str) else tuple(s) for s in leaf.sharding.spec)
+        axes = {n: i for i, n in enumerate(("cfp0", "cfp1"))}
+        got = tuple(tuple(axes[n] for n in dim) for dim in got)
+        assert got + ((),) * (len(want) - len(got)) == tuple(want)[:max(len(got), len(want))] or \
+            (not any(want) and not any(got)), name
+        split += any(want)
+    assert split > 0
+    # The compiled step communicates exactly as the search's own run of the plan does.
+    searched = plan_runner(a, program, {b.id: b.num_plans - 1 for b in a.blocks}, make_mesh([4, 2]))
+    assert collectives(trained.compiled.as_text()) == collectives(searched.compiled.as_text())
+    assert collectives(trained.compiled.as_text()) != collectives(reference.compiled.as_text())
+
+
+def test_a_plan_searched_for_another_program_is_refused():
+    from launcher.errors import UserError
+    from models.gpt import GPT
+    from models.train import run_training
+
+    small = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
+    _, program, plan = _searched_plan(small, lambda b: 0)
+    bigger = GPT(batch_size=8, seq_len=16, num_layers=2, hidden=32, heads=4, vocab_size=64)
+    other = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=48, heads=4, vocab_size=64)
+    for model in (bigger, other):
+        with pytest.raises(UserError, match="searched for another model"):
+            try:
+                run_training(model, plan, 1, optimizer=program.optimizer)
+            except UserError as e:
+                assert "mode=search again" in str(e)
+                raise

@@ -20,7 +20,7 @@ import pytest
 
 from launcher.cfp.comm import collectives
 from launcher.cfp.profile import Boundary, Profiles, Unit, split_parts
-from launcher.cfp.search import predict, search
+from launcher.cfp.search import predict, search, shortlist
 from launcher.cfp.store import ProfileStore
 from launcher.errors import UserError
 from tests.launch import REPO, read_result, run_cli
@@ -104,6 +104,24 @@ def test_search_finds_the_brute_force_optimum_and_respects_the_budget():
     assert found.predicted_memory_bytes <= budget
     with pytest.raises(UserError, match=r"no plan fits .* least memory any plan needs is"):
         search(prof, 3, 5)
+
+
+def test_shortlist_starts_with_the_optimum_then_the_next_fastest_distinct_plans():
+    prof = synthetic_profiles()
+    ranked = sorted(brute_force(prof))
+    found = search(prof, 3)
+    short = shortlist(prof, found, 3, 4)
+    assert short[0][0] == found.assignment == ranked[0][2]
+    assert len(short) == 4 and len({tuple(a) for a, _, _ in short}) == 4
+    for a, t, m in short:  # each candidate's prediction is the plan's own
+        assert (t, m) == pytest.approx(predict(prof, a))
+    # Only plans the DP keeps or uniform plans are candidates, in predicted order after the first.
+    times = [t for _, t, _ in short[1:]]
+    assert times == sorted(times) and times[0] >= short[0][1]
+    # A budget keeps every candidate within it.
+    budget = ranked[0][1] - 1
+    assert all(m <= budget for _, _, m in shortlist(prof, search(prof, 3, budget), 3, 4, budget))
+    assert shortlist(prof, found, 3, 1) == short[:1]
 
 
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
@@ -293,5 +311,22 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     steps = len(result["losses"])
     run_cli("mode=train", *model, *cluster, f"mode.plan={plan}", f"mode.steps={steps}", run_dir=tmp_path / "train",
             timeout=600)
-    trained = read_result(tmp_path / "train")["losses"]
-    assert trained == pytest.approx(result["losses"], rel=1e-5, abs=1e-6)
+    trained = read_result(tmp_path / "train")
+    assert trained["losses"] == pytest.approx(result["losses"], rel=1e-5, abs=1e-6)
+    # ... with the searched layouts: the same per-device memory as the searched run's program.
+    assert trained["peak_memory_bytes"] == round(result["memory_gb"] * 2**30)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("mode.verify_top_k=0", "mode.verify_top_k=0: must be at least 1"),
+    ("mode.repeats=0", "mode.repeats=0: must be at least 1"),
+    ("mode.memory_budget_gb=-1", "mode.memory_budget_gb=-1.0: must be 0 or more"),
+    ("mode.mesh_shape=[3,3]", "mode.mesh_shape=[3, 3] has 9 devices but the job has 8"),
+])
+def test_bad_search_settings_fail_with_one_clear_message(tmp_path, override, message):
+    proc = run_cli("mode=search", override, f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "run",
+                   check=False, timeout=300)
+    assert proc.returncode != 0, proc.stderr
+    # Settings are checked before submission; the mesh against the job's devices, by the first rank.
+    first = next(line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("submitted job"))
+    assert message in first, proc.stderr

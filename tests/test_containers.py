@@ -32,7 +32,7 @@ def test_task_runs_inside_podman_and_sees_its_rank(container_image, tmp_path):
     # The in-container setup copies a file that exists only in the image's root file system
     # into the (mounted) run dir, named by the rank variable forwarded into the container.
     setup = f"cat {MARKER} > {run}/marker-$SUBMITIT_LOCAL_GLOBALID"
-    run_cli(*podman_overrides(container_image), f"container.setup=['{setup}']", "cluster.cpu_devices_per_task=2",
+    run_cli("mode=check", *podman_overrides(container_image), f"container.setup=['{setup}']", "cluster.cpu_devices_per_task=2",
             "mode.allgather_mb=0.25", run_dir=run, timeout=300)
     r = read_result(run)
     assert r["num_processes"] == 2 and r["global_devices"] == 4 and r["psum_ok"] is True
@@ -53,7 +53,7 @@ def test_srun_starts_each_task_inside_podman(slurm, container_image, tmp_path):
     # The pretend nodes' names resolve only through slurm.conf (scontrol, which the image lacks);
     # a real cluster's node names resolve in the container as on the host.
     hosts = ["--add-host=node1:127.0.0.1", "--add-host=node2:127.0.0.1"]
-    run_cli("cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2",
+    run_cli("mode=check", "cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2",
             "mode.allgather_mb=0.25", *podman_overrides(container_image, *hosts), f"container.setup=['{setup}']",
             run_dir=run, env=slurm.env, timeout=300)
     r = read_result(run)
@@ -66,7 +66,7 @@ def test_srun_starts_each_task_inside_podman(slurm, container_image, tmp_path):
 
 def _dry_run_wrapper(tmp_path, *overrides: str) -> Path:
     run = tmp_path / "run"
-    run_cli(*overrides, "launcher.dry_run=true", run_dir=run, timeout=60)
+    run_cli("mode=check", *overrides, "launcher.dry_run=true", run_dir=run, timeout=60)
     wrapper = run / "container-python.sh"
     assert os.access(wrapper, os.X_OK)
     assert shlex.quote(str(wrapper)) in (run / "submission.txt").read_text()
@@ -100,7 +100,7 @@ def test_metacharacters_in_the_image_name_never_run(tmp_path):
 
 
 def test_option_like_values_are_refused_with_the_key_named(tmp_path):
-    proc = run_cli("container=podman", "container.image=--privileged", "launcher.dry_run=true",
+    proc = run_cli("mode=check", "container=podman", "container.image=--privileged", "launcher.dry_run=true",
                    run_dir=tmp_path / "run", check=False, timeout=60)
     assert proc.returncode == 2
     assert "container.image='--privileged'" in proc.stderr and "not an option" in proc.stderr

@@ -16,7 +16,7 @@ LUMI_BINDS = ["/var/spool/slurmd", "/opt/cray", "/usr/lib64/libcxi.so.1", "/usr/
 
 def dry_run(tmp_path, *overrides: str) -> tuple[str, object]:
     run = tmp_path / "2030-01-01" / "run"
-    proc = run_cli(*overrides, "launcher.dry_run=true", run_dir=run, timeout=60)
+    proc = run_cli("mode=check", *overrides, "launcher.dry_run=true", run_dir=run, timeout=60)
     assert "dry run: nothing submitted" in proc.stderr
     assert proc.stdout == (run / "submission.sh").read_text()  # printed == saved
     assert not (run / "job.json").exists() and not list((run / "submitit").glob("*.pkl"))
@@ -154,19 +154,19 @@ def test_slurm_values_with_shell_metacharacters_are_quoted(tmp_path):
     ("+cluster.sbatch_args={9mail: x}", "'9mail' is not an sbatch option name"),
 ])
 def test_bad_slurm_values_are_refused_with_the_key_named(tmp_path, override, message):
-    proc = run_cli("cluster=slurm", override, "launcher.dry_run=true", run_dir=tmp_path / "run", check=False,
+    proc = run_cli("mode=check", "cluster=slurm", override, "launcher.dry_run=true", run_dir=tmp_path / "run", check=False,
                    timeout=60)
     assert proc.returncode == 2 and message in proc.stderr
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
 
 
 def test_tpu_needs_one_task_per_worker(tmp_path):
-    proc = run_cli("cluster=tpu", "cluster.tpu_name=p", "cluster.tasks_per_node=4", "launcher.dry_run=true",
+    proc = run_cli("mode=check", "cluster=tpu", "cluster.tpu_name=p", "cluster.tasks_per_node=4", "launcher.dry_run=true",
                    run_dir=tmp_path / "run", check=False, timeout=60)
     assert proc.returncode == 2 and "cluster.tasks_per_node=4" in proc.stderr and "tasks_per_node=1" in proc.stderr
 
 
 def test_a_tpu_name_that_is_not_one_is_refused(tmp_path):
-    proc = run_cli("cluster=tpu", "cluster.tpu_name='pod;reboot'", "launcher.dry_run=true", run_dir=tmp_path / "run",
+    proc = run_cli("mode=check", "cluster=tpu", "cluster.tpu_name='pod;reboot'", "launcher.dry_run=true", run_dir=tmp_path / "run",
                    check=False, timeout=60)
     assert proc.returncode == 2 and "cluster.tpu_name='pod;reboot'" in proc.stderr

@@ -13,7 +13,7 @@ from tests.launch import REPO, read_result, run_cli
 
 def test_default_run_checks_every_device(tmp_path):
     run = tmp_path / "run"
-    run_cli(run_dir=run)
+    run_cli("mode=check", run_dir=run)
     r = read_result(run)
     assert r["mode"] == "check" and r["cluster"] == "local"
     assert r["num_processes"] == 2 and r["global_devices"] == 8
@@ -32,7 +32,7 @@ def test_default_run_checks_every_device(tmp_path):
 
 def test_saved_config_reproduces_the_run(tmp_path):
     first, again = tmp_path / "first", tmp_path / "again"
-    run_cli("cluster.tasks_per_node=3", "cluster.cpu_devices_per_task=1", "mode.allgather_mb=0.5", run_dir=first)
+    run_cli("mode=check", "cluster.tasks_per_node=3", "cluster.cpu_devices_per_task=1", "mode.allgather_mb=0.5", run_dir=first)
     run_cli("--config-dir", str(first / ".hydra"), "--config-name", "config", run_dir=again)
     assert (first / "resolved_config.yaml").read_text() == (again / "resolved_config.yaml").read_text()
     assert read_result(again)["num_processes"] == 3 and read_result(again)["global_devices"] == 3
@@ -41,7 +41,7 @@ def test_saved_config_reproduces_the_run(tmp_path):
 def test_multirun_without_waiting_submits_every_point(tmp_path):
     sweep = tmp_path / "sweep"
     t0 = time.time()
-    proc = run_cli("-m", "cluster.tasks_per_node=1,2", "cluster.cpu_devices_per_task=2", "launcher.wait=false",
+    proc = run_cli("-m", "mode=check", "cluster.tasks_per_node=1,2", "cluster.cpu_devices_per_task=2", "launcher.wait=false",
                    f"hydra.sweep.dir={sweep}")
     submitted_in = time.time() - t0
     assert proc.stderr.count("submitted job") == 2
@@ -56,7 +56,7 @@ def test_multirun_without_waiting_submits_every_point(tmp_path):
 
 def test_dry_run_submits_nothing(tmp_path):
     run = tmp_path / "run"
-    proc = run_cli("launcher.dry_run=true", run_dir=run)
+    proc = run_cli("mode=check", "launcher.dry_run=true", run_dir=run)
     assert "submitit.local._local" in proc.stdout
     assert (run / "submission.txt").read_text() == proc.stdout
     assert not (run / "job.json").exists() and not (run / "logs").exists()
@@ -65,7 +65,10 @@ def test_dry_run_submits_nothing(tmp_path):
 def test_cfg_job_and_info_behave_as_in_hydra():
     proc = run_cli("--cfg", "job", "cluster.tasks_per_node=5")
     cfg = yaml.safe_load(proc.stdout)
-    assert cfg["cluster"]["tasks_per_node"] == 5 and cfg["mode"]["name"] == "check"
+    assert cfg["cluster"]["tasks_per_node"] == 5
+    # The embedded default's main job is the CFP pipeline on the tiny GPT (run end to end, on
+    # 2 processes x 4 devices, by tests/test_cfp_search.py).
+    assert (cfg["mode"]["name"], cfg["cluster"]["name"], cfg["model"]["_target_"]) == ("cfp", "local", "models.gpt.GPT")
     info = run_cli("--info", "defaults")
     assert "cluster/local" in info.stdout and "container/none" in info.stdout
 
@@ -81,7 +84,7 @@ def test_cfg_job_and_info_behave_as_in_hydra():
 ])
 def test_bad_input_fails_before_submission(tmp_path, override, message):
     run = tmp_path / "run"
-    proc = run_cli(override, run_dir=run, check=False)
+    proc = run_cli("mode=check", override, run_dir=run, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (run / "job.json").exists()  # nothing was submitted
@@ -95,7 +98,7 @@ def test_bad_input_fails_before_submission(tmp_path, override, message):
 def test_a_crashing_rank_fails_the_job_fast(tmp_path, fault, expected):
     run = tmp_path / "run"
     t0 = time.time()
-    proc = run_cli(f"launcher.fault={fault}", run_dir=run, check=False)
+    proc = run_cli("mode=check", f"launcher.fault={fault}", run_dir=run, check=False)
     elapsed = time.time() - t0
     assert proc.returncode == 1
     assert expected in proc.stderr and str(run / "logs" / "rank1.log") in proc.stderr
@@ -106,7 +109,7 @@ def test_a_crashing_rank_fails_the_job_fast(tmp_path, fault, expected):
 def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
     run = tmp_path / "run"
     t0 = time.time()
-    proc = run_cli("launcher.fault=hang:1", "launcher.init_timeout_s=6", run_dir=run, check=False)
+    proc = run_cli("mode=check", "launcher.fault=hang:1", "launcher.init_timeout_s=6", run_dir=run, check=False)
     elapsed = time.time() - t0
     assert proc.returncode == 1
     assert "rank 1 on" in proc.stderr and "never reached jax.distributed.initialize" in proc.stderr
@@ -124,7 +127,7 @@ def _leftover_tasks(run) -> list[str]:
 def test_peers_end_the_job_even_when_nobody_waits(tmp_path):
     """With launcher.wait=false no launcher watches: the ranks' own watchdog must end the job."""
     run = tmp_path / "run"
-    run_cli("launcher.fault=abort:1", "launcher.wait=false", "launcher.peer_timeout_s=5", run_dir=run)
+    run_cli("mode=check", "launcher.fault=abort:1", "launcher.wait=false", "launcher.peer_timeout_s=5", run_dir=run)
     status0 = run / ".xlaunch" / "ranks" / "rank0.json"
     deadline = time.time() + 60
     state = None
@@ -141,7 +144,7 @@ def test_peers_end_the_job_even_when_nobody_waits(tmp_path):
 
 def test_xla_dump_lands_in_the_run_dir(tmp_path):
     run = tmp_path / "run"
-    run_cli("launcher.xla_dump=true", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2", run_dir=run)
+    run_cli("mode=check", "launcher.xla_dump=true", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2", run_dir=run)
     dumps = list((run / "xla_dump" / "rank0").glob("*before_optimizations.txt"))
     assert dumps and any("all-gather" in p.read_text() or "all_gather" in p.read_text() for p in dumps)
 
@@ -153,7 +156,7 @@ def test_shell_completion_is_hydras():
 
 def test_stopping_the_launcher_stops_the_job(tmp_path):
     run = tmp_path / "run"
-    args = [sys.executable, "-m", "launcher", "launcher.fault=hang:1", "launcher.init_timeout_s=120",
+    args = [sys.executable, "-m", "launcher", "mode=check", "launcher.fault=hang:1", "launcher.init_timeout_s=120",
             f"hydra.run.dir={run}"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     status1 = run / ".xlaunch" / "ranks" / "rank1.json"

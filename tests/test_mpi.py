@@ -15,7 +15,7 @@ from tests.launch import read_result, run_cli
 def test_check_runs_as_four_mpi_ranks(tmp_path):
     run = tmp_path / "run"
     owned = tmp_path / "owned"
-    run_cli("cluster=mpi-local", "cluster.tasks_per_node=4", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25",
+    run_cli("mode=check", "cluster=mpi-local", "cluster.tasks_per_node=4", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25",
             f"+cluster.env.XLAUNCH_PROBE='$(touch {owned}); `touch {owned}`'", run_dir=run, timeout=240)
     r = read_result(run)
     assert r["cluster"] == "mpi-local" and r["num_processes"] == 4 and r["global_devices"] == 8
@@ -43,7 +43,7 @@ def test_check_runs_as_four_mpi_ranks(tmp_path):
 def test_no_wait_returns_at_submission_and_the_job_still_finishes(tmp_path):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    proc = run_cli("cluster=mpi-local", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=1",
+    proc = run_cli("mode=check", "cluster=mpi-local", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=1",
                    "launcher.wait=false", run_dir=run, timeout=120)
     assert "submitted job" in proc.stderr
     assert not (run / "result.json").exists()  # returned before the ranks could finish

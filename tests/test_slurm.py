@@ -11,7 +11,7 @@ from tests.launch import read_result, run_cli
 @pytest.mark.timeout(300)
 def test_check_runs_on_two_nodes_with_two_tasks_each(slurm, tmp_path):
     run = tmp_path / "run"
-    run_cli("cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2",
+    run_cli("mode=check", "cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2",
             "mode.allgather_mb=0.25", run_dir=run, env=slurm.env, timeout=240)
     r = read_result(run)
     assert r["cluster"] == "slurm" and r["num_processes"] == 4 and r["global_devices"] == 8
@@ -32,7 +32,7 @@ def test_check_runs_on_two_nodes_with_two_tasks_each(slurm, tmp_path):
 def test_a_crashing_rank_fails_the_slurm_job_quickly(slurm, tmp_path):
     run = tmp_path / "run"
     t0 = time.monotonic()
-    proc = run_cli("cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1",
+    proc = run_cli("mode=check", "cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1",
                    "launcher.fault=crash:1", run_dir=run, env=slurm.env, timeout=240, check=False)
     assert proc.returncode == 1, proc.stderr
     assert "rank 1 failed" in proc.stderr and "injected crash" in proc.stderr
@@ -46,7 +46,7 @@ def test_a_crashing_rank_fails_the_slurm_job_quickly(slurm, tmp_path):
 
 def test_sbatch_refusal_is_reported_and_metacharacters_stay_inert(slurm, tmp_path):
     owned = tmp_path / "owned"
-    proc = run_cli("cluster=slurm", f"cluster.partition='debug; touch {owned}'", run_dir=tmp_path / "run",
+    proc = run_cli("mode=check", "cluster=slurm", f"cluster.partition='debug; touch {owned}'", run_dir=tmp_path / "run",
                    env=slurm.env, timeout=60, check=False)
     assert proc.returncode == 2
     assert "sbatch refused the job" in proc.stderr and "invalid partition" in proc.stderr.lower()

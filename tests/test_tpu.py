@@ -29,7 +29,7 @@ def test_check_runs_on_every_worker_of_a_stand_in_pod(tmp_path):
     env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
            "XLAUNCH_STANDIN_TPU_WORKERS": "2"}
     # No TPU here: the stand-in pod's workers use 2 CPU devices each.
-    run_cli("cluster=tpu", "cluster.tpu_name=pod-a", "cluster.zone=us-central2-b", "cluster.nodes=2",
+    run_cli("mode=check", "cluster=tpu", "cluster.tpu_name=pod-a", "cluster.zone=us-central2-b", "cluster.nodes=2",
             "cluster.accelerator=cpu", "cluster.cpu_devices_per_task=2", f"cluster.remote_python={sys.executable}",
             f"launcher.coordinator_port={free_port()}", "mode.allgather_mb=0.25", run_dir=run, env=env, timeout=240)
     r = read_result(run)  # written by worker 0, copied back

@@ -14,8 +14,10 @@ A plan saved for ``mode=train`` carries its layouts in the ``constraints`` field
 plan JSON: ``"<op id>": [...]`` pins the output of that operator (``"<op id>.<k>"`` its k-th
 output) and ``"in:<path>": [...]``
 lays out a program input (its pytree path in the step's arguments), each a PartitionSpec-like
-list (per dimension ``null``, an axis name, or a list of axis names). ``constrained_step``
-turns such a mapping back into a step function.
+list (per dimension ``null``, an axis name, or a list of axis names); ``"program"`` is the
+signature of the traced step those ids refer to (``program_signature``), so a plan searched for
+another model or optimizer setting is refused rather than silently misapplied.
+``constrained_step`` turns such a mapping back into a step function.
 """
 
 from __future__ import annotations
@@ -176,6 +178,15 @@ def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any) -> tuple[A
     return constrained_step_from_graph(a.graph, specs, mesh)
 
 
+def program_signature(g: Graph) -> str:
+    """A hash of the traced step's operators (primitive, operand and result types) and inputs:
+    equal exactly when a plan's operator ids mean the same tensors."""
+    import hashlib
+
+    text = "\n".join([*g.input_names, *(f"{op.prim} {g.describe(op)}" for op in g.ops)])
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
     """Pinned layouts keyed as in a plan's ``constraints``: ``"<op id>"`` for an operator's only
     output, ``"<op id>.<k>"`` for its k-th of several."""
@@ -187,20 +198,47 @@ def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
     return out
 
 
-def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any) -> tuple[Any, Any, Any]:
+def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
+                                plan: str = "cfp") -> tuple[Any, Any, Any]:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from launcher.errors import UserError
+
+    def sharding(key: str, entry: Any, shape: Sequence[int]) -> Any:
+        try:
+            spec = spec_from_json(entry)
+        except (TypeError, ValueError):
+            spec = None
+        if spec is None or len(spec) > len(shape) or any(a >= len(mesh.axis_names) for ax in spec for a in ax):
+            raise UserError(f"plan {plan!r}: constraint {key!r}: {entry!r} does not fit a tensor of shape "
+                            f"{tuple(shape)} on mesh axes {list(mesh.axis_names)}; {_STALE}")
+        return NamedSharding(mesh, pspec(spec))
+
+    signature = constraints.get("program")
+    if signature is not None and signature != program_signature(g):
+        raise UserError(f"plan {plan!r}: its constraints were made for a training step with signature "
+                        f"{signature}, not this one ({program_signature(g)}); {_STALE}")
     pins = {}
     for key, entry in constraints.items():
-        if key.startswith("in:"):
+        if key.startswith("in:") or key == "program":
             continue
         op_id, _, k = key.partition(".")
-        pins[g.ops[int(op_id)].outputs[int(k or 0)]] = NamedSharding(mesh, pspec(spec_from_json(entry)))
+        try:
+            v = g.ops[int(op_id)].outputs[int(k or 0)]
+        except (ValueError, IndexError):
+            raise UserError(f"plan {plan!r}: constraint {key!r} names no operator output of this training step "
+                            f"(it has {len(g.ops)} operators); {_STALE}") from None
+        pins[v] = sharding(key, entry, g.shape(v))
+    unknown = {k[3:] for k in constraints if k.startswith("in:")} - set(g.input_names)
+    if unknown:
+        raise UserError(f"plan {plan!r}: constraints for inputs {sorted(unknown)} that this training step does not "
+                        f"have; {_STALE}")
     in_specs = []
     for v, name in zip(g.inputs, g.input_names):
         entry = constraints.get(f"in:{name}")
-        in_specs.append(NamedSharding(mesh, pspec(spec_from_json(entry)) if entry is not None else PartitionSpec()))
+        in_specs.append(sharding(f"in:{name}", entry, g.shape(v)) if entry is not None
+                        else NamedSharding(mesh, PartitionSpec()))
     top = [op.id for op in g.ops if op.loop is None]
 
     def flat_step(*leaves: Any) -> list[Any]:
@@ -230,7 +268,12 @@ def _follow_inputs(g: Graph, in_shardings: Any, replicated: Any) -> Any:
     return jax.tree_util.tree_unflatten(g.out_tree, [replicated] * g.out_tree.num_leaves)
 
 
-def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, Any], mesh: Any) -> tuple[Any, Any, Any]:
+_STALE = ("the plan was searched for another model, optimizer setting or mesh: run mode=search again with "
+          "the same model and settings, or use a built-in plan")
+
+
+def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, Any], mesh: Any,
+                     plan: str = "cfp") -> tuple[Any, Any, Any]:
     """For ``mode=train`` with a CFP plan: ``step`` (traced on ``args``, arrays or shapes) under the
     plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
     for ``jax.jit``; operator ids match the analysis because tracing and flattening are
@@ -238,4 +281,4 @@ def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, A
     from launcher.cfp.graph import trace
 
     _, g = trace(step, *args)
-    return constrained_step_from_graph(g, constraints, mesh)
+    return constrained_step_from_graph(g, constraints, mesh, plan)

@@ -16,7 +16,7 @@ along memory) to keep very deep models fast; the cap is far above what the model
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.cfp.profile import Profiles
 from launcher.errors import UserError
@@ -31,6 +31,7 @@ class SearchResult:
     predicted_time_s: float
     predicted_memory_bytes: int
     search_time_s: float
+    runners_up: list["SearchResult"] = field(default_factory=list, repr=False)
 
 
 def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = None) -> SearchResult:
@@ -66,23 +67,30 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
         front = new
         history.append(front)
 
-    best = min(((e, c) for c, entries in enumerate(front) for e in entries), key=lambda x: (x[0][0], x[0][1]),
-               default=None)
-    if best is None:  # every path crossed the budget somewhere
+    ends = sorted(((e, c) for c, entries in enumerate(front) for e in entries), key=lambda x: (x[0][0], x[0][1]))
+    if not ends:  # every path crossed the budget somewhere
         raise UserError(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget")
-    (t, m, pc, k), c = best
-    chosen = [c]
-    for i in range(len(units) - 1, 0, -1):
-        chosen.append(pc)
-        _, _, pc, k = history[i - 1][pc][k]
-    chosen.reverse()
-    picked = [combos[i][ci] for i, ci in enumerate(chosen)]
-    assignment = [0] * num_blocks
-    for u, combo in zip(units, picked):
-        for j, p in enumerate(combo):
-            assignment[u.start + j] = p
-    return SearchResult(picked, assignment, t + prof.whole_launch_s, int(m), time.perf_counter() - t0)
+
+    def result(end: tuple) -> SearchResult:
+        (t, m, pc, k), c = end
+        chosen = [c]
+        for i in range(len(units) - 1, 0, -1):
+            chosen.append(pc)
+            _, _, pc, k = history[i - 1][pc][k]
+        chosen.reverse()
+        picked = [combos[i][ci] for i, ci in enumerate(chosen)]
+        assignment = [0] * num_blocks
+        for u, combo in zip(units, picked):
+            for j, p in enumerate(combo):
+                assignment[u.start + j] = p
+        return SearchResult(picked, assignment, t + prof.whole_launch_s, int(m), time.perf_counter() - t0)
+
+    best = result(ends[0])
+    # The runners-up: the fastest plan ending in each other combination of the last unit (the
+    # DP keeps them anyway), for a final measured choice among the top few (``shortlist``).
+    best.runners_up = [result(e) for e in ends[1:] if e[0][1] <= budget]
+    return best
 
 
 def _pareto(options: list[tuple]) -> list[tuple]:
@@ -108,3 +116,30 @@ def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
     for i, b in enumerate(prof.boundaries):
         t += prof.boundary_cost(b, idx[i], idx[i + 1])
     return t, m
+
+
+def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
+              memory_budget_bytes: float | None = None) -> list[tuple[list[int], float, int]]:
+    """Up to ``k`` distinct whole-model plans (assignment, predicted time, memory), the search's
+    optimum first, then the fastest predicted of its runners-up and of the uniform plans (every
+    block on plan j) that fit the budget. The segment profiles rank plans well but not exactly
+    (a segment alone fuses and schedules a little differently than inside the whole step), so
+    the search pass measures these few on the whole step and keeps the fastest."""
+    budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
+    counts = [0] * num_blocks
+    for u in prof.units:
+        counts[u.start:u.end] = u.plan_counts
+    others = [(r.assignment, r.predicted_time_s, r.predicted_memory_bytes) for r in found.runners_up]
+    for j in range(max(counts, default=0)):
+        assignment = [min(j, n - 1) for n in counts]
+        t, m = predict(prof, assignment)
+        if m <= budget:
+            others.append((assignment, t, m))
+    out, seen = [(found.assignment, found.predicted_time_s, found.predicted_memory_bytes)], {tuple(found.assignment)}
+    for a, t, m in sorted(others, key=lambda x: x[1]):
+        if len(out) >= k:
+            break
+        if tuple(a) not in seen:
+            seen.add(tuple(a))
+            out.append((list(a), t, m))
+    return out[:max(k, 1)]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launcher.modes.analysis import Config as AnalysisConfig
-from launcher.modes.analysis import run_analysis
+from launcher.modes.analysis import mesh_shape_of, run_analysis
 
 
 @dataclass
@@ -47,6 +47,7 @@ def run_profile(ctx: Any) -> tuple[Any, Any, Any, Any]:
     if cfg.hlo_file:
         raise UserError(f"mode={cfg.name} runs the model's training step; mode.hlo_file={cfg.hlo_file!r} is for "
                         "mode=analysis only (a module alone cannot be re-run under other plans)")
+    make_mesh(mesh_shape_of(cfg), jax.devices())  # a mesh that does not fit the devices fails first
     analysis, program, _ = run_analysis(ctx)
     mesh = make_mesh(analysis.mesh_shape, jax.devices())
     store = ProfileStore(Path(cfg.store_dir).expanduser().resolve())

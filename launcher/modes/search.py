@@ -12,6 +12,7 @@ built-in plans, and the run dir gets ``plan.json`` (for ``mode=train mode.plan=.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -27,17 +28,21 @@ class Config(ProfileConfig):
     iterations: int = 100          # training steps per repeat of each whole-model run
     run_repeats: int = 3
     baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
+    # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
+    # step and keep the fastest: 1 takes the search's optimum unmeasured.
+    verify_top_k: int = 3
+    verify_iterations: int = 5     # steps per round (two rounds) when measuring them
 
 
 def plan_json(analysis: Any, assignment: list[int]) -> Any:
     """The searched plan in the models' plan format; layouts go in ``constraints``."""
-    from launcher.cfp.apply import AXIS_NAMES, Layouts, pin_constraints, spec_json
+    from launcher.cfp.apply import AXIS_NAMES, Layouts, pin_constraints, program_signature, spec_json
     from models.plans import Plan
 
     layouts = Layouts(analysis, dict(enumerate(assignment)))
     g = analysis.graph
-    constraints: dict[str, Any] = {f"in:{name}": spec_json(layouts.wanted(v))
-                                   for v, name in zip(g.inputs, g.input_names)}
+    constraints: dict[str, Any] = {"program": program_signature(g)}
+    constraints.update({f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(g.inputs, g.input_names)})
     constraints.update(pin_constraints(g, layouts.pinned()))
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
     return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}}, constraints)
@@ -46,7 +51,7 @@ def plan_json(analysis: Any, assignment: list[int]) -> Any:
 def run_search(ctx: Any) -> dict:
     import jax
 
-    from launcher.cfp.measure import baseline_runners, plan_runner, race
+    from launcher.cfp.measure import baseline_runners, race
     from launcher.cfp.report import bar_chart, table_text
     from launcher.cfp.search import search
 
@@ -58,13 +63,16 @@ def run_search(ctx: Any) -> dict:
                      profiles.reused, profiles.profiled_configs, profiles.measured)
     budget = cfg.memory_budget_gb * 2**30 if cfg.memory_budget_gb > 0 else None
     found = search(profiles, len(analysis.blocks), budget)
-    ctx.log.info("searched ParallelBlock Strategies solution: %s", found.assignment)
-    ctx.log.info("searched segment combinations: %s", [list(c) for c in found.combos])
-    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device (search %.3f s)", found.predicted_time_s,
+    ctx.log.info("search optimum (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB per "
+                 "device (search %.3f s)", found.assignment, [list(c) for c in found.combos], found.predicted_time_s,
                  found.predicted_memory_bytes / 2**30, found.search_time_s)
 
     log = lambda line: ctx.log.info("%s", line)
-    runners = [plan_runner(analysis, program, dict(enumerate(found.assignment)), mesh, seed=ctx.cfg.seed)]
+    chosen, candidates = choose(ctx, analysis, program, mesh, profiles, found, budget)
+    ctx.log.info("searched ParallelBlock Strategies solution: %s", chosen.assignment)
+    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device", chosen.predicted_time_s,
+                 chosen.predicted_memory_bytes / 2**30)
+    runners = [chosen]
     more, skipped = baseline_runners(program, jax.devices(), seed=ctx.cfg.seed, log=log, names=cfg.baselines)
     runners += more
     with ctx.progress(cfg.iterations * cfg.run_repeats * len(runners), "searched plan and baselines") as bar:
@@ -73,7 +81,7 @@ def run_search(ctx: Any) -> dict:
     ctx.log.info("searched training cost: %s", [round(t, 6) for t in searched.repeat_times_s])
     ctx.log.info("tflops: %s", [round(t, 6) for t in searched.tflops_per_repeat()])
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
-    plan = plan_json(analysis, found.assignment)
+    plan = plan_json(analysis, chosen.assignment)
     ctx.write_text("plan.json", plan.to_json())
 
     for name, r in runs.items():
@@ -88,10 +96,11 @@ def run_search(ctx: Any) -> dict:
     return {
         **analysis.summary(),
         "mesh_shape": list(analysis.mesh_shape),
-        "plan": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos],
-                 "file": str(ctx.path("plan.json"))},
-        "predicted_step_time_s": found.predicted_time_s,
-        "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+        "plan": {"assignment": chosen.assignment, "file": str(ctx.path("plan.json"))},
+        "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
+        "candidates": candidates,
+        "predicted_step_time_s": chosen.predicted_time_s,
+        "predicted_memory_gb": chosen.predicted_memory_bytes / 2**30,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
         "memory_gb": searched.memory_bytes / 2**30,
@@ -107,6 +116,29 @@ def run_search(ctx: Any) -> dict:
         "baselines": {name: r.summary() for name, r in runs.items()},
         "baselines_skipped": skipped,
     }
+
+
+def choose(ctx: Any, analysis: Any, program: Any, mesh: Any, profiles: Any, found: Any,
+           budget: float | None) -> tuple[Any, list[dict]]:
+    """The plan to run: the fastest of the search's shortlist (``mode.verify_top_k``) measured
+    on the whole step (``launcher.cfp.measure.pick``), and a row per candidate for result.json."""
+    from launcher.cfp.measure import pick
+    from launcher.cfp.search import shortlist
+
+    cfg = ctx.mode_cfg
+    short = shortlist(profiles, found, len(analysis.blocks), max(cfg.verify_top_k, 1), budget)
+    bar = ctx.progress(2 * cfg.verify_iterations * len(short), f"measuring the best {len(short)} plans") \
+        if len(short) > 1 else contextlib.nullcontext()
+    with bar as bar:
+        chosen, rows = pick(analysis, program, mesh, short, iterations=cfg.verify_iterations, seed=ctx.cfg.seed,
+                            progress=bar)
+    for i, row in enumerate(rows):
+        if row["measured_step_time_s"] is not None:
+            ctx.log.info("candidate %d%s: %s predicted %.6f s, measured %.6f s%s", i,
+                         " (search optimum)" if row["search_optimum"] else "", row["assignment"],
+                         row["predicted_step_time_s"], row["measured_step_time_s"],
+                         "  <- chosen" if row["chosen"] else "")
+    return chosen, rows
 
 
 def run(ctx: Any) -> dict:

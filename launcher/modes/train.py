@@ -4,7 +4,8 @@ every global device, and reports losses, step time, throughput and memory.
     python -m launcher mode=train model=gpt-tiny mode.plan=dp_tp mode.mesh_axes={model:4}
 
 ``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep) or the path of a plan JSON file
-(the format ``models/plans.py`` documents; the search writes the same).
+(the format ``models/plans.py`` documents; the search writes the same, with its per-operator
+layouts in ``constraints``, which apply to the model and optimizer settings it was searched for).
 """
 
 from __future__ import annotations

@@ -44,8 +44,12 @@ class Task:
             reporter.set("stopped", "interrupted")
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
-            message = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
-            log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
+            if isinstance(e, UserError):  # bad input: the message says what to fix, a traceback only buries it
+                message = str(e)
+                log.error("rank %d failed: %s", rank.process_id, message)
+            else:
+                message = f"{type(e).__name__}: {e}"
+                log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
             reporter.set("failed", message)
             raise
         finally:
