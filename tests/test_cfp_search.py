@@ -106,21 +106,23 @@ def test_search_finds_the_brute_force_optimum_and_respects_the_budget():
         search(prof, 3, 5)
 
 
-def test_shortlist_starts_with_the_optimum_then_the_next_fastest_distinct_plans():
+def test_shortlist_is_the_optimum_then_uniform_plans_and_runners_up_in_turn():
     prof = synthetic_profiles()
-    ranked = sorted(brute_force(prof))
     found = search(prof, 3)
-    short = shortlist(prof, found, 3, 4)
-    assert short[0][0] == found.assignment == ranked[0][2]
-    assert len(short) == 4 and len({tuple(a) for a, _, _ in short}) == 4
+    short = shortlist(prof, found, 3, 5)
+    assert short[0][0] == found.assignment == sorted(brute_force(prof))[0][2]
+    assert len(short) == 5 and len({tuple(a) for a, _, _ in short}) == 5
     for a, t, m in short:  # each candidate's prediction is the plan's own
         assert (t, m) == pytest.approx(predict(prof, a))
-    # Only plans the DP keeps or uniform plans are candidates, in predicted order after the first.
-    times = [t for _, t, _ in short[1:]]
-    assert times == sorted(times) and times[0] >= short[0][1]
-    # A budget keeps every candidate within it.
-    budget = ranked[0][1] - 1
-    assert all(m <= budget for _, _, m in shortlist(prof, search(prof, 3, budget), 3, 4, budget))
+    uniform = sorted(([min(j, n - 1) for n in (2, 3, 2)] for j in range(3)), key=lambda a: predict(prof, a)[0])
+    uniform = [a for a in uniform if a != found.assignment]
+    runners_up = [r.assignment for r in found.runners_up]
+    # The fastest predicted uniform plan comes second, the best runner-up third.
+    assert short[1][0] == uniform[0]
+    assert short[2][0] == next(a for a in runners_up if a not in (short[0][0], short[1][0]))
+    # A budget keeps every candidate within it; k=1 is the optimum alone.
+    budget = sorted(brute_force(prof))[0][1] - 1
+    assert all(m <= budget for _, _, m in shortlist(prof, search(prof, 3, budget), 3, 5, budget))
     assert shortlist(prof, found, 3, 1) == short[:1]
 
 

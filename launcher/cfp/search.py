@@ -15,6 +15,7 @@ along memory) to keep very deep models fast; the cap is far above what the model
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -120,26 +121,37 @@ def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
 
 def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
               memory_budget_bytes: float | None = None) -> list[tuple[list[int], float, int]]:
-    """Up to ``k`` distinct whole-model plans (assignment, predicted time, memory), the search's
-    optimum first, then the fastest predicted of its runners-up and of the uniform plans (every
-    block on plan j) that fit the budget. The segment profiles rank plans well but not exactly
-    (a segment alone fuses and schedules a little differently than inside the whole step), so
-    the search pass measures these few on the whole step and keeps the fastest."""
+    """Up to ``k`` distinct whole-model plans (assignment, predicted time, memory) for the search
+    pass to measure on the whole step: the search's optimum first, then, alternately, the
+    fastest predicted uniform plans (every block on plan j) and the optimum's runners-up, all
+    within the budget.
+
+    Why measure at all: a segment run alone pays per-program costs (thread hand-offs, its own
+    small collectives, which the whole step's combiner would merge) that the whole step does not,
+    and not equally for every plan, so the profiles rank plans well but not exactly. Why uniform
+    plans: the runners-up are near-copies of the optimum (one unit's choice differs), while a
+    uniform plan is a different layout family altogether (data-parallel-like, Megatron-like)."""
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     counts = [0] * num_blocks
     for u in prof.units:
         counts[u.start:u.end] = u.plan_counts
-    others = [(r.assignment, r.predicted_time_s, r.predicted_memory_bytes) for r in found.runners_up]
+    uniform = []
     for j in range(max(counts, default=0)):
         assignment = [min(j, n - 1) for n in counts]
         t, m = predict(prof, assignment)
         if m <= budget:
-            others.append((assignment, t, m))
-    out, seen = [(found.assignment, found.predicted_time_s, found.predicted_memory_bytes)], {tuple(found.assignment)}
-    for a, t, m in sorted(others, key=lambda x: x[1]):
-        if len(out) >= k:
-            break
-        if tuple(a) not in seen:
-            seen.add(tuple(a))
-            out.append((list(a), t, m))
-    return out[:max(k, 1)]
+            uniform.append((assignment, t, m))
+    uniform.sort(key=lambda x: x[1])
+    runners_up = [(r.assignment, r.predicted_time_s, r.predicted_memory_bytes) for r in found.runners_up]
+    out = [(found.assignment, found.predicted_time_s, found.predicted_memory_bytes)]
+    seen = {tuple(found.assignment)}
+    sources = itertools.cycle([uniform, runners_up])
+    while len(out) < k and (uniform or runners_up):
+        source = next(sources)
+        while source:
+            a, t, m = source.pop(0)
+            if tuple(a) not in seen:
+                seen.add(tuple(a))
+                out.append((list(a), t, m))
+                break
+    return out

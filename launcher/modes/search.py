@@ -30,7 +30,7 @@ class Config(ProfileConfig):
     baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
     # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
     # step and keep the fastest: 1 takes the search's optimum unmeasured.
-    verify_top_k: int = 3
+    verify_top_k: int = 4
     verify_iterations: int = 5     # steps per round (two rounds) when measuring them
 
 
