@@ -126,9 +126,9 @@ def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
     fastest predicted uniform plans (every block on plan j) and the optimum's runners-up, all
     within the budget.
 
-    Why measure at all: a segment run alone pays per-program costs (thread hand-offs, its own
-    small collectives, which the whole step's combiner would merge) that the whole step does not,
-    and not equally for every plan, so the profiles rank plans well but not exactly. Why uniform
+    Why measure at all: a segment run alone is slower than inside the whole step, where XLA
+    fuses and combines collectives across segments, and not by the same factor for every plan,
+    so the profiles rank plans well but not exactly. Why uniform
     plans: the runners-up are near-copies of the optimum (one unit's choice differs), while a
     uniform plan is a different layout family altogether (data-parallel-like, Megatron-like)."""
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
