@@ -23,7 +23,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,14 +56,10 @@ def matmul_peak(n: int, repeats: int) -> dict:
     """Median TFLOP/s of an n x n float32 matmul: on one device, and sharded over all 8."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+    from launcher.cfp.profile import timed_runs
+
     def timed(f, *args) -> float:
-        jax.block_until_ready(f(*args))
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return statistics.median(timed_runs(f, args, 1, repeats))
 
     a = jax.device_put(jnp.ones((n, n), jnp.float32) / n, jax.devices()[0])
     one = 2 * n**3 / timed(jax.jit(lambda x, y: x @ y), a, a) / 1e12

@@ -172,10 +172,17 @@ def pins_for(specs: Mapping[int, Spec], mesh: Any) -> dict[int, Any]:
 def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any) -> tuple[Any, Any, Any]:
     """(step, in_shardings, out_shardings) for the whole traced program under ``assignment``;
     ``step`` takes and returns the same pytrees as the traced function."""
-    layouts = Layouts(a, assignment)
-    specs = {f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(a.graph.inputs, a.graph.input_names)}
-    specs.update(pin_constraints(a.graph, layouts.pinned()))
-    return constrained_step_from_graph(a.graph, specs, mesh)
+    return constrained_step_from_graph(a.graph, plan_constraints(a, assignment), mesh)
+
+
+def plan_constraints(a: Analysis, assignment: Mapping[int, int]) -> dict[str, Any]:
+    """A plan's ``constraints`` entry for ``assignment``: the traced step's signature, every
+    input's layout (as its first planned consumer wants it) and every pinned tensor's."""
+    layouts, g = Layouts(a, assignment), a.graph
+    constraints: dict[str, Any] = {"program": program_signature(g)}
+    constraints.update({f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(g.inputs, g.input_names)})
+    constraints.update(pin_constraints(g, layouts.pinned()))
+    return constraints
 
 
 def program_signature(g: Graph) -> str:

@@ -47,9 +47,8 @@ def run_profile(ctx: Any) -> tuple[Any, Any, Any, Any]:
     if cfg.hlo_file:
         raise UserError(f"mode={cfg.name} runs the model's training step; mode.hlo_file={cfg.hlo_file!r} is for "
                         "mode=analysis only (a module alone cannot be re-run under other plans)")
-    make_mesh(mesh_shape_of(cfg), jax.devices())  # a mesh that does not fit the devices fails first
+    mesh = make_mesh(mesh_shape_of(cfg), jax.devices())  # a mesh that does not fit the devices fails first
     analysis, program, _ = run_analysis(ctx)
-    mesh = make_mesh(analysis.mesh_shape, jax.devices())
     store = ProfileStore(Path(cfg.store_dir).expanduser().resolve())
     ctx.log.info("profile store: %s (%d entries)", store.root, len(store))
     overlap = cfg.overlap_compile if cfg.overlap_compile is not None else jax.devices()[0].platform != "cpu"

@@ -36,16 +36,12 @@ class Config(ProfileConfig):
 
 def plan_json(analysis: Any, assignment: list[int]) -> Any:
     """The searched plan in the models' plan format; layouts go in ``constraints``."""
-    from launcher.cfp.apply import AXIS_NAMES, Layouts, pin_constraints, program_signature, spec_json
+    from launcher.cfp.apply import AXIS_NAMES, plan_constraints
     from models.plans import Plan
 
-    layouts = Layouts(analysis, dict(enumerate(assignment)))
-    g = analysis.graph
-    constraints: dict[str, Any] = {"program": program_signature(g)}
-    constraints.update({f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(g.inputs, g.input_names)})
-    constraints.update(pin_constraints(g, layouts.pinned()))
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
-    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}}, constraints)
+    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},
+                plan_constraints(analysis, dict(enumerate(assignment))))
 
 
 def run_search(ctx: Any) -> dict:
@@ -129,9 +125,9 @@ def choose(ctx: Any, analysis: Any, program: Any, mesh: Any, profiles: Any, foun
     short = shortlist(profiles, found, len(analysis.blocks), max(cfg.verify_top_k, 1), budget)
     bar = ctx.progress(2 * cfg.verify_iterations * len(short), f"measuring the best {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
-    with bar as bar:
+    with bar as progress:
         chosen, rows = pick(analysis, program, mesh, short, iterations=cfg.verify_iterations, seed=ctx.cfg.seed,
-                            progress=bar)
+                            progress=progress)
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
             ctx.log.info("candidate %d%s: %s predicted %.6f s, measured %.6f s%s", i,

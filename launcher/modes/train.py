@@ -36,8 +36,6 @@ def run(ctx) -> dict:
     from models.train import make_optimizer, run_training
 
     cfg = ctx.mode_cfg
-    if cfg.steps < 1:
-        raise UserError(f"mode.steps={cfg.steps}: must be at least 1")
     if not 0 <= cfg.warmup_steps < cfg.steps:
         raise UserError(f"mode.warmup_steps={cfg.warmup_steps} must be at least 0 and below mode.steps={cfg.steps}, "
                         "so some steps are left to time")
