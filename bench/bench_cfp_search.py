@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe"])
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile-repeats", type=int, default=5)
+    ap.add_argument("--profile-repeats", type=int, default=20)
     ap.add_argument("--top-k", type=int, default=4, help="plans the search measures on the whole step")
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])

@@ -76,8 +76,8 @@ def synthetic_profiles():
     # One tensor crosses each boundary; its layout is the left unit's combination and the right
     # unit wants layout 0 for combination 0, else layout 1.
     lay = [((0,), ()), ((), (0,)), ((), ())]
-    b0 = Boundary(0, [7], [x], [[lay[0], lay[1]]], [[lay[0], lay[1], lay[1]]], [True])
-    b1 = Boundary(1, [9], [x], [[lay[0], lay[1], lay[2]]], [[lay[0], lay[1]]], [True])
+    b0 = Boundary(0, 1, [7], [x], [[lay[0], lay[1]]], [[lay[0], lay[1], lay[1]]], [True])
+    b1 = Boundary(1, 2, [9], [x], [[lay[0], lay[1], lay[2]]], [[lay[0], lay[1]]], [True])
     reshard = {(x, a, b): 0.3 for a in lay for b in lay if a != b}
     return Profiles(units, table, [b0, b1], reshard)
 
@@ -104,6 +104,24 @@ def test_search_finds_the_brute_force_optimum_and_respects_the_budget():
     assert found.predicted_memory_bytes <= budget
     with pytest.raises(UserError, match=r"no plan fits .* least memory any plan needs is"):
         search(prof, 3, 5)
+
+
+def test_tensors_that_skip_a_unit_are_paid_for():
+    """A residual-like tensor from unit 0 to unit 2, costly to reshard from layout 0 to layout 1:
+    charged along the DP's paths, the search finds the brute-force optimum (which differs from
+    the optimum without that tensor), and the prediction includes the crossing."""
+    prof = synthetic_profiles()
+    x = ((16, 4), "float32")
+    lay = [((0,), ()), ((), (0,))]
+    skip = Boundary(0, 2, [11], [x], [[lay[0], lay[1]]], [[lay[0], lay[1]]], [True])
+    prof.reshard[(x, lay[0], lay[1])] = prof.reshard[(x, lay[1], lay[0])] = 5.0
+    prof.boundaries.append(skip)
+    best = min(brute_force(prof))
+    found = search(prof, 3)
+    assert found.assignment == best[2] and found.assignment[0] == found.assignment[2]
+    assert found.predicted_time_s == pytest.approx(best[0])
+    prof.boundaries.pop()
+    assert min(brute_force(prof))[2][0] != best[2][0]  # without it, unit 0 would choose otherwise
 
 
 def test_shortlist_is_the_optimum_then_uniform_plans_and_runners_up_in_turn():

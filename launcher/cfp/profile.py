@@ -3,14 +3,22 @@
 For each template, the first segment instance is turned into a program of that segment alone
 (``segment_program.py``); for every combination of its blocks' plans the program is compiled
 with those plans' sharding constraints on the real mesh, run (warm-up, then repeats) and its
-median time and per-device memory (XLA's memory analysis) recorded. A template whose space
+median time and per-device memory (XLA's memory analysis) recorded.
+
+Running a program costs something whatever it computes: dispatching its arguments, making its
+results, starting and finishing every device. On small devices (and on CPU devices, always)
+that cost is a large part of a segment's time, and a whole step pays it once, not once per
+segment. So every program is timed alternately with its *overhead program*: the same
+arguments and results (same shapes, same shardings), computing nothing. The segment's cost is
+the difference; the whole step's own overhead program is measured once and added back by the
+search. A template whose space
 exceeds ``max_space`` is profiled in consecutive parts (block ranges whose plan-count product
 fits), so an MoE layer's thousands of combinations become a few hundred; the search then treats
 the parts as segments, with measured resharding between them.
 
-Resharding between neighbouring units (segments or parts) is measured, not fitted: for every
-tensor one unit produces and the next consumes (activations forward, gradients backward), every
-pair (layout produced under some combination, layout wanted under some combination) is compiled
+Resharding between units (segments or parts) is measured, not fitted: for every tensor one unit
+produces and another consumes (activations forward, gradients backward; mostly the next unit,
+but residual connections and tied embeddings skip some), every pair (layout produced under some combination, layout wanted under some combination) is compiled
 as an identity with those input and output shardings and timed.
 
 Every result goes into the profile store (``store.py``) as soon as it is measured, keyed by the
@@ -42,7 +50,7 @@ from launcher.cfp.strategies import Spec
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
 # pinned, what a segment program contains), so old entries are not reused.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 @dataclass
@@ -86,8 +94,11 @@ def profiling_units(a: Analysis, max_space: int) -> list[Unit]:
 
 @dataclass
 class Boundary:
-    """Tensors crossing from unit ``left`` to ``left + 1`` (either way) and their layouts."""
+    """Tensors crossing between units ``left`` and ``right`` (either way) and their layouts. Most
+    cross between neighbours; a residual connection skips a unit, a tied embedding's gradient
+    goes from the last unit to the first, an MoE layer's dispatch skips several."""
     left: int
+    right: int
     vars: list[int]
     types: list[tuple]                  # per var: (shape, dtype)
     produced: list[list[Spec | None]]   # per var: layout per producing unit's combo
@@ -100,9 +111,8 @@ class Profiles:
     units: list[Unit]
     table: dict[tuple[int, int], dict[tuple[int, ...], dict]]   # kind -> combo -> entry
     boundaries: list[Boundary]
-    reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds
-    launch: tuple[float, float] = (0.0, 0.0)  # running a program: seconds + seconds per buffer
-    whole_buffers: int = 0              # arguments + results of the whole step
+    reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds, less the overhead
+    whole_overhead_s: float = 0.0      # the whole step's overhead program (see the module doc)
     measured: int = 0                   # entries measured by this run
     reused: int = 0                     # entries found in the store
     seconds: float = 0.0
@@ -111,24 +121,15 @@ class Profiles:
     def profiled_configs(self) -> int:
         return sum(len(v) for v in self.table.values())
 
-    def launch_cost(self, buffers: int) -> float:
-        fixed, per_buffer = self.launch
-        return fixed + per_buffer * buffers
-
-    @property
-    def whole_launch_s(self) -> float:
-        return self.launch_cost(self.whole_buffers)
-
     def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
-        """A unit's measured time less the cost of launching it as a program of its own (which
-        grows with its arguments and results): in the whole step, the units run inside one
-        program, launched once."""
+        """A unit's measured time less its overhead program's: inside the whole step the units
+        run as one program, which pays its overhead once (``whole_overhead_s``)."""
         e = self.table[kind][combo]
-        return max(e["time_s"] - self.launch_cost(e["buffers"]), 0.0)
+        return max(e["time_s"] - e.get("overhead_s", 0.0), 0.0)
 
     def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
         """Seconds of resharding across boundary ``b`` for the two units' combo indices (each
-        measured as a program of its own, so less the launch cost, like ``unit_time``)."""
+        measured as a program of its own, so less its overhead program, like ``unit_time``)."""
         total = 0.0
         for k in range(len(b.vars)):
             if b.from_left[k]:
@@ -136,7 +137,7 @@ class Profiles:
             else:
                 src, dst = b.produced[k][right_combo], b.wanted[k][left_combo]
             if src is not None and src != dst:
-                total += max(self.reshard[(b.types[k], src, dst)] - self.launch_cost(2), 0.0)
+                total += self.reshard[(b.types[k], src, dst)]
         return total
 
 
@@ -192,7 +193,7 @@ class Profiler:
                         else [False] * len(candidates), dtype=np.int32)
         return [bool(x) for x in _broadcast(mask)]
 
-    def _prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, list[Any], int, float]:
+    def _prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
         import jax
 
         sp = self.program(u)
@@ -201,7 +202,8 @@ class Profiler:
         t0 = time.perf_counter()
         args = synthetic_inputs(self.a, sp, shardings)
         compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
-        return compiled, args, boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment)), \
+        overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], compiled.output_shardings)
+        return compiled, overhead, args, boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment)), \
             time.perf_counter() - t0
 
     def measure(self, todo: list[tuple[Unit, tuple[int, ...]]], progress: Any = None) -> int:
@@ -218,14 +220,16 @@ class Profiler:
                         next_up = pool.submit(self._prepare, *todo[i + 1])  # compiles while this one is timed
                 else:
                     prepared = self._prepare(u, combo)
-                compiled, args, boundary, compile_s = prepared
-                times = slowest_process(timed_runs(compiled, args, self.warmup, self.repeats))
+                compiled, overhead, args, boundary, compile_s = prepared
+                times, overhead_times = (slowest_process(t) for t in
+                                         timed_runs_alternately([compiled, overhead], args, self.warmup, self.repeats))
                 m = compiled.memory_analysis()
                 memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
                 mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
                 sp = self.program(u)
-                entry = {"time_s": statistics.median(times), "times_s": times, "memory": memory,
-                         "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
+                entry = {"time_s": statistics.median(times), "times_s": times,
+                         "overhead_s": statistics.median(overhead_times), "overhead_times_s": overhead_times,
+                         "memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
                          "blocks": [u.start, u.end], "buffers": len(sp.inputs) + len(sp.outputs)}
                 if self.is_main:
                     self.store.put(self.key(u, combo), entry)
@@ -254,12 +258,13 @@ class Profiler:
     # --- boundaries -------------------------------------------------------------------------
 
     def boundaries(self) -> list[Boundary]:
+        """Every pair of units some tensor crosses between, left to right."""
         g, owner = self.a.graph, self.a.owner
         unit_of = {}
         for u in self.units:
             for b in range(u.start, u.end):
                 unit_of[b] = u.index
-        crossing: dict[int, dict[int, bool]] = {}   # left unit -> {var: produced by the left unit}
+        crossing: dict[tuple[int, int], dict[int, bool]] = {}   # (left, right) -> {var: produced by left}
         for op in g.ops:
             if op.loop is not None:
                 continue
@@ -267,16 +272,15 @@ class Profiler:
             for v in op.outputs:
                 for c in g.consumers[v]:
                     there = unit_of[owner[c]]
-                    if g.ops[c].loop is None and abs(here - there) == 1 and g.shape(v):
-                        crossing.setdefault(min(here, there), {})[v] = here < there
+                    if g.ops[c].loop is None and here != there and g.shape(v):
+                        crossing.setdefault((min(here, there), max(here, there)), {})[v] = here < there
         ops_of = {u.index: {op.id for op in g.ops if op.loop is None and u.start <= owner[op.id] < u.end}
                   for u in self.units}
         out = []
-        for left, right in zip(self.units, self.units[1:]):
-            cross = crossing.get(left.index, {})
-            b = Boundary(left.index, [], [], [], [], [])
+        for (left, right), cross in sorted(crossing.items()):
+            b = Boundary(left, right, [], [], [], [], [])
             for v, from_left in sorted(cross.items()):
-                src, dst = (left, right) if from_left else (right, left)
+                src, dst = (self.units[left], self.units[right]) if from_left else (self.units[right], self.units[left])
                 b.vars.append(v)
                 b.types.append((g.shape(v), g.vars[v].dtype))
                 b.from_left.append(from_left)
@@ -303,11 +307,13 @@ class Profiler:
             entry = self.store.get(key) if self.is_main else None
             have = _broadcast_flag(entry is not None)
             if not have:
-                seconds = reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh, self.warmup, self.repeats)
+                seconds, overhead = reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh, self.warmup,
+                                                 self.repeats)
                 if self.is_main:
-                    self.store.put(key, {"time_s": seconds})
+                    self.store.put(key, {"time_s": seconds, "overhead_s": overhead})
                 measured += 1
-            costs[p] = _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
+            entry = self.store.get(key) if self.is_main else None
+            costs[p] = _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if entry else 0.0)
         return costs, measured
 
     # --- everything -------------------------------------------------------------------------
@@ -329,29 +335,35 @@ class Profiler:
         table = self.table()
         boundaries = self.boundaries()
         reshard, n_reshard = self.reshard_costs(boundaries)
-        self.log(f"profile: resharding across {len(boundaries)} boundaries: {len(reshard)} layout pairs "
+        self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs "
                  f"({n_reshard} measured now)")
-        launch = self.launch_model()
-        self.log(f"profile: launching a program on the mesh costs {launch[0] * 1e3:.3f} ms + "
-                 f"{launch[1] * 1e6:.1f} us per argument or result (taken off every unit and resharding "
-                 "time; the whole step pays it once)")
-        g = self.a.graph
-        return Profiles(self.units, table, boundaries, reshard, launch=launch,
-                        whole_buffers=len(g.inputs) + len(g.outputs), measured=measured, reused=reused,
-                        seconds=time.perf_counter() - t0)
+        whole = self.whole_overhead()
+        self.log(f"profile: running a program with the whole step's arguments and results costs "
+                 f"{whole * 1e3:.3f} ms whatever it computes (taken off every unit and resharding as "
+                 "measured alone, added once to the whole step)")
+        return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, measured=measured,
+                        reused=reused, seconds=time.perf_counter() - t0)
 
-    def launch_model(self, wide: int = 64) -> tuple[float, float]:
-        """(fixed, per buffer) seconds of launching a program, fitted on two programs that add 1
-        to 1 and to ``wide`` tiny replicated arrays."""
-        key = {"kind": "launch", "mesh": self.base["mesh"], "devices": self.base["devices"], "wide": wide}
+    def whole_overhead(self) -> float:
+        """The whole step's overhead program, timed: its arguments laid out as under every block's
+        first plan (the overhead hardly depends on layouts; it grows with buffers)."""
+        key = {**self.base, "kind": "whole-overhead"}
         entry = self.store.get(key) if self.is_main else None
         if not _broadcast_flag(entry is not None):
-            t1, tn = (launch_time(n, self.mesh, max(self.repeats, 20)) for n in (1, wide))
-            per_buffer = max(tn - t1, 0.0) / (2 * (wide - 1))
+            sp = segment_program(self.a, 0, len(self.a.blocks))
+            assignment = {b.id: 0 for b in self.a.blocks}
+            _, shardings = build(self.a, sp, assignment, self.mesh)
+            args = synthetic_inputs(self.a, sp, shardings)
+            produced = Layouts(self.a, assignment)
+            from jax.sharding import NamedSharding
+
+            outs = [NamedSharding(self.mesh, pspec(produced.produced(v) or ())) for v in sp.outputs]
+            overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
+            seconds = statistics.median(slowest_process(timed_runs(overhead, args, self.warmup,
+                                                                   max(self.repeats, 10))))
             if self.is_main:
-                self.store.put(key, {"fixed_s": max(t1 - 2 * per_buffer, 0.0), "per_buffer_s": per_buffer})
-        entry = self.store.get(key) if self.is_main else {"fixed_s": 0.0, "per_buffer_s": 0.0}
-        return _broadcast_float(entry["fixed_s"]), _broadcast_float(entry["per_buffer_s"])
+                self.store.put(key, {"time_s": seconds})
+        return _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,30 +371,51 @@ class Profiler:
 
 
 def timed_runs(compiled: Any, args: Sequence[Any], warmup: int, repeats: int) -> list[float]:
+    return timed_runs_alternately([compiled], args, warmup, repeats)[0]
+
+
+def timed_runs_alternately(programs: Sequence[Any], args: Sequence[Any], warmup: int,
+                           repeats: int) -> list[list[float]]:
+    """Seconds per run of each program on ``args``, the programs taking turns (so a change in
+    the machine's load falls on all of them alike).
+
+    A run ends when its first result is ready: every result spans every device of the mesh
+    and a device's results are ready together, so that is when the program has finished
+    everywhere. Waiting on each of a hundred results in turn would time Python, not the program."""
     import jax
 
-    for _ in range(warmup):
-        jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(repeats):
+    def run(program: Any) -> float:
         t = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t)
+        out = jax.tree.leaves(program(*args))
+        if out:
+            out[0].block_until_ready()
+        return time.perf_counter() - t
+
+    for _ in range(warmup):
+        for program in programs:
+            jax.block_until_ready(program(*args))
+    times: list[list[float]] = [[] for _ in programs]
+    for _ in range(repeats):
+        for program, ts in zip(programs, times):
+            ts.append(run(program))
     return times
 
 
-def launch_time(n: int, mesh: Any, repeats: int) -> float:
+def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any]) -> Any:
+    """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
+    with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
+    any program with these arguments and results costs."""
     import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
+    import jax.numpy as jnp
 
-    replicated = NamedSharding(mesh, PartitionSpec())
-    xs = [jax.make_array_from_callback((4,), replicated, lambda idx: np.ones(4, np.float32)[idx]) for _ in range(n)]
-    compiled = jax.jit(lambda *a: [x + 1 for x in a]).lower(*xs).compile()
-    return statistics.median(slowest_process(timed_runs(compiled, xs, 2, repeats)))
+    shapes = [(tuple(r.shape), r.dtype) for r in results]
+    return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
+                   in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()
 
 
-def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int, repeats: int) -> float:
+def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int,
+                 repeats: int) -> tuple[float, float]:
+    """(seconds, its overhead program's seconds) of turning layout ``src`` into ``dst``."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -395,8 +428,10 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
     # An identity whose input and output layouts differ: exactly the collective XLA inserts.
     identity = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out)
     compiled = identity.lower(x).compile()
-    times = slowest_process(timed_runs(compiled, [x], warmup, repeats))
-    return statistics.median(times)
+    overhead = overhead_program([x], [x], [s_out])
+    times, overhead_times = (slowest_process(t) for t in timed_runs_alternately([compiled, overhead], [x], warmup,
+                                                                                 repeats))
+    return statistics.median(times), statistics.median(overhead_times)
 
 
 # ---------------------------------------------------------------------------------------------

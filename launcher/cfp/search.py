@@ -2,15 +2,21 @@
 
 The model is the sequence of profiled units (segments, or parts of them). Choosing one
 combination per unit gives a whole-model plan whose predicted step time is the sum of the
-units' measured times plus the measured resharding at each boundary (each less the cost of
-launching a program, which the whole step pays once), and whose predicted
-per-device memory is the sum of the units' memory (each unit's arguments, results and
-temporaries, with the tensors it receives from a neighbour counted once, at the neighbour).
+units' measured times plus the measured resharding of every tensor that crosses between two
+units (each less what running a program with its arguments and results costs, which the whole
+step pays once), and whose predicted per-device memory is the sum of the units' memory (each
+unit's arguments, results and temporaries, with the tensors it receives from another unit
+counted once, where they are produced).
 
 Dynamic programming over the sequence keeps, for every combination of the current unit, the
-Pareto front of (time, memory) over the choices before it; fronts drop anything over the budget,
-so the answer is the fastest plan that fits, found exactly. Fronts are capped (evenly thinned
-along memory) to keep very deep models fast; the cap is far above what the models here reach.
+Pareto front of (time, memory) over the choices before it; fronts drop anything over the budget
+and are capped (evenly thinned along memory; the cap is far above what the models here reach).
+When tensors cross only between neighbouring units that finds the fastest plan that fits,
+exactly. Tensors that skip units (residual connections, a tied embedding, an MoE layer's
+dispatch) are charged along each path the fronts keep, with the layouts that path chose, so
+the cost of every kept plan is exact but a path dropped early might have paid less later; a
+coordinate descent on the exact cost (one unit's combination at a time, while it helps) then
+mends what the pruning missed.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from launcher.cfp.profile import Profiles
+from launcher.cfp.profile import Boundary, Profiles
 from launcher.errors import UserError
 
 FRONT_CAP = 64
@@ -35,13 +41,38 @@ class SearchResult:
     runners_up: list["SearchResult"] = field(default_factory=list, repr=False)
 
 
+class _Costs:
+    """Unit and crossing costs by combination index, looked up once each."""
+
+    def __init__(self, prof: Profiles) -> None:
+        self.prof = prof
+        self.combos = [u.combos() for u in prof.units]
+        self.time = [[prof.unit_time(u.kind, c) for c in self.combos[i]] for i, u in enumerate(prof.units)]
+        self.mem = [[prof.table[u.kind][c]["mem_bytes"] for c in self.combos[i]] for i, u in enumerate(prof.units)]
+        self.into: list[list[Boundary]] = [[] for _ in prof.units]   # boundaries by their right unit
+        for b in prof.boundaries:
+            self.into[b.right].append(b)
+        self._crossing: dict[tuple[int, int, int], float] = {}
+
+    def crossing(self, k: int, b: Boundary, left: int, right: int) -> float:
+        key = (k, left, right)
+        if key not in self._crossing:
+            self._crossing[key] = self.prof.boundary_cost(b, left, right)
+        return self._crossing[key]
+
+    def total(self, path: tuple[int, ...]) -> tuple[float, int]:
+        """Exact predicted (time, memory) of a combination index per unit."""
+        t = self.prof.whole_overhead_s + sum(self.time[i][c] for i, c in enumerate(path))
+        t += sum(self.crossing(k, b, path[b.left], path[b.right]) for k, b in enumerate(self.prof.boundaries))
+        return t, sum(self.mem[i][c] for i, c in enumerate(path))
+
+
 def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = None) -> SearchResult:
     t0 = time.perf_counter()
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
-    units = prof.units
-    combos = [u.combos() for u in units]
-    cost = [[prof.unit_time(u.kind, c) for c in combos[i]] for i, u in enumerate(units)]
-    mem = [[prof.table[u.kind][c]["mem_bytes"] for c in combos[i]] for i, u in enumerate(units)]
+    costs = _Costs(prof)
+    cost, mem, units = costs.time, costs.mem, prof.units
+    index = {id(b): k for k, b in enumerate(prof.boundaries)}
 
     least = sum(min(m) for m in mem)
     if least > budget:
@@ -49,48 +80,63 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
                         "devices")
 
-    # front[c] = list of (time, memory, previous combo index, index in the previous front)
-    front = [[(cost[0][c], mem[0][c], -1, -1)] if mem[0][c] <= budget else [] for c in range(len(combos[0]))]
-    history = [front]
+    # front[c]: (time, memory, path) entries, path = a combination index per unit so far
+    front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget else [] for c in range(len(cost[0]))]
     for i in range(1, len(units)):
-        b = prof.boundaries[i - 1]
+        near = [(index[id(b)], b) for b in costs.into[i] if b.left == i - 1]
+        far = [(index[id(b)], b) for b in costs.into[i] if b.left < i - 1]
         new = []
-        for c in range(len(combos[i])):
+        for c in range(len(cost[i])):
             options = []
             for pc, entries in enumerate(front):
                 if not entries:
                     continue
-                step = prof.boundary_cost(b, pc, c) + cost[i][c]
-                for k, (t, m, _, _) in enumerate(entries):
+                step = cost[i][c] + sum(costs.crossing(k, b, pc, c) for k, b in near)
+                for t, m, path in entries:
                     if m + mem[i][c] <= budget:
-                        options.append((t + step, m + mem[i][c], pc, k))
+                        skipped = sum(costs.crossing(k, b, path[b.left], c) for k, b in far)
+                        options.append((t + step + skipped, m + mem[i][c], path + (c,)))
             new.append(_pareto(options))
         front = new
-        history.append(front)
 
-    ends = sorted(((e, c) for c, entries in enumerate(front) for e in entries), key=lambda x: (x[0][0], x[0][1]))
+    ends = sorted((e for entries in front for e in entries), key=lambda e: (e[0], e[1]))
     if not ends:  # every path crossed the budget somewhere
         raise UserError(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget")
 
-    def result(end: tuple) -> SearchResult:
-        (t, m, pc, k), c = end
-        chosen = [c]
-        for i in range(len(units) - 1, 0, -1):
-            chosen.append(pc)
-            _, _, pc, k = history[i - 1][pc][k]
-        chosen.reverse()
-        picked = [combos[i][ci] for i, ci in enumerate(chosen)]
+    def result(path: tuple[int, ...]) -> SearchResult:
+        t, m = costs.total(path)
+        picked = [costs.combos[i][ci] for i, ci in enumerate(path)]
         assignment = [0] * num_blocks
         for u, combo in zip(units, picked):
             for j, p in enumerate(combo):
                 assignment[u.start + j] = p
-        return SearchResult(picked, assignment, t + prof.whole_launch_s, int(m), time.perf_counter() - t0)
+        return SearchResult(picked, assignment, t, int(m), time.perf_counter() - t0)
 
-    best = result(ends[0])
+    best_path = _descend(costs, ends[0][2], budget)
+    best = result(best_path)
     # The runners-up: the fastest plan ending in each other combination of the last unit (the
     # DP keeps them anyway), for a final measured choice among the top few (``shortlist``).
-    best.runners_up = [result(e) for e in ends[1:] if e[0][1] <= budget]
+    best.runners_up = [result(e[2]) for e in ends if e[2] != best_path]
+    best.search_time_s = time.perf_counter() - t0
+    return best
+
+
+def _descend(costs: _Costs, path: tuple[int, ...], budget: float) -> tuple[int, ...]:
+    """Coordinate descent on the exact cost: change one unit's combination at a time while that
+    makes the plan faster within the budget."""
+    best, (best_t, _) = path, costs.total(path)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(best)):
+            for c in range(len(costs.time[i])):
+                if c == best[i]:
+                    continue
+                trial = best[:i] + (c,) + best[i + 1:]
+                t, m = costs.total(trial)
+                if m <= budget and t < best_t - 1e-12:
+                    best, best_t, improved = trial, t, True
     return best
 
 
@@ -108,15 +154,8 @@ def _pareto(options: list[tuple]) -> list[tuple]:
 
 def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
     """Predicted (step time, memory) of a whole-model plan given as a plan per block."""
-    t, m, idx = prof.whole_launch_s, 0, []
-    for u in prof.units:
-        combo = tuple(assignment[u.start:u.end])
-        t += prof.unit_time(u.kind, combo)
-        m += prof.table[u.kind][combo]["mem_bytes"]
-        idx.append(u.combos().index(combo))
-    for i, b in enumerate(prof.boundaries):
-        t += prof.boundary_cost(b, idx[i], idx[i + 1])
-    return t, m
+    path = tuple(u.combos().index(tuple(assignment[u.start:u.end])) for u in prof.units)
+    return _Costs(prof).total(path)
 
 
 def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,

@@ -23,7 +23,9 @@ from launcher.modes.analysis import mesh_shape_of, run_analysis
 class Config(AnalysisConfig):
     name: str = "profile"
     store_dir: str = "outputs/cfp_profiles"  # shared by runs: entries are reused and resumed
-    repeats: int = 5               # timed runs per candidate (the median counts)
+    # Timed runs per candidate (the median counts). Cheap beside compiling it, and plans of a
+    # small model differ by less than one run's noise.
+    repeats: int = 10
     warmup: int = 1                # untimed runs before them
     max_segment_space: int = 128   # templates with more combinations are profiled in parts
     # Compile the next candidate while timing this one. null: yes on accelerators, no on CPU
@@ -72,9 +74,10 @@ def profiles_json(analysis: Any, profiles: Any) -> dict:
         "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
                    "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in profiles.units],
         "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
-                      "mem_bytes": e["mem_bytes"]} for k, combos in profiles.table.items() for c, e in combos.items()],
+                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]} for k, combos in profiles.table.items() for c, e in combos.items()],
         "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
                      "dst": [list(a) for a in k[2]], "time_s": v} for k, v in profiles.reshard.items()],
+        "whole_overhead_s": profiles.whole_overhead_s,
         "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
     }
 
