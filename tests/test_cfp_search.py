@@ -124,6 +124,43 @@ def test_tensors_that_skip_a_unit_are_paid_for():
     assert min(brute_force(prof))[2][0] != best[2][0]  # without it, unit 0 would choose otherwise
 
 
+def test_overheads_are_taken_off_every_unit_and_paid_once():
+    prof = synthetic_profiles()
+    plan = [0, 0, 0]
+    before = predict(prof, plan)[0]
+    for combos in prof.table.values():
+        for entry in combos.values():
+            entry["overhead_s"] = 0.1
+    prof.whole_overhead_s = 0.25
+    assert predict(prof, plan)[0] == pytest.approx(before - 3 * 0.1 + 0.25)
+    found = search(prof, 3)
+    assert found.predicted_time_s == pytest.approx(predict(prof, found.assignment)[0])
+
+
+def test_an_overhead_program_has_the_programs_interface_and_costs_less():
+    """Same argument and result shardings as the program it stands for, zeros for results, and
+    (timed in turn with a program that does real work) less time."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from launcher.cfp.profile import overhead_program, timed_runs_alternately
+
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+    rows, cols = NamedSharding(mesh, PartitionSpec("a", None)), NamedSharding(mesh, PartitionSpec(None, "b"))
+    x = jax.device_put(jnp.ones((512, 512), jnp.float32), rows)
+    w = jax.device_put(jnp.ones((512, 512), jnp.float32), cols)
+    work = jax.jit(lambda x, w: [jnp.tanh(x @ w) @ w.T, (x @ w).sum()], in_shardings=(rows, cols)).lower(x, w).compile()
+    results = jax.eval_shape(lambda x, w: [x @ w.T, (x @ w).sum()], x, w)
+    idle = overhead_program([x, w], results, work.output_shardings)
+    out = idle(x, w)
+    assert [o.sharding for o in out] == list(work.output_shardings)
+    assert all(float(jnp.abs(o).max()) == 0.0 for o in out)
+    busy, free = timed_runs_alternately([work, idle], [x, w], 1, 7)
+    assert sorted(free)[3] < sorted(busy)[3]
+
+
 def test_shortlist_is_the_optimum_then_uniform_plans_and_runners_up_in_turn():
     prof = synthetic_profiles()
     found = search(prof, 3)
@@ -217,7 +254,7 @@ def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
     assert len(entries) == 6
     assert sorted(tuple(e["key"]["combination"]) for e in entries.values()) == [(0, 0), (0, 1), (1, 0), (1, 1),
                                                                                 (2, 0), (2, 1)]
-    assert all(e["time_s"] > 0 and e["mem_bytes"] > 0 for e in entries.values())
+    assert all(e["time_s"] > 0 and e["overhead_s"] > 0 and e["mem_bytes"] > 0 for e in entries.values())
     assert not list(store_dir.glob("*.tmp"))
 
 

@@ -3,7 +3,10 @@
 For each template, the first segment instance is turned into a program of that segment alone
 (``segment_program.py``); for every combination of its blocks' plans the program is compiled
 with those plans' sharding constraints on the real mesh, run (warm-up, then repeats) and its
-median time and per-device memory (XLA's memory analysis) recorded.
+median time and per-device memory (XLA's memory analysis) recorded. A template whose space
+exceeds ``max_space`` is profiled in consecutive parts (block ranges whose plan-count product
+fits), so an MoE layer's thousands of combinations become a few hundred; the search then treats
+the parts as segments, with measured resharding between them.
 
 Running a program costs something whatever it computes: dispatching its arguments, making its
 results, starting and finishing every device. On small devices (and on CPU devices, always)
@@ -11,15 +14,13 @@ that cost is a large part of a segment's time, and a whole step pays it once, no
 segment. So every program is timed alternately with its *overhead program*: the same
 arguments and results (same shapes, same shardings), computing nothing. The segment's cost is
 the difference; the whole step's own overhead program is measured once and added back by the
-search. A template whose space
-exceeds ``max_space`` is profiled in consecutive parts (block ranges whose plan-count product
-fits), so an MoE layer's thousands of combinations become a few hundred; the search then treats
-the parts as segments, with measured resharding between them.
+search.
 
 Resharding between units (segments or parts) is measured, not fitted: for every tensor one unit
 produces and another consumes (activations forward, gradients backward; mostly the next unit,
-but residual connections and tied embeddings skip some), every pair (layout produced under some combination, layout wanted under some combination) is compiled
-as an identity with those input and output shardings and timed.
+but residual connections and tied embeddings skip some), every pair (layout produced under
+some combination, layout wanted under some combination) is compiled as an identity with those
+input and output shardings and timed, less its overhead program.
 
 Every result goes into the profile store (``store.py``) as soon as it is measured, keyed by the
 model's signature, the mesh, the devices, the template and the combination, so an interrupted
