@@ -49,9 +49,9 @@ class _Costs:
         self.combos = [u.combos() for u in prof.units]
         self.time = [[prof.unit_time(u.kind, c) for c in self.combos[i]] for i, u in enumerate(prof.units)]
         self.mem = [[prof.table[u.kind][c]["mem_bytes"] for c in self.combos[i]] for i, u in enumerate(prof.units)]
-        self.into: list[list[Boundary]] = [[] for _ in prof.units]   # boundaries by their right unit
-        for b in prof.boundaries:
-            self.into[b.right].append(b)
+        self.into: list[list[tuple[int, Boundary]]] = [[] for _ in prof.units]  # (index, b) by right unit
+        for k, b in enumerate(prof.boundaries):
+            self.into[b.right].append((k, b))
         self._crossing: dict[tuple[int, int, int], float] = {}
 
     def crossing(self, k: int, b: Boundary, left: int, right: int) -> float:
@@ -72,7 +72,6 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     costs = _Costs(prof)
     cost, mem, units = costs.time, costs.mem, prof.units
-    index = {id(b): k for k, b in enumerate(prof.boundaries)}
 
     least = sum(min(m) for m in mem)
     if least > budget:
@@ -83,8 +82,8 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     # front[c]: (time, memory, path) entries, path = a combination index per unit so far
     front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget else [] for c in range(len(cost[0]))]
     for i in range(1, len(units)):
-        near = [(index[id(b)], b) for b in costs.into[i] if b.left == i - 1]
-        far = [(index[id(b)], b) for b in costs.into[i] if b.left < i - 1]
+        near = [(k, b) for k, b in costs.into[i] if b.left == i - 1]
+        far = [(k, b) for k, b in costs.into[i] if b.left < i - 1]
         new = []
         for c in range(len(cost[i])):
             options = []
