@@ -144,7 +144,7 @@ def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[tuple[list[in
     measured: list[float | None] = [None] * len(runners)
     if len(runners) > 1:
         runs = race(runners, iterations=iterations, repeats=2, progress=progress)
-        measured = slowest_process([statistics.median(r.repeat_times_s) for r in runs])
+        measured = slowest_process([r.step_time_s for r in runs])
     best = min(range(len(runners)), key=lambda i: measured[i]) if len(runners) > 1 else 0
     chosen = runners[best]
     chosen.rounds = []  # the short rounds choose; they are not the searched plan's timing

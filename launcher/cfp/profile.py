@@ -306,15 +306,15 @@ class Profiler:
                    "devices": self.base["devices"], "shape": list(p[0][0]), "dtype": p[0][1],
                    "src": [list(a) for a in p[1]], "dst": [list(a) for a in p[2]]}
             entry = self.store.get(key) if self.is_main else None
-            have = _broadcast_flag(entry is not None)
-            if not have:
+            if not _broadcast_flag(entry is not None):
                 seconds, overhead = reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh, self.warmup,
                                                  self.repeats)
+                entry = {"time_s": seconds, "overhead_s": overhead}
                 if self.is_main:
-                    self.store.put(key, {"time_s": seconds, "overhead_s": overhead})
+                    self.store.put(key, entry)
                 measured += 1
-            entry = self.store.get(key) if self.is_main else None
-            costs[p] = _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if entry else 0.0)
+            # Rank 0's measurement counts everywhere (the store holds only its entries).
+            costs[p] = _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if self.is_main else 0.0)
         return costs, measured
 
     # --- everything -------------------------------------------------------------------------
@@ -362,9 +362,10 @@ class Profiler:
             overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
             seconds = statistics.median(slowest_process(timed_runs(overhead, args, self.warmup,
                                                                    max(self.repeats, 10))))
+            entry = {"time_s": seconds}
             if self.is_main:
-                self.store.put(key, {"time_s": seconds})
-        return _broadcast_float(self.store.get(key)["time_s"] if self.is_main else 0.0)
+                self.store.put(key, entry)
+        return _broadcast_float(entry["time_s"] if self.is_main else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,11 @@ class _Costs:
             self._crossing[key] = self.prof.boundary_cost(b, left, right)
         return self._crossing[key]
 
+    def plan(self, assignment: list[int]) -> tuple[float, int]:
+        """Exact predicted (time, memory) of a plan per block."""
+        return self.total(tuple(self.combos[i].index(tuple(assignment[u.start:u.end]))
+                                for i, u in enumerate(self.prof.units)))
+
     def total(self, path: tuple[int, ...]) -> tuple[float, int]:
         """Exact predicted (time, memory) of a combination index per unit."""
         t = self.prof.whole_overhead_s + sum(self.time[i][c] for i, c in enumerate(path))
@@ -153,8 +158,7 @@ def _pareto(options: list[tuple]) -> list[tuple]:
 
 def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
     """Predicted (step time, memory) of a whole-model plan given as a plan per block."""
-    path = tuple(u.combos().index(tuple(assignment[u.start:u.end])) for u in prof.units)
-    return _Costs(prof).total(path)
+    return _Costs(prof).plan(assignment)
 
 
 def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
@@ -164,19 +168,20 @@ def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
     fastest predicted uniform plans (every block on plan j) and the optimum's runners-up, all
     within the budget.
 
-    Why measure at all: a segment run alone is slower than inside the whole step, where XLA
-    fuses and combines collectives across segments, and not by the same factor for every plan,
-    so the profiles rank plans well but not exactly. Why uniform
+    Why measure at all: inside the whole step XLA fuses across segments and merges collectives
+    (one all-reduce for every gradient of a data-parallel plan, where each segment alone pays its
+    own), which segment profiles cannot see and which differs from plan to plan, so the
+    profiles rank plans well but not exactly. Why uniform
     plans: the runners-up are near-copies of the optimum (one unit's choice differs), while a
     uniform plan is a different layout family altogether (data-parallel-like, Megatron-like)."""
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     counts = [0] * num_blocks
     for u in prof.units:
         counts[u.start:u.end] = u.plan_counts
-    uniform = []
+    costs, uniform = _Costs(prof), []
     for j in range(max(counts, default=0)):
         assignment = [min(j, n - 1) for n in counts]
-        t, m = predict(prof, assignment)
+        t, m = costs.plan(assignment)
         if m <= budget:
             uniform.append((assignment, t, m))
     uniform.sort(key=lambda x: x[1])

@@ -74,7 +74,8 @@ def profiles_json(analysis: Any, profiles: Any) -> dict:
         "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
                    "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in profiles.units],
         "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
-                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]} for k, combos in profiles.table.items() for c, e in combos.items()],
+                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]}
+                     for k, combos in profiles.table.items() for c, e in combos.items()],
         "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
                      "dst": [list(a) for a in k[2]], "time_s": v} for k, v in profiles.reshard.items()],
         "whole_overhead_s": profiles.whole_overhead_s,
