@@ -1,21 +1,25 @@
 """CFP profile + search against the built-in plans, per tiny model, on 8 virtual CPU devices.
 
-    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 20] [--repeats 3]
+    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 20] [--repeats 7]
 
 For each model (conf/model/<name>-tiny.yaml) in its own process with 8 virtual devices:
 analysis on a 4x2 mesh (``--mesh``; on it every baseline's layout is one of CFP's plans: data
 parallel splits the batch over both axes, dp_tp splits it over one and the heads or columns over
 the other, tp splits heads and columns over both; a 1-D mesh of 8 cannot express dp_tp), profile
-(store: --store, reused across runs), search (the DP optimum and its shortlist of ``--top-k``
-plans measured briefly on the whole step, as mode=search does), then the
-searched plan and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained side by side
-(``--repeats`` repeats of ``--iterations`` steps; the median repeat counts). Reported per model:
+(store: --store, reused across runs), search (the DP optimum, the plans nearest each built-in
+plan and the rest of its shortlist of ``--top-k`` plans measured briefly on the whole step, as
+mode=search does), then the searched plan, the DP's own optimum (when the shortlist chose
+another) and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained side by side
+(``--repeats`` interleaved rounds of ``--iterations`` steps; the median round counts). Reported
+per model:
 
 - searched step time over the best baseline's (goal: never above 1.02, below 1.0 where mixed
-  plans pay);
+  plans pay), with where the searched plan came from (``source``), and the same ratio for the
+  DP's optimum alone;
 - profiled configurations over the exhaustive space;
 - profile and search wall time;
-- predicted over measured step time of the searched plan (goal: within 10%).
+- predicted over measured step time of the searched plan, and of the DP's optimum (goal:
+  within 10%).
 
 Results go to bench/results/bench_cfp_search.json. Timings on a shared 2-core machine are
 noisy; the file records every repeat so the spread can be judged.
@@ -45,7 +49,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
     from launcher.cfp.analysis import analyze
     from launcher.cfp.apply import make_mesh
-    from launcher.cfp.measure import baseline_runners, pick, race
+    from launcher.cfp.measure import BASELINES, baseline_runners, pick, plan_runner, race
+    from launcher.cfp.nearest import nearest_plans
     from launcher.cfp.profile import Profiler
     from launcher.cfp.program import training_program
     from launcher.cfp.search import search, shortlist
@@ -60,13 +65,22 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     prof = Profiler(a, mesh, ProfileStore(store), repeats=profile_repeats, warmup=1, overlap=False, log=log).run()
     found = search(prof, len(a.blocks))
-    chosen, candidates = pick(a, program, mesh, shortlist(prof, found, len(a.blocks), top_k), iterations=5)
-    log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {chosen.assignment}")
+    nearest = nearest_plans(a, program, BASELINES, jax.devices())
+    short = shortlist(prof, found, len(a.blocks), top_k, nearest=nearest)
+    chosen, candidates = pick(a, program, mesh, short, iterations=10, repeats=3)
+    pick_ = chosen.candidate
+    log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {pick_.assignment} "
+        f"({pick_.source})")
     runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log)
     runners.insert(0, chosen)
+    # The DP's own optimum runs in the same rounds, so the search is judged without the shortlist.
+    if pick_.source != "search optimum":
+        runners.insert(1, plan_runner(a, program, dict(enumerate(found.assignment)), mesh, name="search optimum"))
     searched, *others = race(runners, iterations=iterations, repeats=repeats)
     runs = {r.name: r for r in others}
+    optimum = runs.pop("search optimum", searched)
     best_name = min(runs, key=lambda k: runs[k].step_time_s)
+    best = runs[best_name].step_time_s
     return {
         "model": f"{name}-tiny",
         "mesh_shape": mesh_shape,
@@ -80,18 +94,23 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "profile_time_s": prof.seconds,
         "measured_configs": prof.measured,
         "search_time_s": found.search_time_s,
-        "assignment": chosen.assignment,
+        "assignment": pick_.assignment,
+        "source": pick_.source,
         "search_optimum": found.assignment,
+        "nearest": nearest,
         "candidates": candidates,
-        "predicted_step_time_s": chosen.predicted_time_s,
+        "predicted_step_time_s": pick_.predicted_time_s,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
-        "predicted_over_measured": chosen.predicted_time_s / searched.step_time_s,
+        "predicted_over_measured": pick_.predicted_time_s / searched.step_time_s,
         "memory_gb": searched.memory_bytes / 2**30,
         "baselines": {k: r.summary() for k, r in runs.items()},
         "baselines_skipped": skipped,
         "best_baseline": best_name,
-        "searched_over_best_baseline": searched.step_time_s / runs[best_name].step_time_s,
+        "searched_over_best_baseline": searched.step_time_s / best,
+        "search_optimum_step_time_s": optimum.step_time_s,
+        "search_optimum_over_best_baseline": optimum.step_time_s / best,
+        "search_optimum_predicted_over_measured": found.predicted_time_s / optimum.step_time_s,
     }
 
 
@@ -99,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe"])
     ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile-repeats", type=int, default=20)
     ap.add_argument("--top-k", type=int, default=4, help="plans the search measures on the whole step")
     ap.add_argument("--devices", type=int, default=8)
@@ -128,11 +147,13 @@ def main() -> None:
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
-        print(f"{row['model']:>12}: searched/best baseline ({row['best_baseline']}) "
-              f"{row['searched_over_best_baseline']:.3f}, profiled {row['profiled_configs']} of "
+        print(f"{row['model']:>12}: searched ({row['source']})/best baseline ({row['best_baseline']}) "
+              f"{row['searched_over_best_baseline']:.3f}, DP optimum/best baseline "
+              f"{row['search_optimum_over_best_baseline']:.3f}, profiled {row['profiled_configs']} of "
               f"{row['exhaustive_space']:.3g} ({row['profiled_over_exhaustive']:.2e}), profile "
               f"{row['profile_time_s']:.0f} s, search {row['search_time_s'] * 1e3:.1f} ms, predicted/measured "
-              f"{row['predicted_over_measured']:.3f}", flush=True)
+              f"{row['predicted_over_measured']:.3f} (DP optimum "
+              f"{row['search_optimum_predicted_over_measured']:.3f})", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,

@@ -190,7 +190,7 @@ def validate(cfg: DictConfig) -> None:
 
 # Counts the modes share by name: checked here, before submission, rather than in each task.
 _AT_LEAST_ONE = ("steps", "iterations", "run_repeats", "repeats", "verify_top_k", "verify_iterations",
-                 "max_segment_space")
+                 "verify_repeats", "max_segment_space")
 _NOT_NEGATIVE = ("warmup", "memory_budget_gb")
 
 

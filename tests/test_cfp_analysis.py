@@ -202,6 +202,24 @@ def test_moe_splits_experts_and_alternates_two_templates():
     assert len(moe_t.plan_counts) > len(dense_t.plan_counts) == 4
 
 
+def test_elementwise_results_are_split_wherever_an_input_splits_them():
+    from launcher.cfp.graph import Graph
+    from launcher.cfp.propagation import propagate
+
+    g = Graph()
+    probs, scale, label, iota = (g.new_var(s, "float32") for s in ((8, 32, 256), (8, 32, 256), (8, 32, 1), (1, 1, 256)))
+    out = g.new_var((8, 32, 256), "float32")
+    # The softmax gradient: a broadcast scale (vocabulary whole) times the probabilities (split).
+    mul = g.add_op("mul", (scale, probs), (out,))
+    assert propagate(g, mul, [((0,), (), ()), ((0,), (), (1,))], [4, 2]) == ([((0,), (), (1,))], False)
+    # A one-hot of an argmax: unit dimensions broadcast, the batch split carries over.
+    eq = g.add_op("eq", (label, iota), (out,))
+    assert propagate(g, eq, [((0,), (), ()), None], [4, 2]) == ([((0,), (), ())], False)
+    # One dimension split two ways, or one mesh axis over two dimensions: a reshard.
+    assert propagate(g, mul, [((0,), (), ()), ((1,), (), ())], [4, 2])[1]
+    assert propagate(g, mul, [((0,), (), ()), ((), (), (0,))], [4, 2])[1]
+
+
 def test_2d_mesh_versus_1d_strategy_counts():
     a8 = analyze(*layer_program(), [8])
     a24 = analyze(*layer_program(), [2, 4])

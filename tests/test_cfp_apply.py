@@ -160,3 +160,52 @@ def test_a_plan_searched_for_another_program_is_refused():
             except UserError as e:
                 assert "mode=search again" in str(e)
                 raise
+
+
+NEAREST_GPT = r"""
+import json
+import jax
+from tests.test_cfp_analysis import gpt
+from launcher.cfp.analysis import analyze
+from launcher.cfp.apply import make_mesh
+from launcher.cfp.comm import collectives
+from launcher.cfp.measure import baseline_runner, plan_runner
+from launcher.cfp.nearest import nearest_plans
+from launcher.cfp.program import training_program
+
+program = training_program(gpt(1, heads=8))  # tp splits the heads 8 ways
+a = analyze(program.step, program.args, [4, 2])
+mesh = make_mesh([4, 2])
+near = nearest_plans(a, program, ["tp", "dp_tp", "ep"], jax.devices())
+out = {"nearest": near, "plans": {}}
+for name, assignment in near.items():
+    mine = plan_runner(a, program, dict(enumerate(assignment)), mesh)
+    theirs = baseline_runner(program, name, jax.devices())
+    mine.steps(1)  # step 0, which run_training already took for the baseline
+    out["plans"][name] = {"mine": collectives(mine.compiled.as_text()), "theirs": collectives(theirs.compiled.as_text()),
+                          "losses": [mine.losses[0], theirs.losses[0]]}
+print(json.dumps(out))
+"""
+
+
+def test_the_plan_nearest_a_builtin_plan_compiles_to_its_collectives():
+    r = run_python(NEAREST_GPT, devices=8)
+    # ep splits experts, which GPT does not have: no nearest plan.
+    assert set(r["nearest"]) == {"tp", "dp_tp"}
+    for name, p in r["plans"].items():
+        counts = {kind: e["count"] for kind, e in p["mine"].items()}
+        assert counts == {kind: e["count"] for kind, e in p["theirs"].items()}, name
+        assert p["mine"] == p["theirs"], name  # the same bytes moved, too
+        assert p["losses"][0] == pytest.approx(p["losses"][1], rel=1e-5)
+    # dp_tp mixes two plans (column-split blocks, then row-split ones); tp uses no data axis.
+    assert len(set(r["nearest"]["dp_tp"])) == 2 and r["nearest"]["tp"] != r["nearest"]["dp_tp"]
+    assert r["plans"]["dp_tp"]["mine"]["all-reduce"]["count"] > 1
+
+
+def test_named_mesh_axes_map_onto_runs_of_cfp_axes():
+    from launcher.cfp.nearest import axis_map
+
+    assert axis_map({"data": 8}, [4, 2]) == {"data": (0, 1)}
+    assert axis_map({"data": 4, "model": 2}, [4, 2]) == {"data": (0,), "model": (1,)}
+    assert axis_map({"data": 2, "model": 4}, [4, 2]) is None
+    assert axis_map({"data": 4}, [4, 2]) is None  # the devices along axis 1 would be left out

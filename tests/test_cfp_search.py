@@ -137,6 +137,36 @@ def test_overheads_are_taken_off_every_unit_and_paid_once():
     assert found.predicted_time_s == pytest.approx(predict(prof, found.assignment)[0])
 
 
+def test_gradient_allreduces_are_paid_once_per_step_and_group():
+    plain, prof = synthetic_profiles(), synthetic_profiles()
+    data, model = frozenset({(0,)}), frozenset({(1,)})
+    # Units 0 and 1 all-reduce gradients over axis 0 under their first combinations; unit 2 over
+    # axis 1 under its second.
+    prof.gradient_allreduces = [[data, frozenset()], [data, data, frozenset()], [frozenset(), model]]
+    prof.allreduce_latency_s = {(0,): 0.25, (1,): 0.125}
+    for plan in itertools.product(range(2), range(3), range(2)):
+        groups = [prof.gradient_allreduces[i][c] for i, c in enumerate(plan)]
+        per_unit = sum(prof.allreduce_latency_s[ax] for g in groups for ax in g)
+        once = sum(prof.allreduce_latency_s[ax] for ax in frozenset().union(*groups))
+        assert predict(prof, list(plan))[0] == pytest.approx(predict(plain, list(plan))[0] - per_unit + once)
+    # The search still finds the brute-force optimum under the non-additive term.
+    assert search(prof, 3).assignment == sorted(brute_force(prof))[0][2]
+
+
+def test_weight_gradients_are_the_contractions_that_feed_no_other():
+    from launcher.cfp.analysis import analyze
+    from launcher.cfp.profile import terminal_contractions
+    from tests.test_cfp_analysis import layer_program
+
+    step, shapes = layer_program()
+    a = analyze(step, shapes, [4])
+    params = {a.graph.shape(v) for v, name in zip(a.graph.inputs, a.graph.input_names) if "params" in name}
+    terminal = terminal_contractions(a)
+    # wq, wk, wv, wo, w_up, w_down: one weight gradient each, every one in the backward pass.
+    assert len(terminal) == 6
+    assert all(a.graph.ops[op].phase == "bwd" and a.contractions[op].out_shape in params for op in terminal)
+
+
 def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     """Same argument and result shardings as the program it stands for, zeros for results, and
     (timed in turn with a program that does real work) less time."""
@@ -161,24 +191,33 @@ def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     assert sorted(free)[3] < sorted(busy)[3]
 
 
-def test_shortlist_is_the_optimum_then_uniform_plans_and_runners_up_in_turn():
+def test_shortlist_is_the_optimum_then_nearest_plans_then_uniform_plans_and_runners_up_in_turn():
     prof = synthetic_profiles()
     found = search(prof, 3)
     short = shortlist(prof, found, 3, 5)
-    assert short[0][0] == found.assignment == sorted(brute_force(prof))[0][2]
-    assert len(short) == 5 and len({tuple(a) for a, _, _ in short}) == 5
-    for a, t, m in short:  # each candidate's prediction is the plan's own
-        assert (t, m) == pytest.approx(predict(prof, a))
+    assert short[0].assignment == found.assignment == sorted(brute_force(prof))[0][2]
+    assert short[0].source == "search optimum"
+    assert len(short) == 5 and len({tuple(c.assignment) for c in short}) == 5
+    for c in short:  # each candidate's prediction is the plan's own
+        assert (c.predicted_time_s, c.predicted_memory_bytes) == pytest.approx(predict(prof, c.assignment))
     uniform = sorted(([min(j, n - 1) for n in (2, 3, 2)] for j in range(3)), key=lambda a: predict(prof, a)[0])
     uniform = [a for a in uniform if a != found.assignment]
     runners_up = [r.assignment for r in found.runners_up]
     # The fastest predicted uniform plan comes second, the best runner-up third.
-    assert short[1][0] == uniform[0]
-    assert short[2][0] == next(a for a in runners_up if a not in (short[0][0], short[1][0]))
+    assert (short[1].assignment, short[1].source) == (uniform[0], f"uniform {uniform[0][0]}")
+    assert short[2].assignment == next(a for a in runners_up if a not in (short[0].assignment, short[1].assignment))
+    assert short[2].source == "runner-up"
     # A budget keeps every candidate within it; k=1 is the optimum alone.
     budget = sorted(brute_force(prof))[0][1] - 1
-    assert all(m <= budget for _, _, m in shortlist(prof, search(prof, 3, budget), 3, 5, budget))
+    assert all(c.predicted_memory_bytes <= budget for c in shortlist(prof, search(prof, 3, budget), 3, 5, budget))
     assert shortlist(prof, found, 3, 1) == short[:1]
+    # Plans nearest the built-in plans come right after the optimum, fastest predicted first, on
+    # top of the k; one equal to the optimum is not measured twice.
+    others = [a for _, _, a in sorted(brute_force(prof)) if a != found.assignment]
+    fast, slow = others[0], others[-1]
+    with_near = shortlist(prof, found, 3, 1, nearest={"slow": slow, "fast": fast, "same": found.assignment})
+    assert [(c.assignment, c.source) for c in with_near] == [
+        (found.assignment, "search optimum"), (fast, "nearest fast"), (slow, "nearest slow")]
 
 
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
@@ -362,7 +401,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     lines = [[line.split("INFO ", 1)[1] for line in log if "searched ParallelBlock Strategies solution" in line]
              for log in logs]
     assert lines[0] and lines[0] == lines[1]
-    assert lines[0][0].endswith(str(result["plan"]["assignment"]))
+    assert lines[0][0].endswith(f"{result['plan']['assignment']} ({result['plan']['source']})")
 
     plan = tmp_path / "cfp" / "plan.json"
     steps = len(result["losses"])

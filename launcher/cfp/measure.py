@@ -57,6 +57,7 @@ class Runner:
         self.program, self.seed, self.step_no = program, seed, first_step
         self.memory_bytes, self.compile_time_s = memory_bytes, compile_time_s
         self.losses, self.rounds = list(losses), []
+        self.candidate: Any = None  # the search.Candidate it runs, when it runs one
 
     def steps(self, n: int, progress: Any = None) -> list[float]:
         import jax
@@ -129,29 +130,28 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
     return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
 
 
-def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[tuple[list[int], float, int]], *,
-         iterations: int, seed: int = 0, progress: Any = None) -> tuple[Runner, list[dict]]:
-    """The fastest of ``shortlist`` ((assignment, predicted seconds, predicted bytes), the
-    search's optimum first) measured on the whole step: two interleaved rounds of
-    ``iterations`` steps each. Every process measures every candidate and the slowest
-    process's time decides, so all processes pick the same plan. Returns the chosen runner
-    (compiled, rounds cleared; ``assignment``, ``predicted_time_s``, ``predicted_memory_bytes``
+def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iterations: int, repeats: int = 3,
+         seed: int = 0, progress: Any = None) -> tuple[Runner, list[dict]]:
+    """The fastest of ``shortlist`` (``search.Candidate``s, the search's optimum first) measured
+    on the whole step: ``repeats`` interleaved rounds of ``iterations`` steps each. Every
+    process measures every candidate and the slowest process's time decides, so all processes
+    pick the same plan. Returns the chosen runner (compiled, rounds cleared, its ``candidate``
     set) and a row per candidate."""
     from launcher.cfp.profile import slowest_process
 
-    runners = [plan_runner(a, program, dict(enumerate(assignment)), mesh, seed=seed)
-               for assignment, _, _ in shortlist]
+    runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed) for c in shortlist]
     measured: list[float | None] = [None] * len(runners)
     if len(runners) > 1:
-        runs = race(runners, iterations=iterations, repeats=2, progress=progress)
+        runs = race(runners, iterations=iterations, repeats=repeats, progress=progress)
         measured = slowest_process([r.step_time_s for r in runs])
     best = min(range(len(runners)), key=lambda i: measured[i]) if len(runners) > 1 else 0
     chosen = runners[best]
     chosen.rounds = []  # the short rounds choose; they are not the searched plan's timing
-    chosen.assignment, chosen.predicted_time_s, chosen.predicted_memory_bytes = shortlist[best]
-    rows = [{"assignment": list(assignment), "predicted_step_time_s": t, "predicted_memory_gb": m / 2**30,
-             "measured_step_time_s": seconds, "chosen": i == best, "search_optimum": i == 0}
-            for i, ((assignment, t, m), seconds) in enumerate(zip(shortlist, measured))]
+    chosen.candidate = shortlist[best]
+    rows = [{"assignment": list(c.assignment), "source": c.source, "predicted_step_time_s": c.predicted_time_s,
+             "predicted_memory_gb": c.predicted_memory_bytes / 2**30, "measured_step_time_s": seconds,
+             "chosen": i == best, "search_optimum": i == 0}
+            for i, (c, seconds) in enumerate(zip(shortlist, measured))]
     return chosen, rows
 
 

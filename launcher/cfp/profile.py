@@ -16,6 +16,14 @@ arguments and results (same shapes, same shardings), computing nothing. The segm
 the difference; the whole step's own overhead program is measured once and added back by the
 search.
 
+The same holds for the gradient all-reduces of data-parallel splits: a segment alone all-reduces
+its own weight gradients (XLA combines those of one program into one all-reduce per group of
+mesh axes), while the whole step combines every segment's into one. Gradient all-reduces are
+the all-reduces of contractions whose results reach no other contraction (weight gradients, on
+their way to the optimizer); the latency of one all-reduce over each group of mesh axes is
+measured (a tiny ``psum`` less its overhead program), taken off every unit for each group its
+combination all-reduces gradients over, and added back once per group the whole plan uses.
+
 Resharding between units (segments or parts) is measured, not fitted: for every tensor one unit
 produces and another consumes (activations forward, gradients backward; mostly the next unit,
 but residual connections and tied embeddings skip some), every pair (layout produced under
@@ -38,7 +46,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from launcher.cfp.analysis import Analysis
@@ -46,12 +54,12 @@ from launcher.cfp.apply import Layouts, pspec
 from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, segment_program, \
     synthetic_inputs
 from launcher.cfp.store import ProfileStore
-from launcher.cfp.strategies import Spec
+from launcher.cfp.strategies import Spec, allreduce_axes
 
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
 # pinned, what a segment program contains), so old entries are not reused.
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 
 
 @dataclass
@@ -114,6 +122,9 @@ class Profiles:
     boundaries: list[Boundary]
     reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds, less the overhead
     whole_overhead_s: float = 0.0      # the whole step's overhead program (see the module doc)
+    # per unit, per combo index: the mesh axes of each gradient all-reduce its program makes
+    gradient_allreduces: list[list[frozenset]] | None = None
+    allreduce_latency_s: dict[tuple[int, ...], float] = field(default_factory=dict)  # by axes
     measured: int = 0                   # entries measured by this run
     reused: int = 0                     # entries found in the store
     seconds: float = 0.0
@@ -342,8 +353,38 @@ class Profiler:
         self.log(f"profile: running a program with the whole step's arguments and results costs "
                  f"{whole * 1e3:.3f} ms whatever it computes (taken off every unit and resharding as "
                  "measured alone, added once to the whole step)")
-        return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, measured=measured,
-                        reused=reused, seconds=time.perf_counter() - t0)
+        grads = self.gradient_allreduces()
+        latency = {axes: self.allreduce_latency(axes) for axes in sorted({ax for u in grads for c in u for ax in c})}
+        self.log("profile: one all-reduce costs " + ", ".join(f"{t * 1e3:.3f} ms over mesh axes {list(axes)}"
+                                                            for axes, t in latency.items())
+                 + " (each unit's gradient all-reduces combine into one in the whole step)" if latency else
+                 "profile: no plan all-reduces gradients")
+        return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, gradient_allreduces=grads,
+                        allreduce_latency_s=latency, measured=measured, reused=reused,
+                        seconds=time.perf_counter() - t0)
+
+    def gradient_allreduces(self) -> list[list[frozenset]]:
+        """Per unit, per combination: the mesh axes of each gradient all-reduce (of a contraction
+        whose result reaches no other contraction) that the combination's strategies imply."""
+        terminal = terminal_contractions(self.a)
+        out = []
+        for u in self.units:
+            blocks = [self.a.blocks[i] for i in range(u.start, u.end)]
+            per_plan = [[frozenset(axes for op in b.contractions if op in terminal
+                                   for axes in [allreduce_axes(self.a.contractions[op], b.strategies[op][p])] if axes)
+                         for p in range(b.num_plans)] for b in blocks]
+            out.append([frozenset().union(*(per_plan[j][p] for j, p in enumerate(c))) for c in u.combos()])
+        return out
+
+    def allreduce_latency(self, axes: tuple[int, ...]) -> float:
+        key = {**self.base, "kind": "allreduce-latency", "axes": list(axes)}
+        entry = self.store.get(key) if self.is_main else None
+        if not _broadcast_flag(entry is not None):
+            seconds, overhead = allreduce_time(self.mesh, axes, self.warmup, max(self.repeats, 10))
+            entry = {"time_s": seconds, "overhead_s": overhead}
+            if self.is_main:
+                self.store.put(key, entry)
+        return _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if self.is_main else 0.0)
 
     def whole_overhead(self) -> float:
         """The whole step's overhead program, timed: its arguments laid out as under every block's
@@ -434,6 +475,34 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
     times, overhead_times = (slowest_process(t) for t in timed_runs_alternately([compiled, overhead], [x], warmup,
                                                                                  repeats))
     return statistics.median(times), statistics.median(overhead_times)
+
+
+def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) -> tuple[float, float]:
+    """(seconds, its overhead program's seconds) of one small all-reduce over mesh ``axes``."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    every = PartitionSpec(tuple(mesh.axis_names))
+    sharding = NamedSharding(mesh, every)
+    x = jax.make_array_from_callback((mesh.devices.size, 64), sharding, lambda idx: np.ones((1, 64), np.float32))
+    names = tuple(mesh.axis_names[a] for a in axes)
+    psum = jax.jit(jax.shard_map(lambda y: jax.lax.psum(y, names), mesh=mesh, in_specs=every, out_specs=every))
+    compiled = psum.lower(x).compile()
+    overhead = overhead_program([x], [x], [sharding])
+    times, overhead_times = (slowest_process(t) for t in timed_runs_alternately([compiled, overhead], [x], warmup,
+                                                                                 repeats))
+    return statistics.median(times), statistics.median(overhead_times)
+
+
+def terminal_contractions(a: Analysis) -> set[int]:
+    """Contractions whose results reach no other contraction: in a training step, the weight
+    gradients (they go on to the optimizer and out)."""
+    g = a.graph
+    feeds = [False] * len(g.ops)
+    for op in reversed(g.ops):
+        feeds[op.id] = any(c in a.contractions or feeds[c] for v in op.outputs for c in g.consumers[v])
+    return {op for op in a.contractions if not feeds[op]}
 
 
 # ---------------------------------------------------------------------------------------------

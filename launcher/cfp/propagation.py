@@ -7,8 +7,12 @@ computing them needs any communication. ParallelBlocks grow through operators fo
 never does. Rules, per primitive:
 
 - element-wise operators (arithmetic, comparisons, ``select_n``, ``convert_element_type``,
-  ``integer_pow``, transcendental functions, ...): the output takes the inputs' layout; inputs of
-  the output's shape that disagree need a reshard (communication). Scalars do not count;
+  ``integer_pow``, transcendental functions, ...): the output is split wherever an input of its
+  shape is split (``merge``): an input that leaves a dimension whole holds every shard of it, so
+  the softmax gradient ``mul(broadcast(g), p)`` keeps ``p``'s split vocabulary. Inputs that split
+  one dimension differently, or one mesh axis over two dimensions, need a reshard
+  (communication). Operands of the same rank with unit dimensions where the output has more
+  (``eq(argmax[B,S,1], iota[1,1,E])``) count on their other dimensions; scalars do not count;
 - ``broadcast_in_dim``: mapped dimensions keep their axes, new and expanded ones are replicated;
 - ``transpose``: axes follow the permutation;
 - ``reshape`` / ``squeeze`` / ``expand_dims``: dimensions are grouped where the products of the
@@ -58,10 +62,13 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
     if not op.inputs:
         return replicated, False
     if op.prim in ELEMENTWISE:
-        same = [s for shape, s in known if shape == shapes[0]]
+        out_shape = shapes[0]
+        same = [s for shape, s in known if len(shape) == len(out_shape)
+                and all(d in (n, 1) for d, n in zip(shape, out_shape))]
         if not same:
             return replicated, False
-        return [same[0]], any(s != same[0] for s in same)
+        merged = merge(same)
+        return ([merged], False) if merged is not None else ([same[0]], True)
     if op.prim in PASS_THROUGH:
         return [s if s is not None else ((),) * len(sh) for s, sh in zip(ins, shapes)], False
     if not known or ins[0] is None:
@@ -98,6 +105,21 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
             changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]))) if a != b}
         return [spec], any(spec[i] for i in changed)
     return replicated, True
+
+
+def merge(specs: Sequence[Spec]) -> Spec | None:
+    """The layout of an element-wise result whose same-shaped inputs have ``specs``: each
+    dimension split as any input splits it (an input that leaves it whole has every shard
+    locally), or None when two inputs split one dimension differently or one mesh axis would
+    split two dimensions (that needs a reshard)."""
+    out: list = [()] * len(specs[0])
+    for spec in specs:
+        for i, ax in enumerate(spec):
+            if ax and out[i] and out[i] != ax:
+                return None
+            out[i] = out[i] or ax
+    used = [a for ax in out for a in ax]
+    return tuple(out) if len(used) == len(set(used)) else None
 
 
 def reshape_spec(a: Sequence[int], b: Sequence[int], spec: Spec, mesh_shape: Sequence[int]) -> Spec | None:

@@ -3,10 +3,11 @@
 The model is the sequence of profiled units (segments, or parts of them). Choosing one
 combination per unit gives a whole-model plan whose predicted step time is the sum of the
 units' measured times plus the measured resharding of every tensor that crosses between two
-units (each less what running a program with its arguments and results costs, which the whole
-step pays once), and whose predicted per-device memory is the sum of the units' memory (each
-unit's arguments, results and temporaries, with the tensors it receives from another unit
-counted once, where they are produced).
+units (each less what running a program with its arguments and results costs, and less the
+latency of its gradient all-reduces, both of which the whole step pays once), and whose
+predicted per-device memory is the sum of the units' memory (each unit's arguments, results and
+temporaries, with the tensors it receives from another unit counted once, where they are
+produced).
 
 Dynamic programming over the sequence keeps, for every combination of the current unit, the
 Pareto front of (time, memory) over the choices before it; fronts drop anything over the budget
@@ -14,7 +15,8 @@ and are capped (evenly thinned along memory; the cap is far above what the model
 When tensors cross only between neighbouring units that finds the fastest plan that fits,
 exactly. Tensors that skip units (residual connections, a tied embedding, an MoE layer's
 dispatch) are charged along each path the fronts keep, with the layouts that path chose, so
-the cost of every kept plan is exact but a path dropped early might have paid less later; a
+the cost of every kept plan is exact but a path dropped early might have paid less later (the
+once-per-step gradient all-reduce latency is added only to whole plans, the same way); a
 coordinate descent on the exact cost (one unit's combination at a time, while it helps) then
 mends what the pruning missed.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from launcher.cfp.profile import Boundary, Profiles
 from launcher.errors import UserError
@@ -47,7 +50,11 @@ class _Costs:
     def __init__(self, prof: Profiles) -> None:
         self.prof = prof
         self.combos = [u.combos() for u in prof.units]
-        self.time = [[prof.unit_time(u.kind, c) for c in self.combos[i]] for i, u in enumerate(prof.units)]
+        # Each unit's gradient all-reduces are paid once for the whole step (``total``), not per unit.
+        self.grads = prof.gradient_allreduces or [[frozenset()] * len(c) for c in self.combos]
+        lat = prof.allreduce_latency_s
+        self.time = [[prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k])
+                      for k, c in enumerate(self.combos[i])] for i, u in enumerate(prof.units)]
         self.mem = [[prof.table[u.kind][c]["mem_bytes"] for c in self.combos[i]] for i, u in enumerate(prof.units)]
         self.into: list[list[tuple[int, Boundary]]] = [[] for _ in prof.units]  # (index, b) by right unit
         for k, b in enumerate(prof.boundaries):
@@ -68,6 +75,8 @@ class _Costs:
     def total(self, path: tuple[int, ...]) -> tuple[float, int]:
         """Exact predicted (time, memory) of a combination index per unit."""
         t = self.prof.whole_overhead_s + sum(self.time[i][c] for i, c in enumerate(path))
+        t += sum(self.prof.allreduce_latency_s[ax] for ax in frozenset().union(*(self.grads[i][c]
+                                                                               for i, c in enumerate(path))))
         t += sum(self.crossing(k, b, path[b.left], path[b.right]) for k, b in enumerate(self.prof.boundaries))
         return t, sum(self.mem[i][c] for i, c in enumerate(path))
 
@@ -161,40 +170,60 @@ def predict(prof: Profiles, assignment: list[int]) -> tuple[float, int]:
     return _Costs(prof).plan(assignment)
 
 
+@dataclass
+class Candidate:
+    """A whole-model plan the search pass measures on the whole step, and where it came from."""
+    assignment: list[int]
+    predicted_time_s: float
+    predicted_memory_bytes: int
+    source: str   # "search optimum", "nearest <built-in plan>", "uniform <k>" or "runner-up"
+
+
 def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
-              memory_budget_bytes: float | None = None) -> list[tuple[list[int], float, int]]:
-    """Up to ``k`` distinct whole-model plans (assignment, predicted time, memory) for the search
-    pass to measure on the whole step: the search's optimum first, then, alternately, the
-    fastest predicted uniform plans (every block on plan j) and the optimum's runners-up, all
-    within the budget.
+              memory_budget_bytes: float | None = None,
+              nearest: Mapping[str, list[int]] | None = None) -> list[Candidate]:
+    """The whole-model plans the search pass measures on the whole step: the search's optimum;
+    then the plan nearest each built-in plan (``nearest``: name -> plan per block, see
+    ``nearest.py``), fastest predicted first; then, alternately, the fastest predicted uniform
+    plans (every block on plan j) and the optimum's runners-up, until ``k`` of those two kinds
+    are in. Distinct plans only, all within the budget.
 
     Why measure at all: inside the whole step XLA fuses across segments and merges collectives
     (one all-reduce for every gradient of a data-parallel plan, where each segment alone pays its
     own), which segment profiles cannot see and which differs from plan to plan, so the
-    profiles rank plans well but not exactly. Why uniform
-    plans: the runners-up are near-copies of the optimum (one unit's choice differs), while a
-    uniform plan is a different layout family altogether (data-parallel-like, Megatron-like)."""
+    profiles rank plans well but not exactly. Why the others: the runners-up are near-copies of
+    the optimum (one unit's choice differs), while a uniform plan or a built-in plan's nearest
+    is a different layout family altogether (data-parallel-like, Megatron-like), and the
+    families are where the profiles' misjudgements are largest."""
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     counts = [0] * num_blocks
     for u in prof.units:
         counts[u.start:u.end] = u.plan_counts
-    costs, uniform = _Costs(prof), []
-    for j in range(max(counts, default=0)):
-        assignment = [min(j, n - 1) for n in counts]
+    costs = _Costs(prof)
+
+    def candidate(assignment: list[int], source: str) -> Candidate | None:
         t, m = costs.plan(assignment)
-        if m <= budget:
-            uniform.append((assignment, t, m))
-    uniform.sort(key=lambda x: x[1])
-    runners_up = [(r.assignment, r.predicted_time_s, r.predicted_memory_bytes) for r in found.runners_up]
-    out = [(found.assignment, found.predicted_time_s, found.predicted_memory_bytes)]
+        return Candidate(list(assignment), t, int(m), source) if m <= budget else None
+
+    uniform = [candidate([min(j, n - 1) for n in counts], f"uniform {j}") for j in range(max(counts, default=0))]
+    near = [candidate(a, f"nearest {name}") for name, a in (nearest or {}).items()]
+    uniform, near = (sorted(filter(None, x), key=lambda c: c.predicted_time_s) for x in (uniform, near))
+    runners_up = [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
+                  for r in found.runners_up]
+    out = [Candidate(found.assignment, found.predicted_time_s, found.predicted_memory_bytes, "search optimum")]
     seen = {tuple(found.assignment)}
-    sources = itertools.cycle([uniform, runners_up])
-    while len(out) < k and (uniform or runners_up):
+    for c in near:
+        if tuple(c.assignment) not in seen:
+            seen.add(tuple(c.assignment))
+            out.append(c)
+    searched, sources = 1, itertools.cycle([uniform, runners_up])
+    while searched < k and (uniform or runners_up):
         source = next(sources)
         while source:
-            a, t, m = source.pop(0)
-            if tuple(a) not in seen:
-                seen.add(tuple(a))
-                out.append((list(a), t, m))
+            c = source.pop(0)
+            if tuple(c.assignment) not in seen:
+                seen.add(tuple(c.assignment))
+                out.append(c)
+                searched += 1
                 break
     return out

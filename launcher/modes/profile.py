@@ -79,6 +79,8 @@ def profiles_json(analysis: Any, profiles: Any) -> dict:
         "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
                      "dst": [list(a) for a in k[2]], "time_s": v} for k, v in profiles.reshard.items()],
         "whole_overhead_s": profiles.whole_overhead_s,
+        "allreduce_latency_s": [{"axes": list(axes), "time_s": t} for axes, t in profiles.allreduce_latency_s.items()],
+        "gradient_allreduces": [[sorted(map(list, c)) for c in u] for u in profiles.gradient_allreduces or []],
         "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
     }
 

@@ -29,9 +29,12 @@ class Config(ProfileConfig):
     run_repeats: int = 3
     baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
     # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
-    # step and keep the fastest: 1 takes the search's optimum unmeasured.
+    # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
     verify_top_k: int = 4
-    verify_iterations: int = 5     # steps per round (two rounds) when measuring them
+    # Measure, besides, the plan nearest each of mode.baselines (launcher/cfp/nearest.py).
+    verify_nearest: bool = True
+    verify_iterations: int = 10    # steps per round when measuring them
+    verify_repeats: int = 3        # interleaved rounds
 
 
 def plan_json(analysis: Any, assignment: list[int]) -> Any:
@@ -65,9 +68,10 @@ def run_search(ctx: Any) -> dict:
 
     log = lambda line: ctx.log.info("%s", line)
     chosen, candidates = choose(ctx, analysis, program, mesh, profiles, found, budget)
-    ctx.log.info("searched ParallelBlock Strategies solution: %s", chosen.assignment)
-    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device", chosen.predicted_time_s,
-                 chosen.predicted_memory_bytes / 2**30)
+    pick = chosen.candidate
+    ctx.log.info("searched ParallelBlock Strategies solution: %s (%s)", pick.assignment, pick.source)
+    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device", pick.predicted_time_s,
+                 pick.predicted_memory_bytes / 2**30)
     runners = [chosen]
     more, skipped = baseline_runners(program, jax.devices(), seed=ctx.cfg.seed, log=log, names=cfg.baselines)
     runners += more
@@ -77,7 +81,7 @@ def run_search(ctx: Any) -> dict:
     ctx.log.info("searched training cost: %s", [round(t, 6) for t in searched.repeat_times_s])
     ctx.log.info("tflops: %s", [round(t, 6) for t in searched.tflops_per_repeat()])
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
-    plan = plan_json(analysis, chosen.assignment)
+    plan = plan_json(analysis, pick.assignment)
     ctx.write_text("plan.json", plan.to_json())
 
     for name, r in runs.items():
@@ -92,11 +96,11 @@ def run_search(ctx: Any) -> dict:
     return {
         **analysis.summary(),
         "mesh_shape": list(analysis.mesh_shape),
-        "plan": {"assignment": chosen.assignment, "file": str(ctx.path("plan.json"))},
+        "plan": {"assignment": pick.assignment, "source": pick.source, "file": str(ctx.path("plan.json"))},
         "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
         "candidates": candidates,
-        "predicted_step_time_s": chosen.predicted_time_s,
-        "predicted_memory_gb": chosen.predicted_memory_bytes / 2**30,
+        "predicted_step_time_s": pick.predicted_time_s,
+        "predicted_memory_gb": pick.predicted_memory_bytes / 2**30,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
         "memory_gb": searched.memory_bytes / 2**30,
@@ -116,23 +120,29 @@ def run_search(ctx: Any) -> dict:
 
 def choose(ctx: Any, analysis: Any, program: Any, mesh: Any, profiles: Any, found: Any,
            budget: float | None) -> tuple[Any, list[dict]]:
-    """The plan to run: the fastest of the search's shortlist (``mode.verify_top_k``) measured
-    on the whole step (``launcher.cfp.measure.pick``), and a row per candidate for result.json."""
+    """The plan to run: the fastest of the search's shortlist (``mode.verify_top_k``, and with
+    ``mode.verify_nearest`` the plans nearest the baselines) measured on the whole step
+    (``launcher.cfp.measure.pick``), and a row per candidate for result.json."""
+    import jax
+
     from launcher.cfp.measure import pick
+    from launcher.cfp.nearest import nearest_plans
     from launcher.cfp.search import shortlist
 
     cfg = ctx.mode_cfg
-    short = shortlist(profiles, found, len(analysis.blocks), max(cfg.verify_top_k, 1), budget)
-    bar = ctx.progress(2 * cfg.verify_iterations * len(short), f"measuring the best {len(short)} plans") \
+    nearest = nearest_plans(analysis, program, cfg.baselines, jax.devices()) if cfg.verify_nearest else {}
+    for name in cfg.baselines if cfg.verify_nearest else ():
+        ctx.log.info("plan nearest %s: %s", name, nearest.get(name, "none (it does not fit the model or the mesh)"))
+    short = shortlist(profiles, found, len(analysis.blocks), max(cfg.verify_top_k, 1), budget, nearest)
+    bar = ctx.progress(cfg.verify_repeats * cfg.verify_iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
     with bar as progress:
-        chosen, rows = pick(analysis, program, mesh, short, iterations=cfg.verify_iterations, seed=ctx.cfg.seed,
-                            progress=progress)
+        chosen, rows = pick(analysis, program, mesh, short, iterations=cfg.verify_iterations,
+                            repeats=cfg.verify_repeats, seed=ctx.cfg.seed, progress=progress)
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
-            ctx.log.info("candidate %d%s: %s predicted %.6f s, measured %.6f s%s", i,
-                         " (search optimum)" if row["search_optimum"] else "", row["assignment"],
-                         row["predicted_step_time_s"], row["measured_step_time_s"],
+            ctx.log.info("candidate %d (%s): %s predicted %.6f s, measured %.6f s%s", i, row["source"],
+                         row["assignment"], row["predicted_step_time_s"], row["measured_step_time_s"],
                          "  <- chosen" if row["chosen"] else "")
     return chosen, rows
 
