@@ -68,13 +68,13 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     nearest = nearest_plans(a, program, BASELINES, jax.devices())
     short = shortlist(prof, found, len(a.blocks), top_k, nearest=nearest)
     chosen, candidates = pick(a, program, mesh, short, iterations=10, repeats=3)
-    pick_ = chosen.candidate
-    log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {pick_.assignment} "
-        f"({pick_.source})")
+    picked = chosen.candidate
+    log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
+        f"({picked.source})")
     runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log)
     runners.insert(0, chosen)
     # The DP's own optimum runs in the same rounds, so the search is judged without the shortlist.
-    if pick_.source != "search optimum":
+    if picked.source != "search optimum":
         runners.insert(1, plan_runner(a, program, dict(enumerate(found.assignment)), mesh, name="search optimum"))
     searched, *others = race(runners, iterations=iterations, repeats=repeats)
     runs = {r.name: r for r in others}
@@ -94,15 +94,15 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "profile_time_s": prof.seconds,
         "measured_configs": prof.measured,
         "search_time_s": found.search_time_s,
-        "assignment": pick_.assignment,
-        "source": pick_.source,
+        "assignment": picked.assignment,
+        "source": picked.source,
         "search_optimum": found.assignment,
         "nearest": nearest,
         "candidates": candidates,
-        "predicted_step_time_s": pick_.predicted_time_s,
+        "predicted_step_time_s": picked.predicted_time_s,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
-        "predicted_over_measured": pick_.predicted_time_s / searched.step_time_s,
+        "predicted_over_measured": picked.predicted_time_s / searched.step_time_s,
         "memory_gb": searched.memory_bytes / 2**30,
         "baselines": {k: r.summary() for k, r in runs.items()},
         "baselines_skipped": skipped,

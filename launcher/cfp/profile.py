@@ -355,10 +355,10 @@ class Profiler:
                  "measured alone, added once to the whole step)")
         grads = self.gradient_allreduces()
         latency = {axes: self.allreduce_latency(axes) for axes in sorted({ax for u in grads for c in u for ax in c})}
-        self.log("profile: one all-reduce costs " + ", ".join(f"{t * 1e3:.3f} ms over mesh axes {list(axes)}"
-                                                            for axes, t in latency.items())
-                 + " (each unit's gradient all-reduces combine into one in the whole step)" if latency else
-                 "profile: no plan all-reduces gradients")
+        if latency:
+            each = ", ".join(f"{t * 1e3:.3f} ms over mesh axes {list(axes)}" for axes, t in latency.items())
+            self.log(f"profile: one all-reduce costs {each} (paid once per step for the gradients, which the "
+                     "whole step combines)")
         return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, gradient_allreduces=grads,
                         allreduce_latency_s=latency, measured=measured, reused=reused,
                         seconds=time.perf_counter() - t0)
@@ -377,7 +377,8 @@ class Profiler:
         return out
 
     def allreduce_latency(self, axes: tuple[int, ...]) -> float:
-        key = {**self.base, "kind": "allreduce-latency", "axes": list(axes)}
+        key = {"kind": "allreduce-latency", "version": PROFILE_VERSION, "mesh": self.base["mesh"],
+               "devices": self.base["devices"], "axes": list(axes)}
         entry = self.store.get(key) if self.is_main else None
         if not _broadcast_flag(entry is not None):
             seconds, overhead = allreduce_time(self.mesh, axes, self.warmup, max(self.repeats, 10))

@@ -68,10 +68,10 @@ def run_search(ctx: Any) -> dict:
 
     log = lambda line: ctx.log.info("%s", line)
     chosen, candidates = choose(ctx, analysis, program, mesh, profiles, found, budget)
-    pick = chosen.candidate
-    ctx.log.info("searched ParallelBlock Strategies solution: %s (%s)", pick.assignment, pick.source)
-    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device", pick.predicted_time_s,
-                 pick.predicted_memory_bytes / 2**30)
+    picked = chosen.candidate
+    ctx.log.info("searched ParallelBlock Strategies solution: %s (%s)", picked.assignment, picked.source)
+    ctx.log.info("predicted step time %.6f s, memory %.6f GB per device", picked.predicted_time_s,
+                 picked.predicted_memory_bytes / 2**30)
     runners = [chosen]
     more, skipped = baseline_runners(program, jax.devices(), seed=ctx.cfg.seed, log=log, names=cfg.baselines)
     runners += more
@@ -81,7 +81,7 @@ def run_search(ctx: Any) -> dict:
     ctx.log.info("searched training cost: %s", [round(t, 6) for t in searched.repeat_times_s])
     ctx.log.info("tflops: %s", [round(t, 6) for t in searched.tflops_per_repeat()])
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
-    plan = plan_json(analysis, pick.assignment)
+    plan = plan_json(analysis, picked.assignment)
     ctx.write_text("plan.json", plan.to_json())
 
     for name, r in runs.items():
@@ -96,11 +96,11 @@ def run_search(ctx: Any) -> dict:
     return {
         **analysis.summary(),
         "mesh_shape": list(analysis.mesh_shape),
-        "plan": {"assignment": pick.assignment, "source": pick.source, "file": str(ctx.path("plan.json"))},
+        "plan": {"assignment": picked.assignment, "source": picked.source, "file": str(ctx.path("plan.json"))},
         "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
         "candidates": candidates,
-        "predicted_step_time_s": pick.predicted_time_s,
-        "predicted_memory_gb": pick.predicted_memory_bytes / 2**30,
+        "predicted_step_time_s": picked.predicted_time_s,
+        "predicted_memory_gb": picked.predicted_memory_bytes / 2**30,
         "step_time_s": searched.step_time_s,
         "repeat_times_s": searched.repeat_times_s,
         "memory_gb": searched.memory_bytes / 2**30,
