@@ -70,7 +70,7 @@ def synthetic_profiles():
     units = [Unit(0, 0, (0, 0), 0, 1, [2]), Unit(1, 1, (1, 0), 1, 2, [3]), Unit(2, 2, (2, 0), 2, 3, [2])]
     times = {(0, 0): [1.0, 1.4], (1, 0): [2.0, 1.2, 1.5], (2, 0): [0.7, 0.5]}
     mems = {(0, 0): [10, 4], (1, 0): [30, 50, 12], (2, 0): [8, 9]}
-    table = {k: {(c,): {"time_s": t, "mem_bytes": mems[k][c], "buffers": 2} for c, t in enumerate(v)}
+    table = {k: {(c,): {"time_s": t, "mem_bytes": mems[k][c]} for c, t in enumerate(v)}
              for k, v in times.items()}
     x = ((8, 4), "float32")
     # One tensor crosses each boundary; its layout is the left unit's combination and the right

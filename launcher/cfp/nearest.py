@@ -66,12 +66,11 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
     from models.train import make_train_step
 
     try:
-        sizes = plan.axis_sizes(len(devices))
         mesh = plan.mesh(devices)
         sh = plan.shardings(program.model, mesh, program.optimizer)
     except UserError:
         return None
-    axes = axis_map(sizes, a.mesh_shape)
+    axes = axis_map(dict(mesh.shape), a.mesh_shape)
     if axes is None:
         return None
     g = a.graph

@@ -171,8 +171,10 @@ class Profiler:
         self.a, self.mesh, self.store = a, mesh, store
         self.repeats, self.warmup, self.overlap, self.log, self.is_main = repeats, warmup, overlap, log, is_main
         self.units = profiling_units(a, max_space)
-        self.base = {"version": PROFILE_VERSION, "model": model_signature(a), "mesh": list(a.mesh_shape),
-                     "devices": device_signature(mesh)}
+        # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
+        # of those that depend on the model too.
+        self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh)}
+        self.base = {**self.mesh_base, "model": model_signature(a)}
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
         self._split = {u.kind[0] for u in self.units if u.kind[1] > 0}  # templates profiled in parts
 
@@ -233,16 +235,14 @@ class Profiler:
                 else:
                     prepared = self._prepare(u, combo)
                 compiled, overhead, args, boundary, compile_s = prepared
-                times, overhead_times = (slowest_process(t) for t in
-                                         timed_runs_alternately([compiled, overhead], args, self.warmup, self.repeats))
+                times, overhead_times = timed_beside_overhead(compiled, overhead, args, self.warmup, self.repeats)
                 m = compiled.memory_analysis()
                 memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
                 mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
-                sp = self.program(u)
                 entry = {"time_s": statistics.median(times), "times_s": times,
                          "overhead_s": statistics.median(overhead_times), "overhead_times_s": overhead_times,
                          "memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
-                         "blocks": [u.start, u.end], "buffers": len(sp.inputs) + len(sp.outputs)}
+                         "blocks": [u.start, u.end]}
                 if self.is_main:
                     self.store.put(self.key(u, combo), entry)
                 part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
@@ -313,19 +313,11 @@ class Profiler:
         pairs_sorted = sorted(pairs, key=repr)
         costs, measured = {}, 0
         for p in pairs_sorted:
-            key = {"kind": "reshard", "version": PROFILE_VERSION, "mesh": self.base["mesh"],
-                   "devices": self.base["devices"], "shape": list(p[0][0]), "dtype": p[0][1],
+            key = {**self.mesh_base, "kind": "reshard", "shape": list(p[0][0]), "dtype": p[0][1],
                    "src": [list(a) for a in p[1]], "dst": [list(a) for a in p[2]]}
-            entry = self.store.get(key) if self.is_main else None
-            if not _broadcast_flag(entry is not None):
-                seconds, overhead = reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh, self.warmup,
-                                                 self.repeats)
-                entry = {"time_s": seconds, "overhead_s": overhead}
-                if self.is_main:
-                    self.store.put(key, entry)
-                measured += 1
-            # Rank 0's measurement counts everywhere (the store holds only its entries).
-            costs[p] = _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if self.is_main else 0.0)
+            costs[p], new = self._stored(key, lambda: reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh,
+                                                                   self.warmup, self.repeats))
+            measured += new
         return costs, measured
 
     # --- everything -------------------------------------------------------------------------
@@ -377,37 +369,40 @@ class Profiler:
         return out
 
     def allreduce_latency(self, axes: tuple[int, ...]) -> float:
-        key = {"kind": "allreduce-latency", "version": PROFILE_VERSION, "mesh": self.base["mesh"],
-               "devices": self.base["devices"], "axes": list(axes)}
-        entry = self.store.get(key) if self.is_main else None
-        if not _broadcast_flag(entry is not None):
-            seconds, overhead = allreduce_time(self.mesh, axes, self.warmup, max(self.repeats, 10))
-            entry = {"time_s": seconds, "overhead_s": overhead}
-            if self.is_main:
-                self.store.put(key, entry)
-        return _broadcast_float(max(entry["time_s"] - entry["overhead_s"], 0.0) if self.is_main else 0.0)
+        key = {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes)}
+        return self._stored(key, lambda: allreduce_time(self.mesh, axes, self.warmup, max(self.repeats, 10)))[0]
 
     def whole_overhead(self) -> float:
         """The whole step's overhead program, timed: its arguments laid out as under every block's
         first plan (the overhead hardly depends on layouts; it grows with buffers)."""
-        key = {**self.base, "kind": "whole-overhead"}
-        entry = self.store.get(key) if self.is_main else None
-        if not _broadcast_flag(entry is not None):
-            sp = segment_program(self.a, 0, len(self.a.blocks))
-            assignment = {b.id: 0 for b in self.a.blocks}
-            _, shardings = build(self.a, sp, assignment, self.mesh)
-            args = synthetic_inputs(self.a, sp, shardings)
-            produced = Layouts(self.a, assignment)
-            from jax.sharding import NamedSharding
+        return self._stored({**self.base, "kind": "whole-overhead"}, self._time_whole_overhead)[0]
 
-            outs = [NamedSharding(self.mesh, pspec(produced.produced(v) or ())) for v in sp.outputs]
-            overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
-            seconds = statistics.median(slowest_process(timed_runs(overhead, args, self.warmup,
-                                                                   max(self.repeats, 10))))
-            entry = {"time_s": seconds}
+    def _time_whole_overhead(self) -> dict:
+        from jax.sharding import NamedSharding
+
+        sp = segment_program(self.a, 0, len(self.a.blocks))
+        assignment = {b.id: 0 for b in self.a.blocks}
+        _, shardings = build(self.a, sp, assignment, self.mesh)
+        args = synthetic_inputs(self.a, sp, shardings)
+        produced = Layouts(self.a, assignment)
+        outs = [NamedSharding(self.mesh, pspec(produced.produced(v) or ())) for v in sp.outputs]
+        overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
+        seconds = statistics.median(slowest_process(timed_runs(overhead, args, self.warmup,
+                                                               max(self.repeats, 10))))
+        return {"time_s": seconds}
+
+    def _stored(self, key: dict, measure: Callable[[], dict]) -> tuple[float, bool]:
+        """(seconds less the overhead, whether measured now) of the store's entry for ``key``;
+        when rank 0 lacks it, every process measures (``measure`` returns the entry) and rank 0
+        writes it. Rank 0's value counts everywhere (the store holds only its entries)."""
+        entry = self.store.get(key) if self.is_main else None
+        missing = not _broadcast_flag(entry is not None)
+        if missing:
+            entry = measure()
             if self.is_main:
                 self.store.put(key, entry)
-        return _broadcast_float(entry["time_s"] if self.is_main else 0.0)
+        seconds = max(entry["time_s"] - entry.get("overhead_s", 0.0), 0.0) if self.is_main else 0.0
+        return _broadcast_float(seconds), missing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,9 +452,24 @@ def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardin
                    in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()
 
 
+def timed_beside_overhead(program: Any, overhead: Any, args: Sequence[Any], warmup: int,
+                          repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds per run of ``program`` and of its overhead program, timed in turn (the slowest
+    process's, run by run)."""
+    times, overhead_times = timed_runs_alternately([program, overhead], args, warmup, repeats)
+    return slowest_process(times), slowest_process(overhead_times)
+
+
+def median_entry(program: Any, overhead: Any, args: Sequence[Any], warmup: int, repeats: int) -> dict:
+    """A store entry: median seconds of ``program`` and of its overhead program."""
+    times, overhead_times = timed_beside_overhead(program, overhead, args, warmup, repeats)
+    return {"time_s": statistics.median(times), "overhead_s": statistics.median(overhead_times)}
+
+
 def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int,
-                 repeats: int) -> tuple[float, float]:
-    """(seconds, its overhead program's seconds) of turning layout ``src`` into ``dst``."""
+                 repeats: int) -> dict:
+    """The store entry (median seconds, and its overhead program's) of turning layout ``src``
+    into ``dst``."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -472,14 +482,12 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
     # An identity whose input and output layouts differ: exactly the collective XLA inserts.
     identity = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out)
     compiled = identity.lower(x).compile()
-    overhead = overhead_program([x], [x], [s_out])
-    times, overhead_times = (slowest_process(t) for t in timed_runs_alternately([compiled, overhead], [x], warmup,
-                                                                                 repeats))
-    return statistics.median(times), statistics.median(overhead_times)
+    return median_entry(compiled, overhead_program([x], [x], [s_out]), [x], warmup, repeats)
 
 
-def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) -> tuple[float, float]:
-    """(seconds, its overhead program's seconds) of one small all-reduce over mesh ``axes``."""
+def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) -> dict:
+    """The store entry (median seconds, and its overhead program's) of one small all-reduce over
+    mesh ``axes``."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
@@ -490,10 +498,7 @@ def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) ->
     names = tuple(mesh.axis_names[a] for a in axes)
     psum = jax.jit(jax.shard_map(lambda y: jax.lax.psum(y, names), mesh=mesh, in_specs=every, out_specs=every))
     compiled = psum.lower(x).compile()
-    overhead = overhead_program([x], [x], [sharding])
-    times, overhead_times = (slowest_process(t) for t in timed_runs_alternately([compiled, overhead], [x], warmup,
-                                                                                 repeats))
-    return statistics.median(times), statistics.median(overhead_times)
+    return median_entry(compiled, overhead_program([x], [x], [sharding]), [x], warmup, repeats)
 
 
 def terminal_contractions(a: Analysis) -> set[int]:

@@ -210,20 +210,22 @@ def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
     uniform, near = (sorted(filter(None, x), key=lambda c: c.predicted_time_s) for x in (uniform, near))
     runners_up = [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
                   for r in found.runners_up]
-    out = [Candidate(found.assignment, found.predicted_time_s, found.predicted_memory_bytes, "search optimum")]
-    seen = {tuple(found.assignment)}
+    out: list[Candidate] = []
+
+    def add(c: Candidate) -> bool:
+        if any(c.assignment == o.assignment for o in out):
+            return False
+        out.append(c)
+        return True
+
+    add(Candidate(found.assignment, found.predicted_time_s, found.predicted_memory_bytes, "search optimum"))
     for c in near:
-        if tuple(c.assignment) not in seen:
-            seen.add(tuple(c.assignment))
-            out.append(c)
+        add(c)
     searched, sources = 1, itertools.cycle([uniform, runners_up])
     while searched < k and (uniform or runners_up):
         source = next(sources)
         while source:
-            c = source.pop(0)
-            if tuple(c.assignment) not in seen:
-                seen.add(tuple(c.assignment))
-                out.append(c)
+            if add(source.pop(0)):
                 searched += 1
                 break
     return out
