@@ -53,6 +53,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.cfp.nearest import nearest_plans
     from launcher.cfp.profile import Profiler
     from launcher.cfp.program import training_program
+    from launcher.cfp.quiet import counts
     from launcher.cfp.search import search, shortlist
     from launcher.cfp.store import ProfileStore
 
@@ -111,6 +112,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "search_optimum_step_time_s": optimum.step_time_s,
         "search_optimum_over_best_baseline": optimum.step_time_s / best,
         "search_optimum_predicted_over_measured": found.predicted_time_s / optimum.step_time_s,
+        "timings_retaken": counts,   # measurements the hypervisor interrupted, taken again (quiet.py)
     }
 
 

@@ -56,10 +56,10 @@ def matmul_peak(n: int, repeats: int) -> dict:
     """Median TFLOP/s of an n x n float32 matmul: on one device, and sharded over all 8."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from launcher.cfp.profile import timed_runs
+    from launcher.cfp.timing import Timer
 
     def timed(f, *args) -> float:
-        return statistics.median(timed_runs(f, args, 1, repeats))
+        return statistics.median(Timer(1, repeats).runs([f], args)[0])
 
     a = jax.device_put(jnp.ones((n, n), jnp.float32) / n, jax.devices()[0])
     one = 2 * n**3 / timed(jax.jit(lambda x, y: x @ y), a, a) / 1e12

@@ -175,7 +175,7 @@ def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from launcher.cfp.profile import overhead_program, timed_runs_alternately
+    from launcher.cfp.timing import Timer, overhead_program
 
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
     rows, cols = NamedSharding(mesh, PartitionSpec("a", None)), NamedSharding(mesh, PartitionSpec(None, "b"))
@@ -187,7 +187,7 @@ def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     out = idle(x, w)
     assert [o.sharding for o in out] == list(work.output_shardings)
     assert all(float(jnp.abs(o).max()) == 0.0 for o in out)
-    busy, free = timed_runs_alternately([work, idle], [x, w], 1, 7)
+    busy, free = Timer(1, 7).runs([work, idle], [x, w])
     assert sorted(free)[3] < sorted(busy)[3]
 
 

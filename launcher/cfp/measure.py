@@ -5,9 +5,10 @@ batches, so the losses are those ``mode=train`` gives for the same seed). Plans 
 first (``Runner``), then timed in interleaved rounds (``race``): ``repeats`` rounds in which every
 plan runs ``iterations`` steps, each step timed alone (batch generation excluded), after one
 warm-up step. Interleaving matters on a shared machine: a plan timed while the load is high
-and another while it is low would compare the load, not the plans. A round's cost is the mean
-of its steps and the median round counts; TFLOPS divide the model's analytic FLOPs per step by
-it. Memory is per device, from XLA's buffer assignment (``models.train.memory_stats``).
+and another while it is low would compare the load, not the plans; a round the hypervisor
+interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean of its steps and
+the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
+device, from XLA's buffer assignment (``models.train.memory_stats``).
 """
 
 from __future__ import annotations
@@ -114,13 +115,25 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
 
 
 def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None) -> list[PlanRun]:
-    """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner."""
+    """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
+    round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
+    the losses stay those of consecutive steps)."""
+    from launcher.cfp.quiet import quiet
+
     for r in runners:
         if r.step_no == 0:
             r.steps(1)
     for _ in range(repeats):
-        for r in runners:
-            r.rounds.append(statistics.mean(r.steps(iterations, progress)))
+        attempts = 0
+
+        def one_round() -> list[float]:
+            nonlocal attempts
+            attempts += 1
+            bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
+            return [statistics.mean(r.steps(iterations, bar)) for r in runners]
+
+        for r, seconds in zip(runners, quiet(one_round)):
+            r.rounds.append(seconds)
     return [r.result() for r in runners]
 
 
@@ -137,7 +150,7 @@ def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iter
     process measures every candidate and the slowest process's time decides, so all processes
     pick the same plan. Returns the chosen runner (compiled, rounds cleared, its ``candidate``
     set) and a row per candidate."""
-    from launcher.cfp.profile import slowest_process
+    from launcher.cfp.timing import slowest_process
 
     runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed) for c in shortlist]
     measured: list[float | None] = [None] * len(runners)
@@ -206,7 +219,7 @@ def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from launcher.cfp.profile import timed_runs, slowest_process
+    from launcher.cfp.timing import Timer, slowest_process
 
     n = mesh.devices.size
     per = max(int(mib * 2**20 / 4), 1)
@@ -214,4 +227,4 @@ def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
     x = jax.make_array_from_callback((n, per), sharded, lambda idx: np.ones((1, per), np.float32))
     f = jax.jit(lambda y: y.sum(axis=0, keepdims=True), in_shardings=sharded,
                 out_shardings=NamedSharding(mesh, PartitionSpec())).lower(x).compile()
-    return per * 4 / statistics.median(slowest_process(timed_runs(f, [x], 1, repeats)))
+    return per * 4 / statistics.median(slowest_process(Timer(1, repeats).runs([f], [x])[0]))

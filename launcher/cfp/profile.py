@@ -21,8 +21,9 @@ its own weight gradients (XLA combines those of one program into one all-reduce 
 mesh axes), while the whole step combines every segment's into one. Gradient all-reduces are
 the all-reduces of contractions whose results reach no other contraction (weight gradients, on
 their way to the optimizer); the latency of one all-reduce over each group of mesh axes is
-measured (a tiny ``psum`` less its overhead program), taken off every unit for each group its
-combination all-reduces gradients over, and added back once per group the whole plan uses.
+measured (a tiny ``psum`` less its overhead program, lower quartiles of 30 runs), taken off
+every unit for each group its combination all-reduces gradients over (never below zero), and
+added back once per group the whole plan uses.
 
 Resharding between units (segments or parts) is measured, not fitted: for every tensor one unit
 produces and another consumes (activations forward, gradients backward; mostly the next unit,
@@ -30,12 +31,16 @@ but residual connections and tied embeddings skip some), every pair (layout prod
 some combination, layout wanted under some combination) is compiled as an identity with those
 input and output shardings and timed, less its overhead program.
 
+How a program is timed (in turns with its overhead program, retaken when the hypervisor
+interrupted it, optionally from cold caches, the slowest process's time) is ``timing.py``'s.
+
 Every result goes into the profile store (``store.py``) as soon as it is measured, keyed by the
-model's signature, the mesh, the devices, the template and the combination, so an interrupted
-run resumes and a later one reuses. Rank 0 writes it and every process reads it back, so with
-several hosts it must be on a shared filesystem (like the run dir). The next candidate compiles on a worker thread while the
-current one is timed. With several processes, each compiles and runs the same candidates in the
-same order (the collectives need it), and the slowest process's time counts.
+model's signature, the mesh, the devices, the timing (warm or cold caches), the template and the
+combination, so an interrupted run resumes and a later one reuses. Rank 0 writes it and every
+process reads it back, so with several hosts it must be on a shared filesystem (like the run
+dir). The next candidate compiles on a worker thread while the current one is timed. With
+several processes, each compiles and runs the same candidates in the same order (the
+collectives need it).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, 
     synthetic_inputs
 from launcher.cfp.store import ProfileStore
 from launcher.cfp.strategies import Spec, allreduce_axes
+from launcher.cfp.timing import CacheFlush, Timer, lower_quartile, overhead_program, slowest_process
 
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
@@ -166,14 +172,16 @@ def device_signature(mesh: Any) -> str:
 
 class Profiler:
     def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, *, repeats: int = 3, warmup: int = 1,
-                 max_space: int = 128, overlap: bool = True, log: Callable[[str], None] = print,
-                 is_main: bool = True) -> None:
+                 cold: bool = False, max_space: int = 128, overlap: bool = True,
+                 log: Callable[[str], None] = print, is_main: bool = True) -> None:
         self.a, self.mesh, self.store = a, mesh, store
-        self.repeats, self.warmup, self.overlap, self.log, self.is_main = repeats, warmup, overlap, log, is_main
+        self.repeats, self.overlap, self.log, self.is_main = repeats, overlap, log, is_main
+        self.timer = Timer(warmup, repeats, CacheFlush(mesh) if cold else None)
         self.units = profiling_units(a, max_space)
         # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
         # of those that depend on the model too.
-        self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh)}
+        self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh),
+                          "caches": "cold" if cold else "warm"}
         self.base = {**self.mesh_base, "model": model_signature(a)}
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
         self._split = {u.kind[0] for u in self.units if u.kind[1] > 0}  # templates profiled in parts
@@ -235,7 +243,7 @@ class Profiler:
                 else:
                     prepared = self._prepare(u, combo)
                 compiled, overhead, args, boundary, compile_s = prepared
-                times, overhead_times = timed_beside_overhead(compiled, overhead, args, self.warmup, self.repeats)
+                times, overhead_times = self.timer.beside_overhead(compiled, overhead, args)
                 m = compiled.memory_analysis()
                 memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
                 mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
@@ -316,7 +324,7 @@ class Profiler:
             key = {**self.mesh_base, "kind": "reshard", "shape": list(p[0][0]), "dtype": p[0][1],
                    "src": [list(a) for a in p[1]], "dst": [list(a) for a in p[2]]}
             costs[p], new = self._stored(key, lambda: reshard_time(p[0][0], p[0][1], p[1], p[2], self.mesh,
-                                                                   self.warmup, self.repeats))
+                                                                   self.timer))
             measured += new
         return costs, measured
 
@@ -369,8 +377,8 @@ class Profiler:
         return out
 
     def allreduce_latency(self, axes: tuple[int, ...]) -> float:
-        key = {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes)}
-        return self._stored(key, lambda: allreduce_time(self.mesh, axes, self.warmup, max(self.repeats, 10)))[0]
+        key = {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes), "statistic": "q25"}
+        return self._stored(key, lambda: allreduce_time(self.mesh, axes, self.timer, max(self.repeats, 30)))[0]
 
     def whole_overhead(self) -> float:
         """The whole step's overhead program, timed: its arguments laid out as under every block's
@@ -387,8 +395,7 @@ class Profiler:
         produced = Layouts(self.a, assignment)
         outs = [NamedSharding(self.mesh, pspec(produced.produced(v) or ())) for v in sp.outputs]
         overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
-        seconds = statistics.median(slowest_process(timed_runs(overhead, args, self.warmup,
-                                                               max(self.repeats, 10))))
+        seconds = statistics.median(slowest_process(self.timer.runs([overhead], args, max(self.repeats, 10))[0]))
         return {"time_s": seconds}
 
     def _stored(self, key: dict, measure: Callable[[], dict]) -> tuple[float, bool]:
@@ -406,68 +413,10 @@ class Profiler:
 
 
 # ---------------------------------------------------------------------------------------------
-# Timing
+# Programs timed besides the segments
 
 
-def timed_runs(compiled: Any, args: Sequence[Any], warmup: int, repeats: int) -> list[float]:
-    return timed_runs_alternately([compiled], args, warmup, repeats)[0]
-
-
-def timed_runs_alternately(programs: Sequence[Any], args: Sequence[Any], warmup: int,
-                           repeats: int) -> list[list[float]]:
-    """Seconds per run of each program on ``args``, the programs taking turns (so a change in
-    the machine's load falls on all of them alike).
-
-    A run ends when its first result is ready: every result spans every device of the mesh
-    and a device's results are ready together, so that is when the program has finished
-    everywhere. Waiting on each of a hundred results in turn would time Python, not the program."""
-    import jax
-
-    def run(program: Any) -> float:
-        t = time.perf_counter()
-        out = jax.tree.leaves(program(*args))
-        if out:
-            out[0].block_until_ready()
-        return time.perf_counter() - t
-
-    for _ in range(warmup):
-        for program in programs:
-            jax.block_until_ready(program(*args))
-    times: list[list[float]] = [[] for _ in programs]
-    for _ in range(repeats):
-        for program, ts in zip(programs, times):
-            ts.append(run(program))
-    return times
-
-
-def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any]) -> Any:
-    """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
-    with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
-    any program with these arguments and results costs."""
-    import jax
-    import jax.numpy as jnp
-
-    shapes = [(tuple(r.shape), r.dtype) for r in results]
-    return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
-                   in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()
-
-
-def timed_beside_overhead(program: Any, overhead: Any, args: Sequence[Any], warmup: int,
-                          repeats: int) -> tuple[list[float], list[float]]:
-    """Seconds per run of ``program`` and of its overhead program, timed in turn (the slowest
-    process's, run by run)."""
-    times, overhead_times = timed_runs_alternately([program, overhead], args, warmup, repeats)
-    return slowest_process(times), slowest_process(overhead_times)
-
-
-def median_entry(program: Any, overhead: Any, args: Sequence[Any], warmup: int, repeats: int) -> dict:
-    """A store entry: median seconds of ``program`` and of its overhead program."""
-    times, overhead_times = timed_beside_overhead(program, overhead, args, warmup, repeats)
-    return {"time_s": statistics.median(times), "overhead_s": statistics.median(overhead_times)}
-
-
-def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, warmup: int,
-                 repeats: int) -> dict:
+def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, timer: Timer) -> dict:
     """The store entry (median seconds, and its overhead program's) of turning layout ``src``
     into ``dst``."""
     import jax
@@ -482,10 +431,10 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
     # An identity whose input and output layouts differ: exactly the collective XLA inserts.
     identity = jax.jit(lambda y: y + np.zeros((), host.dtype), in_shardings=s_in, out_shardings=s_out)
     compiled = identity.lower(x).compile()
-    return median_entry(compiled, overhead_program([x], [x], [s_out]), [x], warmup, repeats)
+    return timer.entry(compiled, overhead_program([x], [x], [s_out]), [x])
 
 
-def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) -> dict:
+def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
     """The store entry (median seconds, and its overhead program's) of one small all-reduce over
     mesh ``axes``."""
     import jax
@@ -498,7 +447,9 @@ def allreduce_time(mesh: Any, axes: Sequence[int], warmup: int, repeats: int) ->
     names = tuple(mesh.axis_names[a] for a in axes)
     psum = jax.jit(jax.shard_map(lambda y: jax.lax.psum(y, names), mesh=mesh, in_specs=every, out_specs=every))
     compiled = psum.lower(x).compile()
-    return median_entry(compiled, overhead_program([x], [x], [sharding]), [x], warmup, repeats)
+    # The lower quartile, not the median: a latency is a floor that noise only adds to, and it is
+    # taken off every unit that all-reduces gradients, so an inflated one would be paid many times.
+    return timer.entry(compiled, overhead_program([x], [x], [sharding]), [x], repeats, statistic=lower_quartile)
 
 
 def terminal_contractions(a: Analysis) -> set[int]:
@@ -513,18 +464,6 @@ def terminal_contractions(a: Analysis) -> set[int]:
 
 # ---------------------------------------------------------------------------------------------
 # Multi-process agreement (no-ops with one process)
-
-
-def slowest_process(times: list[float]) -> list[float]:
-    import jax
-
-    if jax.process_count() == 1:
-        return times
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    gathered = np.asarray(multihost_utils.process_allgather(np.asarray(times, dtype=np.float64)))
-    return [float(x) for x in gathered.reshape(jax.process_count(), -1).max(axis=0)]
 
 
 def _broadcast(x: Any) -> Any:

@@ -53,7 +53,7 @@ class _Costs:
         # Each unit's gradient all-reduces are paid once for the whole step (``total``), not per unit.
         self.grads = prof.gradient_allreduces or [[frozenset()] * len(c) for c in self.combos]
         lat = prof.allreduce_latency_s
-        self.time = [[prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k])
+        self.time = [[max(prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k]), 0.0)
                       for k, c in enumerate(self.combos[i])] for i, u in enumerate(prof.units)]
         self.mem = [[prof.table[u.kind][c]["mem_bytes"] for c in self.combos[i]] for i, u in enumerate(prof.units)]
         self.into: list[list[tuple[int, Boundary]]] = [[] for _ in prof.units]  # (index, b) by right unit

@@ -27,6 +27,11 @@ class Config(AnalysisConfig):
     # small model differ by less than one run's noise.
     repeats: int = 10
     warmup: int = 1                # untimed runs before them
+    # Every timed run after each device rewrote a buffer larger than its cache, as
+    # triton.testing.do_bench does (launcher/cfp/timing.py). Off: on CPU devices it made segment
+    # profiles over-predict the whole step as much as warm ones under-predict it
+    # (bench/bench_cfp_additivity.py).
+    cold_caches: bool = False
     max_segment_space: int = 128   # templates with more combinations are profiled in parts
     # Compile the next candidate while timing this one. null: yes on accelerators, no on CPU
     # devices, where the compiler and the timed program would share (and skew) the same cores.
@@ -56,7 +61,7 @@ def run_profile(ctx: Any) -> tuple[Any, Any, Any, Any]:
     overlap = cfg.overlap_compile if cfg.overlap_compile is not None else jax.devices()[0].platform != "cpu"
     ctx.log.info("profile: compiling the next candidate %s", "while timing the current one" if overlap else
                  "after timing the current one (mode.overlap_compile=true to overlap)")
-    profiler = Profiler(analysis, mesh, store, repeats=cfg.repeats, warmup=cfg.warmup,
+    profiler = Profiler(analysis, mesh, store, repeats=cfg.repeats, warmup=cfg.warmup, cold=cfg.cold_caches,
                         max_space=cfg.max_segment_space, overlap=overlap,
                         log=lambda line: ctx.log.info("%s", line), is_main=ctx.is_main)
     for t in analysis.templates:

@@ -1,0 +1,157 @@
+"""How the profile pass times a program on the mesh.
+
+- Programs compared with each other (a segment and its overhead program) run in turns, so a
+  change in the machine's load falls on all of them alike.
+- A run ends when its first result is ready: every result spans every device of the mesh and a
+  device's results are ready together, so that is when the program has finished everywhere.
+  Waiting on each of a hundred results in turn would time Python, not the program.
+- Repeats the hypervisor interrupted are taken again (``quiet.py``).
+- With ``cold=True`` every run starts from cold caches (``CacheFlush``).
+- With several processes every process runs the same programs in the same order (their
+  collectives need it) and, run by run, the slowest process's time counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from launcher.cfp.quiet import quiet
+
+# Bytes each accelerator (GPU, TPU) rewrites to evict its cache: triton.testing.do_bench's 256
+# MiB, several times any current GPU's L2 (50 MiB on an H100, 8 MiB per MI250X die).
+ACCELERATOR_FLUSH_BYTES = 256 * 2**20
+
+
+class CacheFlush:
+    """Evicts the caches of every device of ``mesh``: a program in which each device rewrites a
+    buffer larger than its last-level cache, called before each timed run (what
+    ``triton.testing.do_bench`` does on a GPU).
+
+    Why: a segment program timed again and again on the same arguments runs from warm caches and
+    a warm runtime, which the same operators inside the whole step do not find; on CPU devices
+    that made segments 20-40% cheaper than their share of the whole step
+    (``bench/bench_cfp_additivity.py`` times both ways side by side)."""
+
+    def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
+        import jax
+        import numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        n = mesh.devices.size
+        self.bytes_per_device = bytes_per_device or flush_bytes(mesh)
+        sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+        per = max(self.bytes_per_device // 4, 1)
+        self._buffer = jax.make_array_from_callback((n, per), sharding, lambda idx: np.zeros((1, per), np.float32))
+        self._rewrite = jax.jit(lambda x: x + 1.0, in_shardings=sharding, out_shardings=sharding, donate_argnums=0)
+
+    def __call__(self) -> None:
+        self._buffer = self._rewrite(self._buffer)
+        self._buffer.block_until_ready()
+
+
+def flush_bytes(mesh: Any) -> int:
+    """Per device: ``ACCELERATOR_FLUSH_BYTES`` on accelerators; on CPU devices, which share their
+    host's caches, twice the host's largest cache split among the devices this process has."""
+    import jax
+
+    device = mesh.devices.flat[0]
+    if device.platform != "cpu":
+        return ACCELERATOR_FLUSH_BYTES
+    local = max(sum(d.process_index == jax.process_index() for d in mesh.devices.flat), 1)
+    return 2 * host_cache_bytes() // local
+
+
+def host_cache_bytes(default: int = 32 * 2**20) -> int:
+    """The largest CPU cache this host reports (Linux sysfs), else ``default``."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=default)
+
+
+@dataclass
+class Timer:
+    """Timing settings: untimed runs first, timed runs, and an optional cache flush before each
+    run (warm-up runs included, so they warm the code, not the data)."""
+    warmup: int = 1
+    repeats: int = 10
+    flush: Callable[[], None] | None = field(default=None, repr=False)
+
+    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None) -> list[list[float]]:
+        """Seconds per run of each program on ``args``, the programs taking turns (this
+        process's own times)."""
+        import jax
+
+        def run(program: Any) -> float:
+            if self.flush is not None:
+                self.flush()
+            t = time.perf_counter()
+            out = jax.tree.leaves(program(*args))
+            if out:
+                out[0].block_until_ready()
+            return time.perf_counter() - t
+
+        def measure() -> list[list[float]]:
+            times: list[list[float]] = [[] for _ in programs]
+            for _ in range(repeats or self.repeats):
+                for program, ts in zip(programs, times):
+                    ts.append(run(program))
+            return times
+
+        for _ in range(self.warmup):
+            for program in programs:
+                if self.flush is not None:
+                    self.flush()
+                jax.block_until_ready(program(*args))
+        return quiet(measure)
+
+    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any],
+                        repeats: int | None = None) -> tuple[list[float], list[float]]:
+        """Seconds per run of ``program`` and of its overhead program, timed in turn (the
+        slowest process's, run by run)."""
+        times, overhead_times = self.runs([program, overhead], args, repeats)
+        return slowest_process(times), slowest_process(overhead_times)
+
+    def entry(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
+              statistic: Callable[[Sequence[float]], float] = statistics.median) -> dict:
+        """A store entry: ``statistic`` (the median) of the seconds of ``program`` and of its
+        overhead program."""
+        times, overhead_times = self.beside_overhead(program, overhead, args, repeats)
+        return {"time_s": statistic(times), "overhead_s": statistic(overhead_times)}
+
+
+def lower_quartile(xs: Sequence[float]) -> float:
+    return statistics.quantiles(xs, n=4)[0] if len(xs) > 1 else xs[0]
+
+
+def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any]) -> Any:
+    """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
+    with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
+    any program with these arguments and results costs."""
+    import jax
+    import jax.numpy as jnp
+
+    shapes = [(tuple(r.shape), r.dtype) for r in results]
+    return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
+                   in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()
+
+
+def slowest_process(times: list[float]) -> list[float]:
+    import jax
+
+    if jax.process_count() == 1:
+        return times
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    gathered = np.asarray(multihost_utils.process_allgather(np.asarray(times, dtype=np.float64)))
+    return [float(x) for x in gathered.reshape(jax.process_count(), -1).max(axis=0)]

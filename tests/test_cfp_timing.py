@@ -1,0 +1,72 @@
+"""How the profile pass times programs (launcher/cfp/timing.py): turns, cache flushes, store keys.
+
+In-process, on the 8 virtual CPU devices conftest.py sets up. No timing is asserted here (that is
+bench/bench_cfp_additivity.py's business): what runs, how often, and what it leaves behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from launcher.cfp.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
+
+
+def mesh_4x2() -> Mesh:
+    return Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+
+
+def test_timer_takes_turns_and_flushes_before_every_run():
+    mesh = mesh_4x2()
+    x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, PartitionSpec("a", "b")))
+    calls: list[str] = []
+
+    def program(tag: str):
+        f = jax.jit(lambda y: y * 2.0).lower(x).compile()
+        return lambda *args: calls.append(tag) or f(*args)
+
+    timer = Timer(warmup=1, repeats=3, flush=lambda: calls.append("flush"))
+    first, second = timer.runs([program("p"), program("q")], [x])
+    assert len(first) == len(second) == 3 and all(t > 0 for t in first + second)
+    # one warm-up run each, then three turns; a flush before every run
+    assert calls == ["flush", "p", "flush", "q"] * 4
+
+
+def test_cache_flush_rewrites_a_buffer_on_every_device():
+    mesh = mesh_4x2()
+    flush = CacheFlush(mesh, bytes_per_device=2**20)
+    flush()
+    flush()
+    buffer = flush._buffer
+    assert buffer.shape == (8, 2**20 // 4)
+    assert {s.device for s in buffer.addressable_shards} == set(mesh.devices.flat)
+    assert all(float(jnp.min(s.data)) == float(jnp.max(s.data)) == 2.0 for s in buffer.addressable_shards)
+
+
+def test_cpu_devices_share_twice_the_hosts_largest_cache():
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        sizes.append(int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]])
+    assert host_cache_bytes() == max(sizes)
+    assert flush_bytes(mesh_4x2()) == 2 * max(sizes) // 8
+
+
+def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
+    from launcher.cfp.analysis import analyze
+    from launcher.cfp.apply import make_mesh
+    from launcher.cfp.profile import Profiler
+    from launcher.cfp.store import ProfileStore
+    from tests.test_cfp_analysis import mlp_program
+
+    a = analyze(*mlp_program(), [4])
+    mesh = make_mesh([4], jax.devices()[:4])
+    store = ProfileStore(tmp_path)
+    warm, cold = (Profiler(a, mesh, store, cold=c, log=lambda s: None) for c in (False, True))
+    assert warm.timer.flush is None and isinstance(cold.timer.flush, CacheFlush)
+    unit, combo = warm.candidates()[0]
+    assert warm.key(unit, combo) != cold.key(unit, combo)
+    assert (warm.key(unit, combo)["caches"], cold.key(unit, combo)["caches"]) == ("warm", "cold")
