@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -218,6 +219,18 @@ def test_shortlist_is_the_optimum_then_nearest_plans_then_uniform_plans_and_runn
     with_near = shortlist(prof, found, 3, 1, nearest={"slow": slow, "fast": fast, "same": found.assignment})
     assert [(c.assignment, c.source) for c in with_near] == [
         (found.assignment, "search optimum"), (fast, "nearest fast"), (slow, "nearest slow")]
+
+
+def test_plans_are_compared_round_by_round():
+    from launcher.cfp.measure import paired_ratios
+
+    # a is 10% faster than b in two rounds of three; in the other a hiccup hit a alone
+    a, b = [10.0, 30.0, 30.0], [11.0, 11.0, 33.0]
+    assert statistics.median(b) < statistics.median(a)             # raw medians would keep b
+    ra, rb = paired_ratios([a, b])
+    assert ra == pytest.approx(10 / 10.5) and rb == pytest.approx(11 / 10.5) and ra < rb
+    # a machine that slows down between rounds changes nothing when all plans slow alike
+    assert paired_ratios([[t * k for t, k in zip(x, (1, 2, 4))] for x in (a, b)]) == pytest.approx([ra, rb])
 
 
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):

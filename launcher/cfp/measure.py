@@ -146,26 +146,40 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
 def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iterations: int, repeats: int = 3,
          seed: int = 0, progress: Any = None) -> tuple[Runner, list[dict]]:
     """The fastest of ``shortlist`` (``search.Candidate``s, the search's optimum first) measured
-    on the whole step: ``repeats`` interleaved rounds of ``iterations`` steps each. Every
-    process measures every candidate and the slowest process's time decides, so all processes
-    pick the same plan. Returns the chosen runner (compiled, rounds cleared, its ``candidate``
-    set) and a row per candidate."""
+    on the whole step: ``repeats`` interleaved rounds of ``iterations`` steps each, the one
+    with the least ``paired_ratios`` wins. Every process measures every candidate and the
+    slowest process's round times decide, so all processes pick the same plan. Returns the
+    chosen runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
     from launcher.cfp.timing import slowest_process
 
     runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed) for c in shortlist]
     measured: list[float | None] = [None] * len(runners)
+    ratios: list[float | None] = [None] * len(runners)
+    best = 0
     if len(runners) > 1:
-        runs = race(runners, iterations=iterations, repeats=repeats, progress=progress)
-        measured = slowest_process([r.step_time_s for r in runs])
-    best = min(range(len(runners)), key=lambda i: measured[i]) if len(runners) > 1 else 0
+        race(runners, iterations=iterations, repeats=repeats, progress=progress)
+        slowest = slowest_process([t for r in runners for t in r.rounds])
+        rounds = [slowest[i * repeats:(i + 1) * repeats] for i in range(len(runners))]
+        measured = [statistics.median(ts) for ts in rounds]
+        ratios = paired_ratios(rounds)
+        best = min(range(len(runners)), key=lambda i: ratios[i])
     chosen = runners[best]
     chosen.rounds = []  # the short rounds choose; they are not the searched plan's timing
     chosen.candidate = shortlist[best]
     rows = [{"assignment": list(c.assignment), "source": c.source, "predicted_step_time_s": c.predicted_time_s,
              "predicted_memory_gb": c.predicted_memory_bytes / 2**30, "measured_step_time_s": seconds,
-             "chosen": i == best, "search_optimum": i == 0}
-            for i, (c, seconds) in enumerate(zip(shortlist, measured))]
+             "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0}
+            for i, (c, seconds, ratio) in enumerate(zip(shortlist, measured, ratios))]
     return chosen, rows
+
+
+def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """Per plan (its time in each round), the median over rounds of its time over that round's
+    median plan time. The plans of a round run minutes apart at most, those of different rounds
+    further: on a machine whose speed drifts, ratios within a round compare plans where medians
+    of raw times would compare the moments they ran at."""
+    per_round = [statistics.median(times) for times in zip(*rounds)]
+    return [statistics.median(t / m for t, m in zip(times, per_round)) for times in rounds]
 
 
 BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")

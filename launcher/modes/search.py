@@ -34,7 +34,9 @@ class Config(ProfileConfig):
     # Measure, besides, the plan nearest each of mode.baselines (launcher/cfp/nearest.py).
     verify_nearest: bool = True
     verify_iterations: int = 10    # steps per round when measuring them
-    verify_repeats: int = 3        # interleaved rounds
+    # Interleaved rounds; the best few plans are often within a round's noise of each other
+    # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
+    verify_repeats: int = 6
 
 
 def plan_json(analysis: Any, assignment: list[int]) -> Any:
@@ -141,9 +143,9 @@ def choose(ctx: Any, analysis: Any, program: Any, mesh: Any, profiles: Any, foun
                             repeats=cfg.verify_repeats, seed=ctx.cfg.seed, progress=progress)
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
-            ctx.log.info("candidate %d (%s): %s predicted %.6f s, measured %.6f s%s", i, row["source"],
-                         row["assignment"], row["predicted_step_time_s"], row["measured_step_time_s"],
-                         "  <- chosen" if row["chosen"] else "")
+            ctx.log.info("candidate %d (%s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s",
+                         i, row["source"], row["assignment"], row["predicted_step_time_s"],
+                         row["measured_step_time_s"], row["paired_ratio"], "  <- chosen" if row["chosen"] else "")
     return chosen, rows
 
 
