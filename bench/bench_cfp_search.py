@@ -1,6 +1,6 @@
 """CFP profile + search against the built-in plans, per tiny model, on 8 virtual CPU devices.
 
-    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 20] [--repeats 7]
+    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 10] [--repeats 14]
 
 For each model (conf/model/<name>-tiny.yaml) in its own process with 8 virtual devices:
 analysis on a 4x2 mesh (``--mesh``; on it every baseline's layout is one of CFP's plans: data
@@ -10,18 +10,19 @@ the other, tp splits heads and columns over both; a 1-D mesh of 8 cannot express
 plan and the rest of its shortlist of ``--top-k`` plans measured briefly on the whole step, as
 mode=search does), then the searched plan, the DP's own optimum (when the shortlist chose
 another) and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained side by side
-(``--repeats`` interleaved rounds of ``--iterations`` steps; the median round counts). Reported
-per model:
+(``--repeats`` interleaved rounds of ``--iterations`` steps). Reported per model:
 
 - searched step time over the best baseline's (goal: never above 1.02, below 1.0 where mixed
   plans pay), with where the searched plan came from (``source``), and the same ratio for the
-  DP's optimum alone;
+  DP's optimum alone: *paired* (the median over rounds of the ratio within each round, which
+  cancels the machine's drift between rounds) and as the ratio of the median rounds;
 - profiled configurations over the exhaustive space;
 - profile and search wall time;
 - predicted over measured step time of the searched plan, and of the DP's optimum (goal:
   within 10%);
 - the noise floor: the searched plan compiled and raced a second time in the same rounds, its
-  step time over the first's (an A/A test: any ratio above is only as exact as this one).
+  step time over the first's (an A/A test: any ratio above is only as exact as this one); the
+  predicted step time over that second measurement too.
 
 Results go to bench/results/bench_cfp_search.json. Timings on a shared 2-core machine are
 noisy; the file records every repeat so the spread can be judged.
@@ -33,10 +34,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,24 +118,33 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "searched_again_step_time_s": again.step_time_s,
         "searched_again_repeat_times_s": again.repeat_times_s,
         "searched_again_over_searched": again.step_time_s / searched.step_time_s,
+        "searched_again_over_searched_paired": paired(again, searched),
         "predicted_over_measured_again": picked.predicted_time_s / again.step_time_s,
         "memory_gb": searched.memory_bytes / 2**30,
         "baselines": {k: r.summary() for k, r in runs.items()},
         "baselines_skipped": skipped,
         "best_baseline": best_name,
         "searched_over_best_baseline": searched.step_time_s / best,
+        "searched_over_best_baseline_paired": paired(searched, runs[best_name]),
         "search_optimum_step_time_s": optimum.step_time_s,
         "search_optimum_over_best_baseline": optimum.step_time_s / best,
+        "search_optimum_over_best_baseline_paired": paired(optimum, runs[best_name]),
         "search_optimum_predicted_over_measured": found.predicted_time_s / optimum.step_time_s,
         "timings_retaken": counts,   # measurements the hypervisor interrupted, taken again (quiet.py)
     }
 
 
+def paired(run: Any, other: Any) -> float:
+    """The median over rounds of ``run``'s round time over ``other``'s in the same round: the
+    machine's speed moves between rounds (10-30% here), and a ratio within a round cancels it."""
+    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe"])
-    ap.add_argument("--iterations", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--iterations", type=int, default=10, help="steps per round")
+    ap.add_argument("--repeats", type=int, default=14, help="interleaved rounds")
     ap.add_argument("--profile-repeats", type=int, default=20)
     ap.add_argument("--top-k", type=int, default=4, help="plans the search measures on the whole step, "
                     "besides the plans nearest the built-in ones (mode.verify_top_k)")
@@ -163,13 +175,15 @@ def main() -> None:
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
         print(f"{row['model']:>12}: searched ({row['source']})/best baseline ({row['best_baseline']}) "
-              f"{row['searched_over_best_baseline']:.3f}, DP optimum/best baseline "
-              f"{row['search_optimum_over_best_baseline']:.3f}, profiled {row['profiled_configs']} of "
+              f"{row['searched_over_best_baseline_paired']:.3f} paired, {row['searched_over_best_baseline']:.3f} "
+              f"medians; DP optimum/best baseline {row['search_optimum_over_best_baseline_paired']:.3f} paired; "
+              f"profiled {row['profiled_configs']} of "
               f"{row['exhaustive_space']:.3g} ({row['profiled_over_exhaustive']:.2e}), profile "
               f"{row['profile_time_s']:.0f} s, search {row['search_time_s'] * 1e3:.1f} ms, predicted/measured "
               f"{row['predicted_over_measured']:.3f} (DP optimum "
               f"{row['search_optimum_predicted_over_measured']:.3f}); the searched plan again/itself "
-              f"{row['searched_again_over_searched']:.3f}", flush=True)
+              f"{row['searched_again_over_searched_paired']:.3f} paired, {row['searched_again_over_searched']:.3f} "
+              "medians", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,
