@@ -10,7 +10,7 @@ every unit program the plan uses (beside its overhead program, as the profile pa
 whole step's overhead program, in the same rounds as the whole steps themselves, and reports:
 
 - ``stored / measured``: the prediction from the store's profiles, as mode=search makes it
-  (timed from cold caches unless ``--stored warm``);
+  (timed from warm caches, mode=profile's default, unless ``--stored cold``);
 - ``warm / measured`` and ``cold / measured``: the same formula on the unit times re-measured in
   the same rounds as the steps, each unit run back to back on the same arguments (warm) and
   after every device rewrote a buffer larger than its cache (cold, ``timing.CacheFlush``); what
@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])
     ap.add_argument("--store", default=str(REPO / "outputs" / "cfp_profiles"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "bench_cfp_additivity.json"))
-    ap.add_argument("--stored", choices=["cold", "warm"], default="cold",
+    ap.add_argument("--stored", choices=["cold", "warm"], default="warm",
                     help="how the profile pass times the stored profiles (mode.cold_caches)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()

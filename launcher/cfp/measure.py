@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from launcher.cfp.analysis import Analysis
 from launcher.cfp.apply import whole_step
+from launcher.cfp.quiet import quiet
 from launcher.errors import UserError
 
 
@@ -118,8 +119,6 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
     """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
     round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
     the losses stay those of consecutive steps)."""
-    from launcher.cfp.quiet import quiet
-
     for r in runners:
         if r.step_no == 0:
             r.steps(1)

@@ -175,7 +175,7 @@ class Profiler:
                  cold: bool = False, max_space: int = 128, overlap: bool = True,
                  log: Callable[[str], None] = print, is_main: bool = True) -> None:
         self.a, self.mesh, self.store = a, mesh, store
-        self.repeats, self.overlap, self.log, self.is_main = repeats, overlap, log, is_main
+        self.overlap, self.log, self.is_main = overlap, log, is_main
         self.timer = Timer(warmup, repeats, CacheFlush(mesh) if cold else None)
         self.units = profiling_units(a, max_space)
         # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
@@ -378,7 +378,7 @@ class Profiler:
 
     def allreduce_latency(self, axes: tuple[int, ...]) -> float:
         key = {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes), "statistic": "q25"}
-        return self._stored(key, lambda: allreduce_time(self.mesh, axes, self.timer, max(self.repeats, 30)))[0]
+        return self._stored(key, lambda: allreduce_time(self.mesh, axes, self.timer, max(self.timer.repeats, 30)))[0]
 
     def whole_overhead(self) -> float:
         """The whole step's overhead program, timed: its arguments laid out as under every block's
@@ -395,7 +395,7 @@ class Profiler:
         produced = Layouts(self.a, assignment)
         outs = [NamedSharding(self.mesh, pspec(produced.produced(v) or ())) for v in sp.outputs]
         overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], outs)
-        seconds = statistics.median(slowest_process(self.timer.runs([overhead], args, max(self.repeats, 10))[0]))
+        seconds = statistics.median(slowest_process(self.timer.runs([overhead], args, max(self.timer.repeats, 10))[0]))
         return {"time_s": seconds}
 
     def _stored(self, key: dict, measure: Callable[[], dict]) -> tuple[float, bool]:
@@ -413,7 +413,7 @@ class Profiler:
 
 
 # ---------------------------------------------------------------------------------------------
-# Programs timed besides the segments
+# Programs timed beside the segments
 
 
 def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, timer: Timer) -> dict:
@@ -435,8 +435,8 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
 
 
 def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
-    """The store entry (median seconds, and its overhead program's) of one small all-reduce over
-    mesh ``axes``."""
+    """The store entry (lower-quartile seconds, and its overhead program's) of one small
+    all-reduce over mesh ``axes``."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec

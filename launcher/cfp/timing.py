@@ -32,9 +32,9 @@ class CacheFlush:
     ``triton.testing.do_bench`` does on a GPU).
 
     Why: a segment program timed again and again on the same arguments runs from warm caches and
-    a warm runtime, which the same operators inside the whole step do not find; on CPU devices
-    that made segments 20-40% cheaper than their share of the whole step
-    (``bench/bench_cfp_additivity.py`` times both ways side by side)."""
+    a warm runtime, which the same operators inside the whole step do not find. On CPU devices
+    warm segment timings re-taken beside the whole step added up to 0.76-0.98 of it, cold ones
+    to 0.85-1.33 (``bench/bench_cfp_additivity.py`` times both ways side by side)."""
 
     def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
         import jax
