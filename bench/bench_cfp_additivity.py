@@ -48,6 +48,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     sys.path.insert(0, str(REPO / "bench"))
     from bench_cfp_analysis import tiny_model
 
+    from launcher import jaxcompat
     from launcher.cfp.analysis import analyze
     from launcher.cfp.apply import make_mesh
     from launcher.cfp.comm import collectives
@@ -83,8 +84,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
             if (u.kind, c) not in programs:
                 compiled, overhead, args, *_ = profiler._prepare(first[u.kind], c)
                 programs[(u.kind, c)] = (compiled, overhead, args)
-                cost = compiled.cost_analysis()
-                cost = cost[0] if isinstance(cost, list) else cost
+                cost = jaxcompat.cost_analysis(compiled)
                 unit_stats[(u.kind, c)] = (collectives(compiled.as_text()), float(cost.get("flops", 0.0)))
     runners = [plan_runner(a, program, dict(enumerate(plan)), mesh, name=k) for k, plan in plans.items()]
 
@@ -125,8 +125,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     for (label, plan), runner in zip(plans.items(), runners):
         run = runs[runner.name]
         whole = collectives(run.compiled.as_text())
-        cost = run.compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
+        cost = jaxcompat.cost_analysis(run.compiled)
         segs: dict[str, dict[str, int]] = {}
         for u, c in combos(plan):
             for kind, e in unit_stats[(u.kind, c)][0].items():

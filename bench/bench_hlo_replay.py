@@ -34,7 +34,9 @@ sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
 
-jax.config.update("jax_num_cpu_devices", 8)
+from launcher import jaxcompat  # noqa: E402
+
+jaxcompat.set_cpu_device_count(8)
 
 import numpy as np  # noqa: E402
 
@@ -141,7 +143,7 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
         "compile_replay_s": statistics.median(replay_compile),
         "replay_load_s": statistics.median(replay_load),
         "outputs_max_abs_diff": max_diff,
-        "flops_original": (compiled.cost_analysis() or {}).get("flops"),
+        "flops_original": jaxcompat.cost_analysis(compiled).get("flops"),
         "flops_replay": replay.result.flops,
         "step_original_times_s": original_step_s,
         "step_replay_times_s": list(replay_step_s),

@@ -37,8 +37,9 @@ CHECK = ["mode=check", "mode.allgather_mb=0.25", "mode.repeats=1"]
 BARE = textwrap.dedent("""
     import sys
     import jax
-    jax.config.update("jax_num_cpu_devices", 4)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    from launcher import jaxcompat
+    jaxcompat.set_cpu_device_count(4)
+    jaxcompat.use_gloo_cpu_collectives()
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     port, pid = int(sys.argv[1]), int(sys.argv[2])
@@ -47,10 +48,10 @@ BARE = textwrap.dedent("""
     mesh = Mesh(np.array(jax.devices()), ("d",))
     shard = NamedSharding(mesh, P("d"))
     x = jax.make_array_from_callback((n,), shard, lambda i: np.arange(n, dtype=np.float32)[i])
-    total = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))(x)
+    total = jax.jit(jaxcompat.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d")))(x)
     per = 2**16
     y = jax.make_array_from_callback((n * per,), shard, lambda i: np.ones(per, np.float32))
-    g = jax.jit(jax.shard_map(lambda v: jax.lax.all_gather(v, "d", tiled=True), mesh=mesh, in_specs=P("d"),
+    g = jax.jit(jaxcompat.shard_map(lambda v: jax.lax.all_gather(v, "d", tiled=True), mesh=mesh, in_specs=P("d"),
                               out_specs=P("d")))(y)
     g.block_until_ready()
     from jax.experimental import multihost_utils

@@ -30,7 +30,9 @@ sys.path.insert(0, str(REPO))
 
 import jax  # noqa: E402
 
-jax.config.update("jax_num_cpu_devices", 8)
+from launcher import jaxcompat  # noqa: E402
+
+jaxcompat.set_cpu_device_count(8)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
+from launcher import jaxcompat
 from launcher.errors import UserError
 
 
@@ -185,6 +186,10 @@ def validate(cfg: DictConfig) -> None:
         raise UserError("cluster=tpu needs the TPU VM's name: add cluster.tpu_name=<name> (and cluster.zone=<zone>)")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
+    if cfg.container.runtime == Runtime.none and c.backend in (Backend.local, Backend.slurm, Backend.mpi):
+        # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
+        # after queueing. (In a container, on TPU workers, each task checks its own at start.)
+        jaxcompat.check_version()
     _validate_mode_counts(cfg.mode)
 
 

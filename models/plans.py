@@ -135,7 +135,7 @@ class Plan:
             _check_rank(what, axes, shape.shape)
             return NamedSharding(mesh, spec_for(axes, rules, mesh, shape.shape, what))
 
-        return jax.tree.map_with_path(one, axes_tree, shapes, is_leaf=_is_axes)
+        return jax.tree_util.tree_map_with_path(one, axes_tree, shapes, is_leaf=_is_axes)
 
     def shardings(self, model: Any, mesh: Mesh, optimizer: Any = None) -> Shardings:
         """Shardings of parameters, training state and batch; raises UserError if the plan does

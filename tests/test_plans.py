@@ -36,7 +36,8 @@ TOLERANCE = 2e-4
 WORKER = r"""
 import json, re, sys
 import jax
-jax.config.update("jax_num_cpu_devices", 8)
+from launcher import jaxcompat
+jaxcompat.set_cpu_device_count(8)
 from launcher.errors import UserError
 from models.plans import builtin
 from models.train import run_training

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
+from launcher import jaxcompat
 from launcher.cfp.analysis import Analysis
 from launcher.cfp.graph import Graph
 from launcher.cfp.propagation import ELEMENTWISE, PASS_THROUGH
@@ -151,7 +152,7 @@ def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping
         op, eqn = g.ops[i], g.eqns[i]
         args = [env[v] if v is not None else eqn.invars[k].val for k, v in enumerate(op.inputs)]
         with eqn.ctx.manager:
-            outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+            outs = jaxcompat.bind_equation(eqn, args)
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for v, x in zip(op.outputs, outs):

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from launcher import jaxcompat
 from launcher.cfp.analysis import Analysis
 from launcher.cfp.apply import whole_step
 from launcher.cfp.quiet import quiet
@@ -67,8 +68,11 @@ class Runner:
         from models.train import data_key
 
         times = []
+        # The batch goes where the compiled step takes it: with 0.4.35, a batch program jitted
+        # for one plan's layout was seen to hand another plan's runner a batch in its own layout.
+        layout = self.compiled.input_shardings[0][1]
         for _ in range(n):
-            batch = jax.block_until_ready(self.make_batch(data_key(self.seed, self.step_no)))
+            batch = jax.block_until_ready(jax.device_put(self.make_batch(data_key(self.seed, self.step_no)), layout))
             t = time.perf_counter()
             self.state, loss = self.compiled(self.state, batch)
             self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
@@ -122,6 +126,7 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
     for r in runners:
         if r.step_no == 0:
             r.steps(1)
+            jaxcompat.settle_programs()
     for _ in range(repeats):
         attempts = 0
 
@@ -129,7 +134,11 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
             nonlocal attempts
             attempts += 1
             bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
-            return [statistics.mean(r.steps(iterations, bar)) for r in runners]
+            means = []
+            for r in runners:
+                means.append(statistics.mean(r.steps(iterations, bar)))
+                jaxcompat.settle_programs()  # the next runner's step is another program
+            return means
 
         for r, seconds in zip(runners, quiet(one_round)):
             r.rounds.append(seconds)

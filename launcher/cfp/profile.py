@@ -54,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from launcher import jaxcompat
 from launcher.cfp.analysis import Analysis
 from launcher.cfp.apply import Layouts, pspec
 from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, segment_program, \
@@ -61,6 +62,7 @@ from launcher.cfp.segment_program import SegmentProgram, boundary_bytes, build, 
 from launcher.cfp.store import ProfileStore
 from launcher.cfp.strategies import Spec, allreduce_axes
 from launcher.cfp.timing import CacheFlush, Timer, lower_quartile, overhead_program, slowest_process
+from launcher.runtime import hosts
 
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
@@ -213,7 +215,7 @@ class Profiler:
 
         mask = np.array([self.key(u, c) not in self.store for u, c in candidates] if self.is_main
                         else [False] * len(candidates), dtype=np.int32)
-        return [bool(x) for x in _broadcast(mask)]
+        return [bool(x) for x in hosts.broadcast(mask)]
 
     def _prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
         import jax
@@ -343,7 +345,7 @@ class Profiler:
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
         with ctx as progress:
             measured = self.measure(todo, progress)
-        _barrier("cfp-profile")
+        hosts.barrier("cfp-profile")
         table = self.table()
         boundaries = self.boundaries()
         reshard, n_reshard = self.reshard_costs(boundaries)
@@ -445,7 +447,7 @@ def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -
     sharding = NamedSharding(mesh, every)
     x = jax.make_array_from_callback((mesh.devices.size, 64), sharding, lambda idx: np.ones((1, 64), np.float32))
     names = tuple(mesh.axis_names[a] for a in axes)
-    psum = jax.jit(jax.shard_map(lambda y: jax.lax.psum(y, names), mesh=mesh, in_specs=every, out_specs=every))
+    psum = jax.jit(jaxcompat.shard_map(lambda y: jax.lax.psum(y, names), mesh=mesh, in_specs=every, out_specs=every))
     compiled = psum.lower(x).compile()
     # The lower quartile, not the median: a latency is a floor that noise only adds to, and it is
     # taken off every unit that all-reduces gradients, so an inflated one would be paid many times.
@@ -466,32 +468,13 @@ def terminal_contractions(a: Analysis) -> set[int]:
 # Multi-process agreement (no-ops with one process)
 
 
-def _broadcast(x: Any) -> Any:
-    import jax
-
-    if jax.process_count() == 1:
-        return x
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.broadcast_one_to_all(x)
-
-
 def _broadcast_flag(flag: bool) -> bool:
     import numpy as np
 
-    return bool(_broadcast(np.array([int(flag)], dtype=np.int32))[0])
+    return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])
 
 
 def _broadcast_float(x: float) -> float:
     import numpy as np
 
-    return float(_broadcast(np.array([x], dtype=np.float64))[0])
-
-
-def _barrier(name: str) -> None:
-    import jax
-
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+    return float(hosts.broadcast(np.array([x], dtype=np.float64))[0])

@@ -61,13 +61,9 @@ def quiet(measure: Callable[[], T], *, tries: int = TRIES) -> T:
 
 def _worst(share: float, interrupted: bool) -> tuple[float, bool]:
     """(the largest stolen share, whether any process was interrupted) over all processes."""
-    import jax
-
-    if jax.process_count() == 1:
-        return share, interrupted
     import numpy as np
-    from jax.experimental import multihost_utils
 
-    gathered = np.asarray(multihost_utils.process_allgather(np.array([share, float(interrupted)])))
-    gathered = gathered.reshape(jax.process_count(), 2)
+    from launcher.runtime import hosts
+
+    gathered = hosts.gather(np.array([share, float(interrupted)]))
     return float(gathered[:, 0].max()), bool(gathered[:, 1].any())

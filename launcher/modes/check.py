@@ -19,8 +19,10 @@ class Config:
 def run(ctx) -> dict:
     import jax
     import numpy as np
-    from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from launcher.jaxcompat import shard_map
+    from launcher.runtime import hosts
 
     cfg = ctx.mode_cfg
     n = jax.device_count()
@@ -31,14 +33,14 @@ def run(ctx) -> dict:
           "local_devices": [str(d) for d in jax.local_devices()]}
     ctx.log.info("process %d on %s: local devices %s", me["process_id"], me["host"], me["local_devices"])
     # Every process's identity, gathered to all: proves the processes really talk to each other.
-    ids = multihost_utils.process_allgather(np.array([ctx.rank.process_id, jax.local_device_count()]))
+    ids = hosts.gather(np.array([ctx.rank.process_id, jax.local_device_count()]))
     processes = [{"process_id": int(p), "local_devices": int(c)} for p, c in np.asarray(ids).reshape(-1, 2)]
 
     # psum of each device's global index over all devices: n(n-1)/2 on every device.
     x = jax.make_array_from_callback((n,), shard, lambda idx: np.arange(n, dtype=np.float32)[idx])
-    total = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"),
-                                  out_specs=P("d")))(x)
-    got = np.asarray(multihost_utils.process_allgather(total, tiled=True))
+    total = jax.jit(shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=P("d"),
+                              out_specs=P("d")))(x)
+    got = hosts.fetch(total)
     expected = n * (n - 1) / 2
     psum_ok = bool(np.allclose(got, expected))
     ctx.log.info("psum over %d devices: %s (expected %s) -> %s", n, got[:4], expected, psum_ok)
@@ -47,8 +49,8 @@ def run(ctx) -> dict:
     per_dev = max(int(cfg.allgather_mb * 2**20 / 4), 1)
     y = jax.make_array_from_callback((n * per_dev,), shard,
                                      lambda idx: np.ones(per_dev, np.float32))
-    gather = jax.jit(jax.shard_map(lambda v: jax.lax.all_gather(v, "d", tiled=True), mesh=mesh,
-                                   in_specs=P("d"), out_specs=P("d")))
+    gather = jax.jit(shard_map(lambda v: jax.lax.all_gather(v, "d", tiled=True), mesh=mesh,
+                               in_specs=P("d"), out_specs=P("d")))
     gather(y).block_until_ready()
     times = []
     for _ in range(cfg.repeats):

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.runtime import devices, ranks, status
 
@@ -76,16 +77,19 @@ class Task:
                                        f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
                                        # text dumps elide large constants; protos keep them for replay
                                        f" --xla_dump_hlo_as_proto").strip()
+        jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
         import jax
+        import jaxlib
 
+        log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
         if cluster.accelerator == "cpu":
-            jax.config.update("jax_num_cpu_devices", cluster.cpu_devices_per_task)
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
+            jaxcompat.use_gloo_cpu_collectives()
         if rank.num_processes > 1:
             reporter.set("joining")
             log.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d, timeout=%d s)",
                      rank.coordinator, rank.num_processes, rank.process_id, cfg.launcher.init_timeout_s)
-            jax.distributed.initialize(
+            jaxcompat.distributed_initialize(
                 coordinator_address=rank.coordinator,
                 num_processes=rank.num_processes,
                 process_id=rank.process_id,

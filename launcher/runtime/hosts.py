@@ -1,0 +1,67 @@
+"""Agreement between the job's processes: every host-to-host exchange goes through here.
+
+Each is a collective program of its own (``jax.experimental.multihost_utils``), so on JAX
+releases whose CPU collectives let consecutive programs' messages cross, it is fenced off from
+the programs around it (``jaxcompat.settle_programs``). With one process each is the identity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from launcher import jaxcompat
+
+
+def _multi_process() -> bool:
+    import jax
+
+    return jax.process_count() > 1
+
+
+def gather(x: np.ndarray) -> np.ndarray:
+    """Every process's ``x`` stacked along a new first axis (on every process)."""
+    if not _multi_process():
+        return np.asarray(x)[None]
+    from jax.experimental import multihost_utils
+
+    jaxcompat.settle_programs()
+    out = np.asarray(multihost_utils.process_allgather(np.asarray(x)))
+    jaxcompat.settle_programs()
+    return out
+
+
+def fetch(x: Any) -> np.ndarray:
+    """The whole of a global ``jax.Array`` (shards on every process) as one host array, everywhere."""
+    if not _multi_process():
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    jaxcompat.settle_programs()
+    out = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    jaxcompat.settle_programs()
+    return out
+
+
+def broadcast(x: Any) -> Any:
+    """Process 0's ``x`` (a numpy array or a pytree of them) on every process."""
+    if not _multi_process():
+        return x
+    from jax.experimental import multihost_utils
+
+    jaxcompat.settle_programs()
+    out = multihost_utils.broadcast_one_to_all(x)
+    jaxcompat.settle_programs()
+    return out
+
+
+def barrier(name: str) -> None:
+    """Returns once every process has reached the barrier ``name``."""
+    if not _multi_process():
+        return
+    from jax.experimental import multihost_utils
+
+    jaxcompat.settle_programs()
+    multihost_utils.sync_global_devices(name)
+    jaxcompat.settle_programs()
