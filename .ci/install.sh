@@ -33,6 +33,18 @@ stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
 [ -e "$stdlib/EXTERNALLY-MANAGED" ] && pip_flags+=(--break-system-packages)
 python3 -m pip install "${pip_flags[@]}" -e ".[test]"
 
+# The other end of the supported JAX range (launcher/jaxcompat.py: MINIMUM, LUMI's container's
+# JAX) in a virtual environment of its own: .ci/run runs the core suite there too. xlaunch is
+# installed into it the way a LUMI user installs it over the container's JAX, which must stay
+# (tests/test_install.py checks that it does).
+oldest=$(python3 -c 'import sys; sys.path.insert(0, "."); from launcher.jaxcompat import MINIMUM; print(".".join(map(str, MINIMUM)))')
+venv=.venv-jax-oldest
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q "jax==$oldest" "jaxlib==$oldest"
+"$venv/bin/python" -m pip install -q -e ".[test]"
+found=$("$venv/bin/python" -c 'import jax; print(jax.__version__)')
+[ "$found" = "$oldest" ] || { echo "install.sh: installing xlaunch replaced jax $oldest with $found" >&2; exit 1; }
+
 # The container tests' image: minimal Debian from the package mirror (a minute or three the
 # first time on a machine; tests/clusterkit/image.py).
 python3 -c 'import sys; sys.path.insert(0, "."); from tests.clusterkit.image import ensure_image; print(ensure_image())'

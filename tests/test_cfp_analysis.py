@@ -21,6 +21,8 @@ from launcher.cfp.strategies import allreduce_axes, enumerate_strategies, notati
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 
+pytestmark = pytest.mark.core
+
 f32 = jnp.float32
 S = jax.ShapeDtypeStruct
 

@@ -8,6 +8,8 @@ import pytest
 
 from tests.test_cfp_search import run_python
 
+pytestmark = pytest.mark.core
+
 APPLY_MLP = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np, optax

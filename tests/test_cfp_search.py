@@ -26,6 +26,8 @@ from launcher.cfp.store import ProfileStore
 from launcher.errors import UserError
 from tests.launch import REPO, read_result, run_cli
 
+pytestmark = pytest.mark.core
+
 # A 2-layer GPT whose only choices on a 1-D mesh of 4 (or 8) are the embedding's and the head's:
 # widths of 6 leave every layer block one plan (split the batch), the vocabulary of 512 gives the
 # lookup and the head a second one (split the vocabulary, which also takes the table's memory

@@ -10,6 +10,8 @@ import yaml
 
 from tests.launch import REPO, read_result, run_cli
 
+pytestmark = pytest.mark.core
+
 
 def test_default_run_checks_every_device(tmp_path):
     run = tmp_path / "run"

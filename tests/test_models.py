@@ -23,6 +23,8 @@ from models.configs import SCHEMAS
 from models.moe import MoE, top2_gating
 from models.train import init_state, make_optimizer, make_train_step
 
+pytestmark = pytest.mark.core
+
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 MODELS = ("gpt", "bert", "llama2", "moe")
 

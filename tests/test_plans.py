@@ -24,6 +24,8 @@ import pytest
 from launcher.errors import UserError
 from models.plans import BUILTINS, Plan, builtin, load_plan
 
+pytestmark = pytest.mark.core
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 20  # on 1 device, where the loss must fall
 PLAN_STEPS = 6  # under each plan: compiling dominates, and layout errors show in the first steps

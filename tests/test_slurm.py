@@ -6,6 +6,8 @@ import pytest
 
 from tests.launch import read_result, run_cli
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)

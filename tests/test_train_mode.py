@@ -14,6 +14,8 @@ from tests.launch import read_result, run_cli
 from tests.test_models import load_preset
 from tests.test_plans import TOLERANCE
 
+pytestmark = pytest.mark.core
+
 STEPS = 6
 COMMON = ("mode=train", "model=gpt-tiny", "cluster=local", f"mode.steps={STEPS}")
 
@@ -46,6 +48,18 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
     assert 0 < multi["peak_memory_bytes"] < single["peak_memory_bytes"]
     # Rank 0's progress bar went to its log.
     assert f"train GPT [dp_tp]: {STEPS}/{STEPS}" in (tmp_path / "multi" / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.parametrize("family", ["gpt", "bert", "llama2", "moe"])
+def test_every_tiny_model_trains_through_the_launcher(tmp_path, family):
+    plan = "ep" if family == "moe" else "dp_tp"
+    run_cli("mode=train", f"model={family}-tiny", f"mode.plan={plan}", "mode.steps=4", "mode.warmup_steps=1",
+            run_dir=tmp_path)
+    r = read_result(tmp_path)
+    assert r["num_processes"] == 2 and r["global_devices"] == 8 and r["plan"]["name"] == plan
+    assert len(r["losses"]) == 4 and all(np.isfinite(r["losses"]))
+    assert r["losses"][-1] < r["losses"][0]  # the synthetic data's signal is being learnt
+    assert r["flops_per_step"] == load_preset(f"{family}-tiny").flops_per_step()
 
 
 @pytest.mark.parametrize("override, message", [
