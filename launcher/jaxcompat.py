@@ -81,10 +81,9 @@ def cpu_device_count_requested() -> int | None:
 def use_gloo_cpu_collectives() -> None:
     """Cross-process collectives between CPU devices (every release in range has gloo).
 
-    Before 0.5.0, CPU programs dispatched asynchronously let one program's gloo messages meet
-    the next program's (seen with 0.4.35: ``gloo::EnforceNotMet ... op.preamble.length <=
-    op.nbytes``, then an abort, within the first few dozen programs of a CFP profile); running
-    CPU programs synchronously avoids it. 0.10.2 runs the same profile asynchronously without fault.
+    Call it only with several processes: before 0.5.0 gloo without ``jax.distributed`` fails to
+    start the CPU backend. Before 0.5.0 consecutive programs' gloo messages can also cross (see
+    ``settle_programs``); CPU programs then run synchronously, which narrows that window.
     """
     import jax
 
@@ -110,8 +109,9 @@ def settle_programs(timeout_s: int = 600) -> None:
 
     Before 0.5.0, gloo on CPU matched messages by the collective's number within its program,
     so a process that had finished program A could start B while a peer still waited for A's
-    last message, and B's message answered A's receive (seen with 0.4.35: ``gloo::EnforceNotMet
-    ... op.preamble.length <= op.nbytes. 20 vs 4``, then an abort). A barrier of the
+    last message, and B's message answered A's receive (``gloo::EnforceNotMet ...
+    op.preamble.length <= op.nbytes. 20 vs 4``, then an abort: seen in every 2-process CFP
+    profile of gpt-tiny tried with 0.4.35 and 0.4.38, in none with 0.5.3 or 0.10.2). A barrier of the
     coordination service (gRPC, no gloo) keeps them apart. A no-op on newer releases, with one
     process, and on accelerators (whose collectives are not gloo's).
     """

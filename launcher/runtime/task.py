@@ -84,7 +84,8 @@ class Task:
         log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
         if cluster.accelerator == "cpu":
             jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
-            jaxcompat.use_gloo_cpu_collectives()
+            if rank.num_processes > 1:  # before 0.5, gloo without jax.distributed fails to start
+                jaxcompat.use_gloo_cpu_collectives()
         if rank.num_processes > 1:
             reporter.set("joining")
             log.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d, timeout=%d s)",
