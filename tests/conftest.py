@@ -11,7 +11,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import jax
 import pytest
 
 from launcher import jaxcompat

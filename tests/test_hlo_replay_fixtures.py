@@ -1,17 +1,30 @@
 """The XLA authors' own HLO modules (../shared/fixtures/xla_hlo, see its MANIFEST.md) replay as far
 as the MANIFEST says they can, and give the right numbers; the one that cannot says why.
 
+The outside conformance suite: the folder sits beside the checkout (on the development machine
+and in CI), never in it. Where it is absent, tests/conftest.py leaves this file uncollected and
+says so in one line; tests/test_hlo_replay.py proves the same behaviours on modules it makes.
+
 Needs 8 virtual CPU devices: see tests/test_hlo_replay.py.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from launcher.errors import UserError
-# The 8-device request and the fixture that checks it live with the other replay tests.
-from tests.test_hlo_replay import FIXTURES, devices  # noqa: F401  (devices is a fixture)
+# The 8-device request and the check of it live with the other replay tests.
+from tests.test_hlo_replay import eight_devices
+
+FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "xla_hlo"
+
+
+@pytest.fixture(scope="module")
+def devices():
+    return eight_devices()
 
 
 def replay(name, devices, tmp_path=None, inputs=None, **options):

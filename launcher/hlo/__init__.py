@@ -8,5 +8,5 @@
 - ``module``: reading a module file and what it needs (devices, partitioner, parameters)
 - ``arguments``: argument modes and elided constants
 - ``replay``: compile, run, time, gather outputs
-- ``_xla``: the jaxlib internals all of the above go through, with the supported jaxlib range
+- ``_xla``: the jaxlib internals all of the above go through, each looked up (and checked) at import
 """

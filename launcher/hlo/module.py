@@ -155,13 +155,14 @@ def _parse(text: str, original: str, path: Path):
     try:
         return _xla.parse_text(text)
     except _xla.HloParseError as e:
-        if text is not original:
-            # Filling constants shifts columns: locate the error in the file as written.
-            try:
-                _xla.parse_text(original)
-            except _xla.HloParseError as e_original:
-                e = e_original
-        raise UserError(parse_error_message(path, str(e))) from None
+        message = str(e)
+    if text is not original:
+        # Filling constants shifts columns: locate the error in the file as written.
+        try:
+            _xla.parse_text(original)
+        except _xla.HloParseError as e:
+            message = str(e)
+    raise UserError(parse_error_message(path, message)) from None
 
 
 _LOCATION = re.compile(r"was parsing (\d+):(\d+): error: (.*?)\n(.*?)\n( *\^)", re.S)

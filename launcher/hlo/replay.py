@@ -10,6 +10,7 @@ coordinator) comes from ``jax.distributed``, never from replay options.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,7 +117,10 @@ class Replay:
         _log_constants(self.log, program, options.argument_mode)
         replicas, partitions = replicas_and_partitions(program, options)
         assignment = device_assignment(program, replicas, partitions, devices)
-        stablehlo = _xla.to_stablehlo(program.proto)
+        try:
+            stablehlo = _xla.to_stablehlo(program.proto)
+        except _xla.CompileError as e:  # releases before 0.7 convert fused (optimized) modules badly
+            raise UserError(compile_error_message(program, str(e), options, assignment.flat[0].platform)) from None
         load_s = time.perf_counter() - t0
         self.log.info("%s: module %s, %d parameters, num_replicas=%d num_partitions=%d, partitioner %s, "
                       "loaded in %.3f s", path, program.name, len(program.parameters), replicas, partitions,
@@ -215,8 +219,7 @@ def make_arguments(source: Arguments, shardings: Sequence[jax.sharding.Sharding]
             if source.depends_on_device or key not in made:
                 made[key] = source.shard(i, index, logical_ids[device])
             shards.append(jax.device_put(made[key], device))
-        arrays.append(jax.make_array_from_single_device_arrays(parameter.shape, sharding, shards,
-                                                               dtype=parameter.dtype))
+        arrays.append(_xla.make_array(parameter.shape, sharding, shards, parameter.dtype))
     jax.block_until_ready(arrays)
     return arrays
 
@@ -258,7 +261,9 @@ def compile_error_message(program: HloProgram, message: str, options: ReplayOpti
     xla = message.strip().splitlines()[0] if message.strip() else message
     if "No such compile option" in message:
         return f"mode.xla_flags: {xla}: the flag is not an XLA compile option (check its spelling)"
-    if "must have backend config" in message:
+    # Compiling a module XLA has already fused fails on CPU; how depends on the release: "Fusion
+    # must have backend config" (0.10), or the conversion to StableHLO fails (before 0.7).
+    if "must have backend config" in message or re.search(r"\sfusion\(", program.text):
         if options.backend_only:
             return (f"mode.backend_only: the {platform} backend cannot compile {program.path.name} as it stands. "
                     f"JAX hands XLA only StableHLO, and converting an optimized module to StableHLO drops the "
