@@ -49,27 +49,27 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     from bench_cfp_analysis import tiny_model
 
     from launcher import jaxcompat
-    from launcher.cfp.analysis import analyze
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.comm import collectives
-    from launcher.cfp.measure import BASELINES, plan_runner, race
-    from launcher.cfp.nearest import nearest_plans
-    from launcher.cfp.profile import Profiler
-    from launcher.cfp.program import training_program
-    from launcher.cfp.quiet import counts
-    from launcher.cfp.search import predict, search
-    from launcher.cfp.store import ProfileStore
-    from launcher.cfp.timing import CacheFlush, Timer
+    from launcher.cfp import pipeline
+    from launcher.cfp.profile.candidates import CandidateLoop
+    from launcher.cfp.profile.keys import StoreKeys
+    from launcher.cfp.profile.programs import whole_overhead_entry
+    from launcher.cfp.profile.quiet import counts
+    from launcher.cfp.profile.store import ProfileStore
+    from launcher.cfp.profile.timing import CacheFlush, Timer
+    from launcher.cfp.search.comm import collectives
+    from launcher.cfp.search.dp import predict, search
+    from launcher.cfp.search.measure import plan_runner, race
+    from launcher.cfp.search.nearest import nearest_plans
 
     model = tiny_model(name)
-    program = training_program(model)
-    a = analyze(program.step, program.args, mesh_shape)
-    mesh = make_mesh(a.mesh_shape)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
-    profiler = Profiler(a, mesh, ProfileStore(store), repeats=20, warmup=1, cold=cold, overlap=False, log=log)
-    prof = profiler.run()
+    analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
+    a, program = analyzed.analysis, analyzed.program
+    mesh = pipeline.make_mesh(a.mesh_shape)
+    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=20, warmup=1, cold_caches=cold,
+                            overlap_compile=False, log=log).profiles
     plans = {"search optimum": search(prof, len(a.blocks)).assignment}
-    for k, plan in nearest_plans(a, program, BASELINES, jax.devices()).items():
+    for k, plan in nearest_plans(a, program, pipeline.BASELINES, jax.devices()).items():
         if plan not in plans.values():
             plans[f"nearest {k}"] = plan
 
@@ -78,11 +78,13 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
 
     # Every unit program the plans use, compiled once: units of one kind share the program of
     # their first instance (as the profile pass times them).
-    programs, unit_stats, first = {}, {}, profiler.first_units()
+    loop = CandidateLoop(a, mesh, ProfileStore(store), StoreKeys(a, mesh, cold), Timer(1, 20), prof.units,
+                         overlap=False, log=log)
+    programs, unit_stats, first = {}, {}, loop.first
     for plan in plans.values():
         for u, c in combos(plan):
             if (u.kind, c) not in programs:
-                compiled, overhead, args, *_ = profiler._prepare(first[u.kind], c)
+                compiled, overhead, args, *_ = loop.prepare(first[u.kind], c)
                 programs[(u.kind, c)] = (compiled, overhead, args)
                 cost = jaxcompat.cost_analysis(compiled)
                 unit_stats[(u.kind, c)] = (collectives(compiled.as_text()), float(cost.get("flops", 0.0)))
@@ -96,10 +98,9 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     overhead_rounds: dict[str, list[float]] = {how: [] for how in timers}
     for r in range(rounds):
         for how, timer in timers.items():
-            profiler.timer = timer
             for key, (compiled, overhead, args) in programs.items():
                 fresh[how][key].append(timer.entry(compiled, overhead, args))
-            overhead_rounds[how].append(profiler._time_whole_overhead()["time_s"])
+            overhead_rounds[how].append(whole_overhead_entry(a, mesh, timer)["time_s"])
         race(runners, iterations=iterations, repeats=1)
         log(f"round {r + 1}/{rounds}")
     runs = {runner.name: runner.result() for runner in runners}

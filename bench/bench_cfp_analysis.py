@@ -19,7 +19,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,13 +40,10 @@ def tiny_model(name: str, **overrides):
 
 
 def analyse(model, mesh_shape):
-    from launcher.cfp.analysis import analyze
-    from launcher.cfp.program import training_program
+    from launcher.cfp import pipeline
 
-    p = training_program(model)
-    t = time.perf_counter()
-    a = analyze(p.step, p.args, mesh_shape)
-    return a, time.perf_counter() - t
+    analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
+    return analyzed.analysis, analyzed.seconds
 
 
 def main() -> None:

@@ -52,34 +52,28 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     sys.path.insert(0, str(REPO / "bench"))
     from bench_cfp_analysis import tiny_model
 
-    from launcher.cfp.analysis import analyze
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.measure import BASELINES, baseline_runners, pick, plan_runner, race
-    from launcher.cfp.nearest import nearest_plans
-    from launcher.cfp.profile import Profiler
-    from launcher.cfp.program import training_program
-    from launcher.cfp.quiet import counts
-    from launcher.cfp.search import search, shortlist
-    from launcher.cfp.store import ProfileStore
+    from launcher.cfp import pipeline
+    from launcher.cfp.profile.quiet import counts
+    from launcher.cfp.search.dp import search
+    from launcher.cfp.search.measure import baseline_runners, plan_runner, race
     from launcher.modes.search import Config as SearchConfig
 
     model = tiny_model(name)
-    program = training_program(model)
-    t = time.perf_counter()
-    a = analyze(program.step, program.args, mesh_shape)
-    analysis_s = time.perf_counter() - t
-    mesh = make_mesh(a.mesh_shape)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
-    prof = Profiler(a, mesh, ProfileStore(store), repeats=profile_repeats, warmup=1, overlap=False, log=log).run()
+    analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
+    a, program, analysis_s = analyzed.analysis, analyzed.program, analyzed.seconds
+    mesh = pipeline.make_mesh(a.mesh_shape)
+    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=profile_repeats, warmup=1, overlap_compile=False,
+                            log=log).profiles
     found = search(prof, len(a.blocks))
-    nearest = nearest_plans(a, program, BASELINES, jax.devices())
-    short = shortlist(prof, found, len(a.blocks), top_k, nearest=nearest)
-    chosen, candidates = pick(a, program, mesh, short, iterations=SearchConfig.verify_iterations,
-                              repeats=SearchConfig.verify_repeats)
+    chosen, candidates, nearest = pipeline.choose(analyzed, mesh, prof, found, None, verify_top_k=top_k,
+                                                  baselines=pipeline.BASELINES,
+                                                  iterations=SearchConfig.verify_iterations,
+                                                  repeats=SearchConfig.verify_repeats)
     picked = chosen.candidate
     log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
         f"({picked.source})")
-    runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log)
+    runners, skipped = baseline_runners(program, jax.devices(), seed=0, log=log, names=pipeline.BASELINES)
     runners.insert(0, chosen)
     # The searched plan once more, compiled afresh: how far one measurement of the same plan moves
     # from another in the same rounds (the noise floor every ratio here sits on).
@@ -136,7 +130,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
 def paired(run: Any, other: Any) -> float:
     """The median over rounds of ``run``'s round time over ``other``'s in the same round: the
-    machine's speed moves between rounds (10-30% here), and a ratio within a round cancels it."""
+    machine's speed moves between rounds (README, Benchmarks), and a ratio within a round cancels it."""
     return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s))
 
 

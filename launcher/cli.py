@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import schema
-from launcher.errors import UserError
+from launcher.errors import BAD_INPUT
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -31,7 +31,7 @@ def app(cfg: DictConfig) -> dict | None:
     try:
         schema.validate(cfg)
         result = launch(cfg, run_dir)
-    except UserError as e:
+    except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except JobFailed as e:

@@ -1,5 +1,15 @@
-"""The one exception type for bad input: the CLI prints its message and exits non-zero."""
+"""Bad input: the CLI prints the message and exits 2, a task logs it without a traceback.
+
+``UserError`` is the launcher's own. The models are a library that does not import the
+launcher, so they raise ``models.errors.ModelError`` instead; ``BAD_INPUT`` names both wherever
+the launcher tells bad input from a failure.
+"""
+
+from models.errors import ModelError
 
 
 class UserError(Exception):
     """Something the user asked for cannot be done; the message says what and how to fix it."""
+
+
+BAD_INPUT = (UserError, ModelError)

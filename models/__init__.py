@@ -7,7 +7,9 @@
     data.py      synthetic tokens with a learnable signal; rng.py, the random numbers behind it
     sharding.py  logical axis names -> mesh axes; ``constrain`` for activations
     plans.py     sharding plans (dp, tp, fsdp, dp_tp, ep, or JSON files)
-    train.py     optimizer, state, train step and the training loop of mode=train
+    step.py      optimizer, state, the train step and each step's data key
+    train.py     the trainer (compile once, run and time steps) of mode=train and the CFP search
+    errors.py    ModelError, the one exception for bad input
 
 This package must stay importable without JAX: the CLI imports ``models.configs``.
 """

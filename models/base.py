@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models import data
 from models.configs import DTYPES
 from models.layers import axes_of, init_params, is_spec
@@ -40,10 +40,10 @@ PROTOCOL = ("config", "init", "loss", "make_batch", "flops_per_step", "param_cou
 
 
 def check_model(model: Any) -> None:
-    """Raises UserError naming what a (user) model lacks."""
+    """Raises ModelError naming what a (user) model lacks."""
     missing = [name for name in PROTOCOL if not hasattr(model, name)]
     if missing:
-        raise UserError(f"model {type(model).__module__}.{type(model).__name__} lacks {missing}; a model needs "
+        raise ModelError(f"model {type(model).__module__}.{type(model).__name__} lacks {missing}; a model needs "
                         f"{list(PROTOCOL)} (see models/base.py: Model)")
 
 
@@ -57,7 +57,7 @@ class LanguageModel:
         fields = {f.name for f in dataclasses.fields(self.config_class)} - {"_target_"}
         unknown = sorted(set(kwargs) - fields)
         if unknown:
-            raise UserError(f"{type(self).__name__}: unknown model field(s) {unknown}; valid fields: {sorted(fields)}")
+            raise ModelError(f"{type(self).__name__}: unknown model field(s) {unknown}; valid fields: {sorted(fields)}")
         self.config = self.config_class(**kwargs)
         self._validate()
 
@@ -71,17 +71,17 @@ class LanguageModel:
         c = self.config
         for key in ("batch_size", "seq_len", "num_layers", "hidden", "heads", "vocab_size"):
             if getattr(c, key) < 1:
-                raise UserError(f"model.{key}={getattr(c, key)}: must be at least 1")
+                raise ModelError(f"model.{key}={getattr(c, key)}: must be at least 1")
         if c.ffn_dim is not None and c.ffn_dim < 1:
-            raise UserError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
+            raise ModelError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
         if c.hidden % c.heads:
             divisors = [d for d in range(1, c.hidden + 1) if c.hidden % d == 0 and d <= 128]
-            raise UserError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
+            raise ModelError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
                             f"hidden/heads dimensions; use heads in {divisors} or change hidden")
         if c.dtype not in DTYPES:
-            raise UserError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
+            raise ModelError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
         if c.vocab_size < 2:
-            raise UserError(f"model.vocab_size={c.vocab_size}: must be at least 2 (token 0 is reserved)")
+            raise ModelError(f"model.vocab_size={c.vocab_size}: must be at least 2 (token 0 is reserved)")
 
     @property
     def dtype(self) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models import data
 from models import layers as L
 from models.base import LanguageModel
@@ -31,7 +31,7 @@ class BERT(LanguageModel):
     def _validate(self) -> None:
         super()._validate()
         if not 0.0 < self.config.mask_prob <= 1.0:
-            raise UserError(f"model.mask_prob={self.config.mask_prob}: must be in (0, 1], e.g. 0.15")
+            raise ModelError(f"model.mask_prob={self.config.mask_prob}: must be in (0, 1], e.g. 0.15")
 
     def param_specs(self) -> Any:
         c = self.config

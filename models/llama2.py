@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models import layers as L
 from models.base import LanguageModel
 from models.configs import LLaMA2Config
@@ -26,7 +26,7 @@ class LLaMA2(LanguageModel):
     def _validate(self) -> None:
         super()._validate()
         if (self.config.hidden // self.config.heads) % 2:
-            raise UserError(f"model.hidden/model.heads = {self.config.hidden // self.config.heads}: rotary "
+            raise ModelError(f"model.hidden/model.heads = {self.config.hidden // self.config.heads}: rotary "
                             "embeddings rotate pairs of dimensions, so the head dimension must be even")
 
     @property

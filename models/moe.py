@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models import layers as L
 from models.base import LanguageModel
 from models.configs import MoEConfig
@@ -94,14 +94,14 @@ class MoE(LanguageModel):
         super()._validate()
         c = self.config
         if c.num_experts < 2:
-            raise UserError(f"model.num_experts={c.num_experts}: top-2 gating needs at least 2 experts")
+            raise ModelError(f"model.num_experts={c.num_experts}: top-2 gating needs at least 2 experts")
         tokens = c.batch_size * c.seq_len
         if c.expert_group_size < 1 or tokens % c.expert_group_size:
-            raise UserError(f"model.expert_group_size={c.expert_group_size} does not divide the "
+            raise ModelError(f"model.expert_group_size={c.expert_group_size} does not divide the "
                             f"{tokens} tokens of a batch (batch_size {c.batch_size} x seq_len {c.seq_len}); "
                             "choose a group size that divides batch_size * seq_len")
         if c.capacity_factor <= 0:
-            raise UserError(f"model.capacity_factor={c.capacity_factor}: must be positive (GShard uses 2.0)")
+            raise ModelError(f"model.capacity_factor={c.capacity_factor}: must be positive (GShard uses 2.0)")
 
     def param_specs(self) -> Any:
         c = self.config

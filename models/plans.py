@@ -20,7 +20,7 @@ through JSON:
 ``mesh_axes`` is ordered (outermost first); a size of null takes whatever the device count
 leaves. A rule maps to a mesh axis name, a list of them, or null. ``constraints`` is reserved
 for the CFP search (operator id -> PartitionSpec-like list, see ``launcher/cfp/apply.py``);
-plans carry it unchanged and ``models.train.run_training`` applies it.
+plans carry it unchanged and the launcher applies it through ``models.train``'s step transform.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models.sharding import Rules, mesh_axes_of, spec_for
+from models.step import init_state, make_optimizer
 
 RULE_KINDS = ("params", "activations", "inputs")
 _KEYS = {"name", "mesh_axes", "rules", "constraints"}
@@ -47,7 +48,7 @@ class Shardings:
     """NamedSharding pytrees for one model on one mesh."""
 
     params: Any
-    state: Any  # {"params": ..., "opt_state": ...}, shaped like train.init_state's output
+    state: Any  # {"params": ..., "opt_state": ...}, shaped like step.init_state's output
     batch: Any
     mesh: Mesh
 
@@ -63,20 +64,20 @@ class Plan:
         where = f"plan {self.name!r}"
         names = [a for a, _ in self.mesh_axes]
         if not names or len(set(names)) != len(names):
-            raise UserError(f"{where}: mesh_axes {list(self.mesh_axes)} must name at least one axis, each once")
+            raise ModelError(f"{where}: mesh_axes {list(self.mesh_axes)} must name at least one axis, each once")
         if sum(size is None for _, size in self.mesh_axes) > 1:
-            raise UserError(f"{where}: at most one mesh axis may have size null (the rest of the devices)")
+            raise ModelError(f"{where}: at most one mesh axis may have size null (the rest of the devices)")
         for axis, size in self.mesh_axes:
             if size is not None and (not isinstance(size, int) or size < 1):
-                raise UserError(f"{where}: mesh axis {axis!r} has size {size!r}; use a positive integer or null")
+                raise ModelError(f"{where}: mesh axis {axis!r} has size {size!r}; use a positive integer or null")
         unknown = set(self.rules) - set(RULE_KINDS)
         if unknown:
-            raise UserError(f"{where}: unknown rule set(s) {sorted(unknown)}; use {list(RULE_KINDS)}")
+            raise ModelError(f"{where}: unknown rule set(s) {sorted(unknown)}; use {list(RULE_KINDS)}")
         for kind, rules in self.rules.items():
             for logical, rule in rules.items():
                 for axis in mesh_axes_of(rule):
                     if axis not in names:
-                        raise UserError(f"{where}: {kind} rule {logical!r} -> {axis!r} names a mesh axis that is "
+                        raise ModelError(f"{where}: {kind} rule {logical!r} -> {axis!r} names a mesh axis that is "
                                         f"not in mesh_axes {names}")
 
     def rules_for(self, kind: str) -> Rules:
@@ -88,12 +89,12 @@ class Plan:
         fixed = math.prod(size for _, size in self.mesh_axes if size is not None)
         if num_devices % fixed:
             given = ", ".join(f"{a!r}={s}" for a, s in self.mesh_axes if s is not None)
-            raise UserError(f"plan {self.name!r}: mesh axes {given} need a device count divisible by {fixed}, "
+            raise ModelError(f"plan {self.name!r}: mesh axes {given} need a device count divisible by {fixed}, "
                             f"but there are {num_devices} devices; change the axis sizes (mode.mesh_axes) "
                             "or the number of devices")
         sizes = {a: (s if s is not None else num_devices // fixed) for a, s in self.mesh_axes}
         if math.prod(sizes.values()) != num_devices:
-            raise UserError(f"plan {self.name!r}: mesh {sizes} has {math.prod(sizes.values())} devices, "
+            raise ModelError(f"plan {self.name!r}: mesh {sizes} has {math.prod(sizes.values())} devices, "
                             f"but there are {num_devices}; give one axis size null to absorb the rest")
         return sizes
 
@@ -112,7 +113,7 @@ class Plan:
         names = [a for a, _ in self.mesh_axes]
         unknown = set(sizes) - set(names)
         if unknown:
-            raise UserError(f"plan {self.name!r} has mesh axes {names}; cannot size {sorted(unknown)}")
+            raise ModelError(f"plan {self.name!r} has mesh axes {names}; cannot size {sorted(unknown)}")
         return replace(self, mesh_axes=tuple((a, sizes.get(a, s)) for a, s in self.mesh_axes))
 
     # --- shardings --------------------------------------------------------------------------
@@ -138,10 +139,8 @@ class Plan:
         return jax.tree_util.tree_map_with_path(one, axes_tree, shapes, is_leaf=_is_axes)
 
     def shardings(self, model: Any, mesh: Mesh, optimizer: Any = None) -> Shardings:
-        """Shardings of parameters, training state and batch; raises UserError if the plan does
+        """Shardings of parameters, training state and batch; raises ModelError if the plan does
         not fit (a split dimension not divisible by its mesh axes)."""
-        from models.train import init_state, make_optimizer
-
         optimizer = optimizer if optimizer is not None else make_optimizer(1e-3)
         state_shapes = jax.eval_shape(lambda k: init_state(model, optimizer, k), jax.random.key(0))
         params = self.param_shardings(model, mesh, state_shapes["params"])
@@ -166,7 +165,7 @@ class Plan:
             return
         present = {a for axes in jax.tree.leaves(model.param_axes(), is_leaf=_is_axes) if axes for a in axes}
         if not sharded & present:
-            raise UserError(f"plan {self.name!r} shards parameters along {sorted(sharded)}, but model "
+            raise ModelError(f"plan {self.name!r} shards parameters along {sorted(sharded)}, but model "
                             f"{type(model).__name__} has no parameter with those axes (it has {sorted(present - {None})}); "
                             f"use one of {sorted(BUILTINS)} that fits it")
 
@@ -190,23 +189,23 @@ class Plan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str = "plan") -> "Plan":
         if not isinstance(d, Mapping):
-            raise UserError(f"{source}: a plan is a JSON object with keys {sorted(_KEYS)}")
+            raise ModelError(f"{source}: a plan is a JSON object with keys {sorted(_KEYS)}")
         unknown, missing = set(d) - _KEYS, {"name", "mesh_axes", "rules"} - set(d)
         if unknown or missing:
-            raise UserError(f"{source}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; "
+            raise ModelError(f"{source}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; "
                             f"a plan has {sorted(_KEYS)}")
         axes = d["mesh_axes"]
         if not isinstance(axes, list) or not all(isinstance(a, list) and len(a) == 2 and isinstance(a[0], str)
                                                  for a in axes):
-            raise UserError(f"{source}: mesh_axes must be a list of [name, size or null] pairs, got {axes!r}")
+            raise ModelError(f"{source}: mesh_axes must be a list of [name, size or null] pairs, got {axes!r}")
         rules = d["rules"]
         if not isinstance(rules, Mapping) or not all(isinstance(r, Mapping) for r in rules.values()):
-            raise UserError(f"{source}: rules must map {list(RULE_KINDS)} to objects of logical axis -> mesh axis")
+            raise ModelError(f"{source}: rules must map {list(RULE_KINDS)} to objects of logical axis -> mesh axis")
         for kind, rs in rules.items():
             for name, rule in rs.items():
                 if not (rule is None or isinstance(rule, str)
                         or (isinstance(rule, list) and all(isinstance(a, str) for a in rule))):
-                    raise UserError(f"{source}: rule {kind}.{name} = {rule!r}; use a mesh axis name, a list of "
+                    raise ModelError(f"{source}: rule {kind}.{name} = {rule!r}; use a mesh axis name, a list of "
                                     "them, or null")
         return cls(name=str(d["name"]), mesh_axes=tuple((a, s) for a, s in axes),
                    rules={k: dict(v) for k, v in rules.items()}, constraints=dict(d.get("constraints") or {}))
@@ -215,12 +214,12 @@ class Plan:
     def from_json(cls, path: str | Path) -> "Plan":
         p = Path(path)
         if not p.is_file():
-            raise UserError(f"plan file {str(p)!r} does not exist; give a built-in plan ({', '.join(BUILTINS)}) "
+            raise ModelError(f"plan file {str(p)!r} does not exist; give a built-in plan ({', '.join(BUILTINS)}) "
                             "or the path of a plan JSON file")
         try:
             d = json.loads(p.read_text())
         except json.JSONDecodeError as e:
-            raise UserError(f"plan file {str(p)!r} is not valid JSON: {e}") from None
+            raise ModelError(f"plan file {str(p)!r} is not valid JSON: {e}") from None
         return cls.from_dict(d, source=f"plan file {str(p)!r}")
 
 
@@ -254,7 +253,7 @@ BUILTINS: dict[str, Plan] = {
 
 def builtin(name: str) -> Plan:
     if name not in BUILTINS:
-        raise UserError(f"unknown plan {name!r}; built-in plans are {list(BUILTINS)}, or give a path to a plan JSON file")
+        raise ModelError(f"unknown plan {name!r}; built-in plans are {list(BUILTINS)}, or give a path to a plan JSON file")
     return BUILTINS[name]
 
 
@@ -273,7 +272,7 @@ def _is_axes(x: Any) -> bool:
 
 def _check_rank(what: str, axes: Any, shape: Sequence[int]) -> None:
     if axes is not None and len(axes) != len(shape):
-        raise UserError(f"{what}: {len(axes)} logical axes {axes} for {len(shape)} dimensions")
+        raise ModelError(f"{what}: {len(axes)} logical axes {axes} for {len(shape)} dimensions")
 
 
 def _structure_or_none(x: Any) -> Any:

@@ -23,7 +23,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from launcher.errors import UserError
+from models.errors import ModelError
 
 Axes = Optional[Sequence[Optional[str]]]  # one logical name (or None) per dimension
 Rule = Union[None, str, Sequence[str]]
@@ -42,7 +42,7 @@ def spec_for(axes: Axes, rules: Rules, mesh: Mesh, shape: Optional[Sequence[int]
              what: str = "array") -> PartitionSpec:
     """The PartitionSpec that ``rules`` give an array whose dimensions are named ``axes``.
 
-    With ``shape``, checks that every split dimension divides evenly, raising UserError that
+    With ``shape``, checks that every split dimension divides evenly, raising ModelError that
     names ``what``, the dimension, its size and the mesh axis.
     """
     if axes is None:
@@ -53,7 +53,7 @@ def spec_for(axes: Axes, rules: Rules, mesh: Mesh, shape: Optional[Sequence[int]
         targets = mesh_axes_of(rules.get(name)) if name is not None else ()
         for axis in targets:
             if axis not in mesh.shape:
-                raise UserError(f"{what}: rule {name!r} -> {axis!r} names a mesh axis that the mesh "
+                raise ModelError(f"{what}: rule {name!r} -> {axis!r} names a mesh axis that the mesh "
                                 f"{dict(mesh.shape)} does not have; use one of {list(mesh.shape)}")
         if not targets or used.intersection(targets):
             entries.append(None)
@@ -62,7 +62,7 @@ def spec_for(axes: Axes, rules: Rules, mesh: Mesh, shape: Optional[Sequence[int]
             ways = math.prod(mesh.shape[a] for a in targets)
             if shape[dim] % ways:
                 over = " x ".join(f"{a!r} (size {mesh.shape[a]})" for a in targets)
-                raise UserError(
+                raise ModelError(
                     f"{what}: dimension {dim} ({name!r}, size {shape[dim]}) is not divisible by mesh "
                     f"axis {over}; choose a plan or mesh size that divides {shape[dim]}, "
                     f"or change the model's {name!r} size")

@@ -1,13 +1,18 @@
-"""Training any model under any plan: optimizer, state, step, and the loop mode=train runs.
+"""The trainer: a model's training step compiled once under a plan, then run step by step.
 
-The step is a pure function ``step(state, batch) -> (state, loss)`` over the state pytree
-``{"params": ..., "opt_state": ...}``; ``run_training`` compiles it once with the plan's input
-and output shardings (and the plan's activation rules active while tracing), then runs it. A
-plan the CFP search wrote carries per-operator ``constraints`` instead of rules; the step is then
-re-traced and re-evaluated with them applied (``launcher.cfp.apply.constrained_step``).
-Batches come from ``model.make_batch`` on a key derived from the seed and the step number,
-compiled with the plan's input shardings, so every process computes exactly its own shards of
-the same global batch whatever the number of devices or processes.
+``Trainer`` builds the mesh and shardings from the plan, initializes the state on them,
+compiles ``step(state, batch) -> (state, loss)`` (``step.py``) with the plan's activation rules
+active while tracing, and ``steps(n)`` runs n more steps, timing each alone (batch generation
+excluded). mode=train runs it once (``run_training``); the CFP search races several (its
+whole-step measurements). Batches come from ``model.make_batch`` on a key derived from the seed
+and the step number, compiled with the plan's input shardings, so every process computes
+exactly its own shards of the same global batch whatever the number of devices or processes.
+
+A plan can be laid out by something the plan's rules cannot say: ``transform_step`` (a
+``StepTransform``) gets the step, the shapes of its arguments and the mesh, and returns the step
+to compile with its input and output shardings. The launcher's CFP passes one for a plan the
+search wrote (per-operator layouts in the plan's ``constraints``), which this package cannot
+read itself.
 """
 
 from __future__ import annotations
@@ -15,61 +20,80 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from launcher.errors import UserError
 from models.base import check_model
+from models.errors import ModelError
 from models.plans import Plan, Shardings
 from models.sharding import use_rules
+from models.step import data_key, init_state, make_optimizer, make_train_step
 
-DEFAULTS = {"learning_rate": 1e-3, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95, "grad_clip": 1.0}
-
-
-def make_optimizer(cfg_or_lr: float | Mapping[str, Any] | Any = 1e-3) -> optax.GradientTransformation:
-    """AdamW with global-norm gradient clipping; weight decay on matrices only (not on norms
-    and biases, as in GPT-2 / nanoGPT).
-
-    ``cfg_or_lr`` is a learning rate, or a mapping / object with any of ``learning_rate``,
-    ``weight_decay``, ``b1``, ``b2``, ``grad_clip`` (0 disables clipping).
-    """
-    if isinstance(cfg_or_lr, (int, float)):
-        opts = {**DEFAULTS, "learning_rate": float(cfg_or_lr)}
-    else:
-        get = cfg_or_lr.get if isinstance(cfg_or_lr, Mapping) else lambda k, d: getattr(cfg_or_lr, k, d)
-        opts = {k: get(k, v) for k, v in DEFAULTS.items()}
-    if not opts["learning_rate"] > 0:
-        raise UserError(f"learning_rate={opts['learning_rate']}: must be positive, e.g. 1e-3")
-    adamw = optax.adamw(opts["learning_rate"], b1=opts["b1"], b2=opts["b2"], weight_decay=opts["weight_decay"],
-                        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
-    if opts["grad_clip"]:
-        return optax.chain(optax.clip_by_global_norm(opts["grad_clip"]), adamw)
-    return adamw
+# (step, (state_shapes, batch_shapes), mesh) -> (step, (state_shardings, batch_shardings), out_shardings)
+StepTransform = Callable[[Callable, tuple, Any], tuple[Callable, tuple, Any]]
 
 
-def init_state(model: Any, optimizer: optax.GradientTransformation, rng: jax.Array) -> dict:
-    params = model.init(rng)
-    return {"params": params, "opt_state": optimizer.init(params)}
+class Trainer:
+    """``model``'s training step under ``plan`` on ``devices`` (default: all global devices),
+    compiled once, with its state; ``steps(n)`` runs the next n steps. Every process of a
+    multi-process job must build it with the same arguments and run the same steps."""
 
+    def __init__(self, model: Any, plan: Plan, devices: Optional[Sequence[jax.Device]] = None, *,
+                 optimizer: Optional[optax.GradientTransformation] = None, learning_rate: float = 1e-3,
+                 seed: int = 0, transform_step: Optional[StepTransform] = None) -> None:
+        check_model(model)
+        if plan.constraints and transform_step is None:
+            raise ModelError(f"plan {plan.name!r} carries per-operator layouts (constraints) that only a step "
+                             "transform can apply: run it with mode=train, which passes the CFP one")
+        devices = list(devices) if devices is not None else jax.devices()
+        self.model, self.plan, self.seed = model, plan, seed
+        self.optimizer = optimizer if optimizer is not None else make_optimizer(learning_rate)
+        self.mesh = mesh = plan.mesh(devices)
+        sh = plan.shardings(model, mesh, self.optimizer)
+        step_fn, out_shardings = make_train_step(model, self.optimizer), (sh.state, NamedSharding(mesh, PartitionSpec()))
+        if transform_step is not None:
+            shapes = (jax.eval_shape(lambda k: init_state(model, self.optimizer, k), jax.random.key(0)),
+                      jax.eval_shape(model.make_batch, jax.random.key(0)))
+            step_fn, (state_sh, batch_sh), out_shardings = transform_step(step_fn, shapes, mesh)
+            sh = Shardings(params=state_sh["params"], state=state_sh, batch=batch_sh, mesh=mesh)
+        self.shardings = sh
 
-def make_train_step(model: Any, optimizer: optax.GradientTransformation) -> Callable[[dict, dict], tuple[dict, jax.Array]]:
-    def step(state: dict, batch: dict) -> tuple[dict, jax.Array]:
-        loss, grads = jax.value_and_grad(model.loss)(state["params"], batch)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
+        t0 = time.perf_counter()
+        self.state = jax.jit(lambda k: init_state(model, self.optimizer, k), out_shardings=sh.state)(
+            jax.random.key(seed))
+        self.make_batch = jax.jit(model.make_batch, out_shardings=sh.batch)
+        step = jax.jit(step_fn, in_shardings=(sh.state, sh.batch), out_shardings=out_shardings, donate_argnums=0)
+        with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
+            self.compiled = step.lower(self.state, self.make_batch(data_key(seed, 0))).compile()
+        self.compile_time_s = time.perf_counter() - t0
+        self.memory = memory_stats(self.compiled)
+        self.step_no = 0
+        self.losses: list[float] = []
 
-    return step
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.memory["peak_bytes"]
 
-
-def data_key(seed: int, step: int) -> jax.Array:
-    """The key of step ``step``'s batch, a Threefry key with data words (seed + 1, step); the
-    parameters use ``jax.random.key(seed)``, whose words are (0, seed). Built directly rather
-    than by ``fold_in`` so no random kernel has to be compiled to make it."""
-    return jax.random.wrap_key_data(jnp.array([(seed + 1) % 2**32, step % 2**32], jnp.uint32))
+    def steps(self, n: int, progress: Any = None) -> list[float]:
+        """Runs the next ``n`` steps; the seconds of each (batch generation excluded). The losses
+        go to ``losses``; ``progress`` (anything with ``advance()``) ticks once per step."""
+        times = []
+        # The batch goes where the compiled step takes it: with 0.4.35, a batch program jitted
+        # for one plan's layout was seen to hand another plan's trainer a batch in its own layout.
+        layout = self.compiled.input_shardings[0][1]
+        for _ in range(n):
+            batch = jax.block_until_ready(jax.device_put(self.make_batch(data_key(self.seed, self.step_no)), layout))
+            t = time.perf_counter()
+            self.state, loss = self.compiled(self.state, batch)
+            self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
+            times.append(time.perf_counter() - t)
+            self.step_no += 1
+            if progress is not None:
+                progress.advance()
+        return times
 
 
 @dataclass
@@ -90,63 +114,20 @@ class TrainingResult:
 
 def run_training(model: Any, plan: Plan, steps: int, devices: Optional[Sequence[jax.Device]] = None, *,
                  optimizer: Optional[optax.GradientTransformation] = None, learning_rate: float = 1e-3,
-                 seed: int = 0, progress: Any = None, fixed_batch: bool = False) -> TrainingResult:
+                 seed: int = 0, progress: Any = None, transform_step: Optional[StepTransform] = None) -> TrainingResult:
     """Trains ``model`` for ``steps`` steps on ``devices`` (default: all global devices) laid
-    out by ``plan``; ``progress`` (anything with ``advance()``) ticks once per step.
-
-    With ``fixed_batch`` every step sees the batch of step 0 (useful for overfitting checks).
+    out by ``plan`` (``Trainer``); ``progress`` (anything with ``advance()``) ticks once per step.
     Every process of a multi-process job must call this with the same arguments.
     """
     check_model(model)
     if steps < 1:
-        raise UserError(f"steps={steps}: must be at least 1")
-    devices = list(devices) if devices is not None else jax.devices()
-    optimizer = optimizer if optimizer is not None else make_optimizer(learning_rate)
-    mesh = plan.mesh(devices)
-    sh = plan.shardings(model, mesh, optimizer)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    step_fn, out_shardings = make_train_step(model, optimizer), (sh.state, replicated)
-    if plan.constraints:  # a searched (CFP) plan: per-operator layouts of the traced step
-        step_fn, sh, out_shardings = _constrained(step_fn, model, optimizer, plan, sh, mesh)
-
-    t0 = time.perf_counter()
-    state = jax.jit(lambda k: init_state(model, optimizer, k), out_shardings=sh.state)(jax.random.key(seed))
-    make_batch = jax.jit(model.make_batch, out_shardings=sh.batch)
-    batch = make_batch(data_key(seed, 0))
-    step = jax.jit(step_fn, in_shardings=(sh.state, sh.batch), out_shardings=out_shardings, donate_argnums=0)
-    with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
-        compiled = step.lower(state, batch).compile()
-    compile_time = time.perf_counter() - t0
-
-    losses, times = [], []
-    for i in range(steps):
-        if i and not fixed_batch:
-            batch = make_batch(data_key(seed, i))
-        jax.block_until_ready(batch)
-        t = time.perf_counter()
-        state, loss = compiled(state, batch)
-        losses.append(float(loss))  # fetching the replicated loss waits for the step
-        times.append(time.perf_counter() - t)
-        if progress is not None:
-            progress.advance()
-
-    memory = memory_stats(compiled)
-    return TrainingResult(losses=losses, step_times_s=times, compile_time_s=compile_time,
-                          peak_memory_bytes=memory["peak_bytes"], memory=memory, shardings=sh,
-                          compiled=compiled, state=state)
-
-
-def _constrained(step: Callable, model: Any, optimizer: Any, plan: Plan, sh: Shardings,
-                 mesh: Any) -> tuple[Callable, Shardings, Any]:
-    """The step under ``plan.constraints`` (keys are operator ids of the traced step, as the CFP
-    search writes them), with the state and batch laid out as the plan's ``in:`` entries say."""
-    from launcher.cfp.apply import constrained_step
-
-    state_shapes = jax.eval_shape(lambda k: init_state(model, optimizer, k), jax.random.key(0))
-    batch_shapes = jax.eval_shape(model.make_batch, jax.random.key(0))
-    fn, (state_sh, batch_sh), out_sh = constrained_step(step, (state_shapes, batch_shapes), plan.constraints,
-                                                        mesh, plan=plan.name)
-    return fn, Shardings(params=state_sh["params"], state=state_sh, batch=batch_sh, mesh=mesh), out_sh
+        raise ModelError(f"steps={steps}: must be at least 1")
+    trainer = Trainer(model, plan, devices, optimizer=optimizer, learning_rate=learning_rate, seed=seed,
+                      transform_step=transform_step)
+    times = trainer.steps(steps, progress)
+    return TrainingResult(losses=trainer.losses, step_times_s=times, compile_time_s=trainer.compile_time_s,
+                          peak_memory_bytes=trainer.peak_memory_bytes, memory=trainer.memory,
+                          shardings=trainer.shardings, compiled=trainer.compiled, state=trainer.state)
 
 
 def memory_stats(compiled: Any) -> dict[str, int]:

@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from launcher.cfp.analysis import analyze, analyze_graph
-from launcher.cfp.contractions import find_contractions
-from launcher.cfp.hlo_text import parse_hlo, read_hlo
+from launcher.cfp.analysis.core import analyze, analyze_graph
+from launcher.cfp.analysis.contractions import find_contractions
+from launcher.cfp.analysis.hlo_text import parse_hlo, read_hlo
 from launcher.cfp.program import training_program
-from launcher.cfp.strategies import allreduce_axes, enumerate_strategies, notation
+from launcher.cfp.analysis.strategies import allreduce_axes, enumerate_strategies, notation
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 
@@ -205,8 +205,8 @@ def test_moe_splits_experts_and_alternates_two_templates():
 
 
 def test_elementwise_results_are_split_wherever_an_input_splits_them():
-    from launcher.cfp.graph import Graph
-    from launcher.cfp.propagation import propagate
+    from launcher.cfp.analysis.graph import Graph
+    from launcher.cfp.analysis.propagation import propagate
 
     g = Graph()
     probs, scale, label, iota = (g.new_var(s, "float32") for s in ((8, 32, 256), (8, 32, 256), (8, 32, 1), (1, 1, 256)))

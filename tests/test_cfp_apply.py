@@ -14,10 +14,10 @@ APPLY_MLP = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np, optax
 from tests.test_cfp_analysis import mlp_program
-from launcher.cfp.analysis import analyze
+from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh, whole_step, constrained_step
-from launcher.cfp.comm import collectives
-from launcher.modes.search import plan_json
+from launcher.cfp.search.comm import collectives
+from launcher.cfp.pipeline import plan_json
 
 step, shapes = mlp_program()
 a = analyze(step, shapes, [4])
@@ -69,9 +69,9 @@ def test_plans_change_the_collectives_not_the_numbers():
 STUDY = r"""
 import json, sys
 import jax
-from launcher.cfp.analysis import analyze
+from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh
-from launcher.cfp.measure import communication_study
+from launcher.cfp.search.measure import communication_study
 from launcher.cfp.program import training_program
 from models.gpt import GPT
 p = training_program(GPT(**json.loads(sys.argv[1])))
@@ -96,13 +96,14 @@ def test_communication_study_reads_collectives_of_each_uniform_plan():
 
 
 # ---------------------------------------------------------------------------------------------
-# A searched plan under models.train.run_training (mode=train mode.plan=plan.json), in process
+# A searched plan under models.train.run_training with the CFP step transform (mode=train
+# mode.plan=plan.json), in process
 
 
 def _searched_plan(model, assignment_of):
-    from launcher.cfp.analysis import analyze
+    from launcher.cfp.analysis.core import analyze
     from launcher.cfp.program import training_program
-    from launcher.modes.search import plan_json
+    from launcher.cfp.pipeline import plan_json
     from models.plans import Plan
 
     program = training_program(model)
@@ -114,16 +115,16 @@ def _searched_plan(model, assignment_of):
 def test_run_training_applies_the_searched_layouts():
     import jax
 
-    from launcher.cfp.apply import make_mesh, spec_from_json
-    from launcher.cfp.comm import collectives
-    from launcher.cfp.measure import plan_runner
+    from launcher.cfp.apply import constraints_transform, make_mesh, spec_from_json
+    from launcher.cfp.search.comm import collectives
+    from launcher.cfp.search.measure import plan_runner
     from models.gpt import GPT
     from models.plans import builtin
     from models.train import run_training
 
     model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
     a, program, plan = _searched_plan(model, lambda b: b.num_plans - 1)  # the last plan: splits over both axes
-    trained = run_training(model, plan, 3, optimizer=program.optimizer)
+    trained = run_training(model, plan, 3, optimizer=program.optimizer, transform_step=constraints_transform(plan))
     reference = run_training(model, builtin("dp"), 3, optimizer=program.optimizer)
     assert trained.losses == pytest.approx(reference.losses, rel=1e-5, abs=1e-6)
 
@@ -147,6 +148,7 @@ def test_run_training_applies_the_searched_layouts():
 
 
 def test_a_plan_searched_for_another_program_is_refused():
+    from launcher.cfp.apply import constraints_transform
     from launcher.errors import UserError
     from models.gpt import GPT
     from models.train import run_training
@@ -158,7 +160,7 @@ def test_a_plan_searched_for_another_program_is_refused():
     for model in (bigger, other):
         with pytest.raises(UserError, match="searched for another model"):
             try:
-                run_training(model, plan, 1, optimizer=program.optimizer)
+                run_training(model, plan, 1, optimizer=program.optimizer, transform_step=constraints_transform(plan))
             except UserError as e:
                 assert "mode=search again" in str(e)
                 raise
@@ -168,11 +170,11 @@ NEAREST_GPT = r"""
 import json
 import jax
 from tests.test_cfp_analysis import gpt
-from launcher.cfp.analysis import analyze
+from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh
-from launcher.cfp.comm import collectives
-from launcher.cfp.measure import baseline_runner, plan_runner
-from launcher.cfp.nearest import nearest_plans
+from launcher.cfp.search.comm import collectives
+from launcher.cfp.search.measure import baseline_runner, plan_runner
+from launcher.cfp.search.nearest import nearest_plans
 from launcher.cfp.program import training_program
 
 program = training_program(gpt(1, heads=8))  # tp splits the heads 8 ways
@@ -205,7 +207,7 @@ def test_the_plan_nearest_a_builtin_plan_compiles_to_its_collectives():
 
 
 def test_named_mesh_axes_map_onto_runs_of_cfp_axes():
-    from launcher.cfp.nearest import axis_map
+    from launcher.cfp.search.nearest import axis_map
 
     assert axis_map({"data": 8}, [4, 2]) == {"data": (0, 1)}
     assert axis_map({"data": 4, "model": 2}, [4, 2]) == {"data": (0,), "model": (1,)}

@@ -1,11 +1,11 @@
-"""Steal-aware timing (launcher/cfp/quiet.py).
+"""Steal-aware timing (launcher/cfp/profile/quiet.py).
 
 The hypervisor cannot be made to steal on demand, so these tests script the steal counter
 (``stolen_ticks``) around real measurements; the first reads the real /proc/stat."""
 
 import itertools
 
-from launcher.cfp import quiet
+from launcher.cfp.profile import quiet
 
 
 def test_steal_is_read_from_proc_stat():

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cfp.comm import collectives
-from launcher.cfp.profile import Boundary, Profiles, Unit, split_parts
-from launcher.cfp.search import predict, search, shortlist
-from launcher.cfp.store import ProfileStore
+from launcher.cfp.search.comm import collectives
+from launcher.cfp.profile.boundaries import Boundary
+from launcher.cfp.profile.profiler import Profiles
+from launcher.cfp.profile.units import Unit, split_parts
+from launcher.cfp.search.dp import predict, search, shortlist
+from launcher.cfp.profile.store import ProfileStore
 from launcher.errors import UserError
 from tests.launch import REPO, read_result, run_cli
 
@@ -157,8 +159,8 @@ def test_gradient_allreduces_are_paid_once_per_step_and_group():
 
 
 def test_weight_gradients_are_the_contractions_that_feed_no_other():
-    from launcher.cfp.analysis import analyze
-    from launcher.cfp.profile import terminal_contractions
+    from launcher.cfp.analysis.core import analyze
+    from launcher.cfp.profile.programs import terminal_contractions
     from tests.test_cfp_analysis import layer_program
 
     step, shapes = layer_program()
@@ -178,7 +180,7 @@ def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from launcher.cfp.timing import Timer, overhead_program
+    from launcher.cfp.profile.timing import Timer, overhead_program
 
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
     rows, cols = NamedSharding(mesh, PartitionSpec("a", None)), NamedSharding(mesh, PartitionSpec(None, "b"))
@@ -224,7 +226,7 @@ def test_shortlist_is_the_optimum_then_nearest_plans_then_uniform_plans_and_runn
 
 
 def test_plans_are_compared_round_by_round():
-    from launcher.cfp.measure import paired_ratios
+    from launcher.cfp.search.measure import paired_ratios
 
     # a is 10% faster than b in two rounds of three; in the other a hiccup hit a alone
     a, b = [10.0, 30.0, 30.0], [11.0, 11.0, 33.0]
@@ -252,10 +254,10 @@ PROFILE_MLP = r"""
 import json, sys
 import jax
 from tests.test_cfp_analysis import mlp_program
-from launcher.cfp.analysis import analyze
+from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh
-from launcher.cfp.profile import Profiler
-from launcher.cfp.store import ProfileStore
+from launcher.cfp.profile.profiler import Profiler
+from launcher.cfp.profile.store import ProfileStore
 a = analyze(*mlp_program(), [4])
 overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
 prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), repeats=2, warmup=1, overlap=overlap,
@@ -315,12 +317,12 @@ def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
 SEARCH_SMALL_GPT = r"""
 import itertools, json, statistics, sys, time
 import jax
-from launcher.cfp.analysis import analyze
+from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh, whole_step
-from launcher.cfp.profile import Profiler
+from launcher.cfp.profile.profiler import Profiler
 from launcher.cfp.program import training_program
-from launcher.cfp.search import predict, search
-from launcher.cfp.store import ProfileStore
+from launcher.cfp.search.dp import predict, search
+from launcher.cfp.profile.store import ProfileStore
 from launcher.errors import UserError
 from models.gpt import GPT
 from models.train import data_key, init_state, memory_stats

@@ -1,4 +1,4 @@
-"""How the profile pass times programs (launcher/cfp/timing.py): turns, cache flushes, store keys.
+"""How the profile pass times programs (launcher/cfp/profile/timing.py): turns, cache flushes, store keys.
 
 In-process, on the 8 virtual CPU devices conftest.py sets up. No timing is asserted here (that is
 bench/bench_cfp_additivity.py's business): what runs, how often, and what it leaves behind."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from launcher.cfp.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
+from launcher.cfp.profile.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
 
 
 def mesh_4x2() -> Mesh:
@@ -56,10 +56,10 @@ def test_cpu_devices_share_twice_the_hosts_largest_cache():
 
 
 def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
-    from launcher.cfp.analysis import analyze
+    from launcher.cfp.analysis.core import analyze
     from launcher.cfp.apply import make_mesh
-    from launcher.cfp.profile import Profiler
-    from launcher.cfp.store import ProfileStore
+    from launcher.cfp.profile.profiler import Profiler
+    from launcher.cfp.profile.store import ProfileStore
     from tests.test_cfp_analysis import mlp_program
 
     a = analyze(*mlp_program(), [4])
@@ -67,6 +67,6 @@ def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
     store = ProfileStore(tmp_path)
     warm, cold = (Profiler(a, mesh, store, cold=c, log=lambda s: None) for c in (False, True))
     assert warm.timer.flush is None and isinstance(cold.timer.flush, CacheFlush)
-    unit, combo = warm.candidates()[0]
-    assert warm.key(unit, combo) != cold.key(unit, combo)
-    assert (warm.key(unit, combo)["caches"], cold.key(unit, combo)["caches"]) == ("warm", "cold")
+    unit, combo = warm.loop.candidates()[0]
+    assert warm.keys.segment(unit, combo) != cold.keys.segment(unit, combo)
+    assert (warm.keys.segment(unit, combo)["caches"], cold.keys.segment(unit, combo)["caches"]) == ("warm", "cold")

@@ -18,7 +18,7 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from launcher import jaxcompat
-from launcher.errors import UserError
+from models.errors import ModelError
 from models.configs import SCHEMAS
 from models.moe import MoE, top2_gating
 from models.train import init_state, make_optimizer, make_train_step
@@ -200,7 +200,7 @@ def test_a_user_model_with_the_protocol_trains_like_the_builtins():
 
     r = run_training(Regression(), builtin("fsdp"), 30, jax.devices()[:1], learning_rate=0.3)
     assert r.losses[-1] < 0.2 * r.losses[0]
-    with pytest.raises(UserError, match=r"lacks \['init', 'loss', 'make_batch'"):
+    with pytest.raises(ModelError, match=r"lacks \['init', 'loss', 'make_batch'"):
         run_training(type("Half", (), {"config": None})(), builtin("dp"), 1, jax.devices()[:1])
 
 
@@ -349,21 +349,21 @@ def test_gpt_flops_equal_alpas_formula():
 
 @pytest.mark.parametrize("family", MODELS)
 def test_heads_must_divide_hidden(family):
-    with pytest.raises(UserError, match=r"model\.heads=6 does not divide model\.hidden=64"):
+    with pytest.raises(ModelError, match=r"model\.heads=6 does not divide model\.hidden=64"):
         load_preset(f"{family}-tiny", heads=6)
 
 
 def test_bad_model_fields_are_named():
     gpt = get_class(SCHEMAS["gpt"]._target_)
-    with pytest.raises(UserError, match=r"unknown model field\(s\) \['hiden'\]"):
+    with pytest.raises(ModelError, match=r"unknown model field\(s\) \['hiden'\]"):
         gpt(hiden=64)
-    with pytest.raises(UserError, match=r"model\.dtype='fp8'"):
+    with pytest.raises(ModelError, match=r"model\.dtype='fp8'"):
         gpt(dtype="fp8")
-    with pytest.raises(UserError, match=r"model\.num_layers=0"):
+    with pytest.raises(ModelError, match=r"model\.num_layers=0"):
         gpt(num_layers=0)
-    with pytest.raises(UserError, match=r"model\.expert_group_size=48 does not divide the 256 tokens"):
+    with pytest.raises(ModelError, match=r"model\.expert_group_size=48 does not divide the 256 tokens"):
         MoE(batch_size=8, seq_len=32, hidden=64, heads=8, num_experts=8, expert_group_size=48)
-    with pytest.raises(UserError, match=r"model\.num_experts=1"):
+    with pytest.raises(ModelError, match=r"model\.num_experts=1"):
         MoE(batch_size=8, seq_len=32, hidden=64, heads=8, num_experts=1, expert_group_size=32)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.errors import UserError
+from models.errors import ModelError
 from models.plans import BUILTINS, Plan, builtin, load_plan
 
 pytestmark = pytest.mark.core
@@ -40,7 +40,7 @@ import json, re, sys
 import jax
 from launcher import jaxcompat
 jaxcompat.set_cpu_device_count(8)
-from launcher.errors import UserError
+from models.errors import ModelError
 from models.plans import builtin
 from models.train import run_training
 from tests.test_models import load_preset
@@ -66,7 +66,7 @@ weight = {"gpt": "['layers'][0]['mlp']['w_in']", "bert": "['layers'][0]['mlp']['
 for name in plans:
     try:
         r = run_training(model, builtin(name), PLAN_STEPS, jax.devices())
-    except UserError as e:
+    except ModelError as e:
         out["errors"][name] = str(e)
         continue
     hlo = r.compiled.as_text()
@@ -87,7 +87,7 @@ if family == "gpt":  # plans that do not fit, checked before anything compiles
         try:
             run_training(m, plan, 1, jax.devices())
             out["errors"][key] = None
-        except UserError as e:
+        except ModelError as e:
             out["errors"][key] = str(e)
 print("RESULT " + json.dumps(out))
 """.replace("PLAN_STEPS", str(PLAN_STEPS)).replace("STEPS", str(STEPS))
@@ -209,20 +209,20 @@ def test_mesh_sizes_derive_from_the_device_count():
     assert builtin("dp").axis_sizes(8) == {"data": 8}
     assert builtin("dp_tp").axis_sizes(8) == {"data": 4, "model": 2}
     assert builtin("dp_tp").with_axis_sizes(model=4).axis_sizes(8) == {"data": 2, "model": 4}
-    with pytest.raises(UserError, match=r"'model'=3 need a device count divisible by 3, but there are 8"):
+    with pytest.raises(ModelError, match=r"'model'=3 need a device count divisible by 3, but there are 8"):
         builtin("dp_tp").with_axis_sizes(model=3).axis_sizes(8)
-    with pytest.raises(UserError, match=r"has mesh axes \['data'\]; cannot size \['model'\]"):
+    with pytest.raises(ModelError, match=r"has mesh axes \['data'\]; cannot size \['model'\]"):
         builtin("dp").with_axis_sizes(model=2)
 
 
 def test_bad_plan_files_say_what_is_wrong(tmp_path):
-    with pytest.raises(UserError, match=r"unknown plan 'zero3'.*built-in plans are"):
+    with pytest.raises(ModelError, match=r"unknown plan 'zero3'.*built-in plans are"):
         load_plan("zero3")
-    with pytest.raises(UserError, match=r"does not exist"):
+    with pytest.raises(ModelError, match=r"does not exist"):
         load_plan(str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(UserError, match=r"is not valid JSON"):
+    with pytest.raises(ModelError, match=r"is not valid JSON"):
         load_plan(str(bad))
     d = builtin("dp").to_dict()
     for mutate, message in [
@@ -237,5 +237,5 @@ def test_bad_plan_files_say_what_is_wrong(tmp_path):
         mutate(d2)
         path = tmp_path / "p.json"
         path.write_text(json.dumps(d2))
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(ModelError, match=message):
             Plan.from_json(path)

@@ -1,16 +1,45 @@
 """CFP: profiling-based intra-operator parallelism search over communication-free structures.
 
 Three passes, after "Profiling-based Intra-operator Parallelism Generation by Preserving
-Communication-Free Structures" (built on Alpa's auto-sharding), on stock JAX:
+Communication-Free Structures" (built on Alpa's auto-sharding), on stock JAX. One entry,
+``pipeline.py``: ``analyze -> Analyzed``, ``profile -> Profiled``, ``search -> Searched``, each
+taking plain options and ``log``/``progress`` callbacks; the modes and the benches call it.
 
-- analysis (``analysis.py``): the training step's operator graph (``graph.py``, ``hlo_text.py``),
-  its tensor contractions and their parallel strategies (``contractions.py``, ``strategies.py``),
-  ParallelBlocks (``blocks.py``) and the unique segments among them (``segments.py``);
-- profile (``profile.py``): every plan combination of each unique segment, compiled and timed as a
-  program of that segment alone (``segment_program.py``, ``apply.py``), kept in a store
-  (``store.py``);
-- search (``search.py``): dynamic programming over the segment sequence under a memory budget,
-  then the chosen plan run on the whole step beside the built-in baselines.
+    pipeline.py            the entry: the three passes in order, their options and results
+    program.py             shared: the training step CFP works on (TrainingProgram)
+    apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
+                           constrained whole step, and the step transforms models.train takes
+
+    analysis/              pass 1: what can be split, and how
+      core.py              Analysis, analyze (a traced step), analyze_graph (an HLO module)
+      graph.py             the jaxpr walk: the step as a flat operator graph (shared by every pass)
+      hlo_text.py          the same graph from an HLO text module
+      contractions.py      tensor contractions and their dimension roles
+      strategies.py        parallel strategies of a contraction on the mesh (Alpa's notation)
+      propagation.py       how a partition propagates through each primitive without communication
+      blocks.py            ParallelBlocks
+      segments.py          unique segments by template matching over the block sequence
+
+    profile/               pass 2: every plan combination of each unique segment, measured
+      profiler.py          Profiler (runs the parts below in order) -> Profiles
+      units.py             what is profiled: segments, or parts of them, and their combinations
+      candidates.py        the candidate loop: compile, time, store each combination
+      boundaries.py        tensors crossing between units; the resharding pairs they need
+      keys.py              profile-store keys (PROFILE_VERSION)
+      programs.py          programs timed besides segments: resharding, all-reduce latency,
+                           the whole step's overhead program; gradient all-reduces per unit
+      segment_program.py   a segment alone as a program, with synthetic inputs
+      store.py             the on-disk profile store (shared by runs, safe to kill)
+      timing.py            how a program is timed (shared with search/measure.py)
+      quiet.py             retaking measurements the hypervisor interrupted (shared likewise)
+
+    search/                pass 3: the plan
+      dp.py                dynamic programming over the segment sequence; the shortlist
+      nearest.py           the plan nearest each built-in plan
+      measure.py           whole-step runs on models.train's Trainer: race, pick, baselines, and
+                           mode=profile's communication study
+      comm.py              collectives of a compiled program (volume by kind)
+      report.py            the comparison table and chart
 
 Nothing here imports JAX at module level except the modules that need it to do their work.
 """

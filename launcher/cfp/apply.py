@@ -17,7 +17,8 @@ lays out a program input (its pytree path in the step's arguments), each a Parti
 list (per dimension ``null``, an axis name, or a list of axis names); ``"program"`` is the
 signature of the traced step those ids refer to (``program_signature``), so a plan searched for
 another model or optimizer setting is refused rather than silently misapplied.
-``constrained_step`` turns such a mapping back into a step function.
+``constrained_step`` turns such a mapping back into a step function, and ``constraints_transform``
+hands it to the models' trainer (``models.train.Trainer(transform_step=...)``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from __future__ import annotations
 from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 from launcher import jaxcompat
-from launcher.cfp.analysis import Analysis
-from launcher.cfp.graph import Graph
-from launcher.cfp.propagation import ELEMENTWISE, PASS_THROUGH
-from launcher.cfp.strategies import Spec, operand_specs
+from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.propagation import ELEMENTWISE, PASS_THROUGH
+from launcher.cfp.analysis.strategies import Spec, operand_specs
 
 AXIS_NAMES = ("cfp0", "cfp1")
 
@@ -286,7 +287,23 @@ def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, A
     plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
     for ``jax.jit``; operator ids match the analysis because tracing and flattening are
     deterministic."""
-    from launcher.cfp.graph import trace
+    from launcher.cfp.analysis.graph import trace
 
     _, g = trace(step, *args)
     return constrained_step_from_graph(g, constraints, mesh, plan)
+
+
+# Step transforms (``models.train.StepTransform``): how CFP's layouts reach the models' trainer.
+
+def constraints_transform(plan: Any) -> Any:
+    """For ``mode=train``: the step transform applying a plan's ``constraints`` (a plan the
+    search wrote), or None for a plan without them."""
+    if not plan.constraints:
+        return None
+    return lambda step, shapes, mesh: constrained_step(step, shapes, plan.constraints, mesh, plan.name)
+
+
+def assignment_transform(a: Analysis, assignment: Mapping[int, int]) -> Any:
+    """The step transform laying the whole traced step out as ``assignment`` (block -> plan)
+    says (``whole_step``): the search's own runs of its plans."""
+    return lambda step, shapes, mesh: whole_step(a, assignment, mesh)

@@ -1,22 +1,15 @@
-"""mode=cfp: analysis, profile and search in order (CFP's whole pipeline).
-
-The same pipeline as ``mode=search``, whose profile step measures whatever the store lacks; the
-embedded default's main job.
+"""mode=cfp: analysis, profile and search in order (CFP's whole pipeline): ``mode=search``'s code
+with lighter defaults (``conf/mode/cfp.yaml``); the embedded default's main job.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from launcher.modes.search import Config as SearchConfig
-from launcher.modes.search import run as run_search
+from launcher.modes.search import run  # noqa: F401  (mode=cfp runs mode=search's code)
 
 
 @dataclass
 class Config(SearchConfig):
     name: str = "cfp"
-
-
-def run(ctx: Any) -> dict:
-    return run_search(ctx)

@@ -5,18 +5,17 @@ on the job's devices and timed; results go to the profile store (``mode.store_di
 runs and resumable) and ``profiles.json`` in the run dir. ``mode.enumerate=true`` adds the
 communication study: every uniform plan (all blocks on plan k) of the whole training step, with
 the collective volume of its compiled program, an estimate of the time spent communicating and
-the measured step time.
+the measured step time. The passes are ``launcher.cfp.pipeline``'s.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from launcher.modes.analysis import Config as AnalysisConfig
-from launcher.modes.analysis import mesh_shape_of, run_analysis
+from launcher.modes.analysis import write_files
 
 
 @dataclass
@@ -41,68 +40,42 @@ class Config(AnalysisConfig):
     run_repeats: int = 3
 
 
-def run_profile(ctx: Any) -> tuple[Any, Any, Any, Any]:
-    """(Analysis, TrainingProgram, mesh, Profiles) for the job's devices."""
-    import jax
-
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.profile import Profiler, split_parts
-    from launcher.cfp.store import ProfileStore
+def analyze_and_profile(ctx: Any) -> tuple[Any, Any, Any]:
+    """(Analyzed, mesh, Profiled) for the job's devices: ``launcher.cfp.pipeline``'s analysis and
+    profile passes with this mode's options; writes the analysis files and ``profiles.json``."""
+    from launcher.cfp import pipeline
     from launcher.errors import UserError
 
     cfg = ctx.mode_cfg
+    log = lambda line: ctx.log.info("%s", line)
     if cfg.hlo_file:
         raise UserError(f"mode={cfg.name} runs the model's training step; mode.hlo_file={cfg.hlo_file!r} is for "
                         "mode=analysis only (a module alone cannot be re-run under other plans)")
-    mesh = make_mesh(mesh_shape_of(cfg), jax.devices())  # a mesh that does not fit the devices fails first
-    analysis, program, _ = run_analysis(ctx)
-    store = ProfileStore(Path(cfg.store_dir).expanduser().resolve())
-    ctx.log.info("profile store: %s (%d entries)", store.root, len(store))
-    overlap = cfg.overlap_compile if cfg.overlap_compile is not None else jax.devices()[0].platform != "cpu"
-    ctx.log.info("profile: compiling the next candidate %s", "while timing the current one" if overlap else
-                 "after timing the current one (mode.overlap_compile=true to overlap)")
-    profiler = Profiler(analysis, mesh, store, repeats=cfg.repeats, warmup=cfg.warmup, cold=cfg.cold_caches,
-                        max_space=cfg.max_segment_space, overlap=overlap,
-                        log=lambda line: ctx.log.info("%s", line), is_main=ctx.is_main)
-    for t in analysis.templates:
-        if t.space > cfg.max_segment_space:
-            parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, cfg.max_segment_space)]
-            ctx.log.info("template %d: %d combinations exceed mode.max_segment_space=%d; profiled in parts %s",
-                         t.id, t.space, cfg.max_segment_space, parts)
-    profiles = profiler.run(lambda total, what: ctx.progress(total, what))
-    ctx.write_json("profiles.json", profiles_json(analysis, profiles))
-    return analysis, program, mesh, profiles
-
-
-def profiles_json(analysis: Any, profiles: Any) -> dict:
-    return {
-        "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
-                   "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in profiles.units],
-        "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
-                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]}
-                     for k, combos in profiles.table.items() for c, e in combos.items()],
-        "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
-                     "dst": [list(a) for a in k[2]], "time_s": v} for k, v in profiles.reshard.items()],
-        "whole_overhead_s": profiles.whole_overhead_s,
-        "allreduce_latency_s": [{"axes": list(axes), "time_s": t} for axes, t in profiles.allreduce_latency_s.items()],
-        "gradient_allreduces": [[sorted(map(list, c)) for c in u] for u in profiles.gradient_allreduces or []],
-        "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
-    }
+    mesh = pipeline.make_mesh(pipeline.default_mesh_shape(cfg.mesh_shape))  # a mesh that does not fit fails first
+    analyzed = pipeline.analyze(ctx.model(), mesh_shape=cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
+    write_files(ctx, analyzed)
+    profiled = pipeline.profile(analyzed, mesh, store_dir=cfg.store_dir, repeats=cfg.repeats, warmup=cfg.warmup,
+                                cold_caches=cfg.cold_caches, max_segment_space=cfg.max_segment_space,
+                                overlap_compile=cfg.overlap_compile, is_main=ctx.is_main, log=log,
+                                progress=ctx.progress)
+    ctx.write_json("profiles.json", profiled.to_json(analyzed.analysis))
+    return analyzed, mesh, profiled
 
 
 def run(ctx: Any) -> dict:
+    from launcher.cfp import pipeline
+
     t0 = time.perf_counter()
-    analysis, program, mesh, profiles = run_profile(ctx)
+    cfg = ctx.mode_cfg
+    analyzed, mesh, profiled = analyze_and_profile(ctx)
+    analysis, profiles = analyzed.analysis, profiled.profiles
     result = {**analysis.summary(), "mesh_shape": list(analysis.mesh_shape),
               "profiled_configs": profiles.profiled_configs, "measured_configs": profiles.measured,
               "reused_configs": profiles.reused, "profile_time_s": profiles.seconds,
               "units": len(profiles.units), "reshard_pairs": len(profiles.reshard)}
-    if ctx.mode_cfg.enumerate:
-        from launcher.cfp.measure import communication_study
-
-        cfg = ctx.mode_cfg
-        result["communication_study"] = communication_study(
-            analysis, program, mesh, iterations=cfg.iterations, repeats=cfg.run_repeats, seed=ctx.cfg.seed,
+    if cfg.enumerate:
+        result["communication_study"] = pipeline.communication_study(
+            analyzed, mesh, iterations=cfg.iterations, repeats=cfg.run_repeats, seed=ctx.cfg.seed,
             log=lambda line: ctx.log.info("%s", line))
     result["mode_wall_s"] = time.perf_counter() - t0
     return result

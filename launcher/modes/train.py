@@ -5,7 +5,8 @@ every global device, and reports losses, step time, throughput and memory.
 
 ``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep) or the path of a plan JSON file
 (the format ``models/plans.py`` documents; the search writes the same, with its per-operator
-layouts in ``constraints``, which apply to the model and optimizer settings it was searched for).
+layouts in ``constraints``, which apply to the model and optimizer settings it was searched for:
+``launcher.cfp.apply.constraints_transform`` hands them to ``models.train`` as a step transform).
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class Config:
 def run(ctx) -> dict:
     import jax
 
+    from launcher.cfp.apply import constraints_transform
     from launcher.errors import UserError
     from models.base import check_model
     from models.plans import load_plan
-    from models.train import make_optimizer, run_training
+    from models.step import make_optimizer
+    from models.train import run_training
 
     cfg = ctx.mode_cfg
     if not 0 <= cfg.warmup_steps < cfg.steps:
@@ -52,7 +55,8 @@ def run(ctx) -> dict:
                  model.param_count(), cfg.steps, plan.name, mesh_shape)
 
     with ctx.progress(cfg.steps, f"train {type(model).__name__} [{plan.name}]") as bar:
-        result = run_training(model, plan, cfg.steps, devices, optimizer=optimizer, seed=cfg.seed, progress=bar)
+        result = run_training(model, plan, cfg.steps, devices, optimizer=optimizer, seed=cfg.seed, progress=bar,
+                              transform_step=constraints_transform(plan))
 
     step_time = result.median_step_time(cfg.warmup_steps)
     flops = float(model.flops_per_step())

@@ -41,13 +41,13 @@ class TaskContext:
         from hydra.errors import InstantiationException
         from hydra.utils import instantiate
 
-        from launcher.errors import UserError
+        from launcher.errors import BAD_INPUT, UserError
 
         try:
             return instantiate(self.cfg.model, _convert_="all")
         except InstantiationException as e:
-            # A model's own UserError names the field to fix; Hydra's wrapper would bury it.
-            if isinstance(e.__cause__, UserError):
+            # A model's own error names the field to fix; Hydra's wrapper would bury it.
+            if isinstance(e.__cause__, BAD_INPUT):
                 raise e.__cause__ from None
             raise UserError(f"model._target_={self.cfg.model.get('_target_')!r}: {e}") from None
 

@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import jaxcompat
-from launcher.errors import UserError
+from launcher.errors import BAD_INPUT
 from launcher.runtime import devices, ranks, status
 
 
@@ -45,7 +45,7 @@ class Task:
             reporter.set("stopped", "interrupted")
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
-            if isinstance(e, UserError):  # bad input: the message says what to fix, a traceback only buries it
+            if isinstance(e, BAD_INPUT):  # bad input: the message says what to fix, a traceback only buries it
                 message = str(e)
                 log.error("rank %d failed: %s", rank.process_id, message)
             else:

@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Mapping
 
-from launcher.cfp.measure import PlanRun
+from launcher.cfp.search.measure import PlanRun
 
 
 def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str]) -> str:

@@ -24,7 +24,7 @@ A program without a scalar floating-point output is all forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 # Call-like primitives whose single sub-program is inlined: they change how a computation is
 # staged or differentiated, never what it computes once the step is traced.
@@ -183,20 +183,6 @@ def loop_bodies(eqn: Any) -> list[tuple[Any, list[Any | None]]]:
     return []
 
 
-def count_flat_ops(jaxpr: Any) -> int:
-    """How many graph operators ``_walk`` makes of a jaxpr (so ``apply.py`` can skip a loop body)."""
-    n = 0
-    for eqn in jaxpr.eqns:
-        target = inline_target(eqn)
-        if target is not None:
-            n += count_flat_ops(target[0])
-            continue
-        n += 1
-        if eqn.primitive.name in LOOPS:
-            n += sum(count_flat_ops(body) for body, _ in loop_bodies(eqn))
-    return n
-
-
 def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None) -> None:
     for eqn in jaxpr.eqns:
         target = inline_target(eqn)
@@ -326,7 +312,3 @@ def _ancestors(g: Graph, roots: Sequence[int]) -> set[int]:
                 stack.append(g.producer[v])
     return seen
 
-
-def iter_top(g: Graph) -> Iterator[Op]:
-    """Operators outside loop bodies, in program order."""
-    return (op for op in g.ops if op.loop is None)

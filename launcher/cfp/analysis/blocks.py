@@ -39,10 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from launcher.cfp.contractions import Contraction
-from launcher.cfp.graph import Graph
-from launcher.cfp.propagation import propagate
-from launcher.cfp.strategies import Spec, Strategy, enumerate_strategies, from_operand_specs, operand_specs
+from launcher.cfp.analysis.contractions import Contraction
+from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.propagation import propagate
+from launcher.cfp.analysis.strategies import Spec, Strategy, enumerate_strategies, from_operand_specs, operand_specs
 
 KIND_FAMILY = {"dot": "dot", "conv": "conv", "lookup": "lookup", "lookup_grad": "lookup"}
 

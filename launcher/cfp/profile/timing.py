@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from launcher.cfp.quiet import quiet
+from launcher.cfp.profile.quiet import quiet
 
 # Bytes each accelerator (GPU, TPU) rewrites to evict its cache: triton.testing.do_bench's 256
 # MiB, several times any current GPU's L2 (50 MiB on an H100, 8 MiB per MI250X die).
@@ -32,9 +32,9 @@ class CacheFlush:
     ``triton.testing.do_bench`` does on a GPU).
 
     Why: a segment program timed again and again on the same arguments runs from warm caches and
-    a warm runtime, which the same operators inside the whole step do not find. On CPU devices
-    warm segment timings re-taken beside the whole step added up to 0.76-0.98 of it, cold ones
-    to 0.85-1.33 (``bench/bench_cfp_additivity.py`` times both ways side by side)."""
+    a warm runtime, which the same operators inside the whole step do not find.
+    ``bench/bench_cfp_additivity.py`` times segments both ways beside the whole step and reports
+    how much of it each adds up to (README, Benchmarks)."""
 
     def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
         import jax

@@ -33,8 +33,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from launcher.cfp.blocks import Block
-from launcher.cfp.graph import Graph
+from launcher.cfp.analysis.blocks import Block
+from launcher.cfp.analysis.graph import Graph
 
 
 @dataclass

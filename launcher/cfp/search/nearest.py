@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from launcher.cfp.analysis import Analysis
-from launcher.cfp.strategies import Spec, operand_specs
-from launcher.errors import UserError
+from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.analysis.strategies import Spec, operand_specs
+from launcher.errors import BAD_INPUT
 
 # Identity operators a plan's rules add to the traced step; everything else must line up.
 _ADDED = ("sharding_constraint", "reshard")
@@ -61,14 +61,14 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
     onto the analysis mesh, does not fit the model, or its traced step does not line up."""
     import jax
 
-    from launcher.cfp.graph import trace
+    from launcher.cfp.analysis.graph import trace
     from models.sharding import use_rules
     from models.train import make_train_step
 
     try:
         mesh = plan.mesh(devices)
         sh = plan.shardings(program.model, mesh, program.optimizer)
-    except UserError:
+    except BAD_INPUT:  # the plan does not fit the model (ModelError) or the mesh
         return None
     axes = axis_map(dict(mesh.shape), a.mesh_shape)
     if axes is None:

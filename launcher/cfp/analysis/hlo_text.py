@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.cfp.graph import Graph, mark_phases
+from launcher.cfp.analysis.graph import Graph, mark_phases
 from launcher.errors import UserError
 
 DTYPES = {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64", "u8": "uint8",

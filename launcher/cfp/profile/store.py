@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterator
 
 
 def key_id(key: dict) -> str:
@@ -49,13 +48,6 @@ class ProfileStore:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         return entry
-
-    def entries(self) -> Iterator[dict]:
-        for path in sorted(self.root.glob("*.json")):
-            try:
-                yield json.loads(path.read_text())
-            except json.JSONDecodeError:  # cannot happen with rename-into-place; skip defensively
-                continue
 
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*.json"))

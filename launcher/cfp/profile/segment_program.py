@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launcher.cfp.analysis import Analysis
+from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.apply import Layouts, constants, evaluate, pins_for, pspec
-from launcher.cfp.strategies import Spec, shard_bytes
+from launcher.cfp.analysis.strategies import Spec, shard_bytes
 
 
 @dataclass

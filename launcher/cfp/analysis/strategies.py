@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from launcher.cfp.contractions import ROLES, Contraction
+from launcher.cfp.analysis.contractions import ROLES, Contraction
 
 Axes = tuple[int, ...]
 Spec = tuple[Axes, ...]  # per tensor dimension, the mesh axes splitting it

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.cfp.graph import Graph, Op
+from launcher.cfp.analysis.graph import Graph, Op
 
 ROLES = ("batch", "lhs_free", "rhs_free", "contracting")
 ROLE_LETTER = {"batch": "b", "lhs_free": "i", "rhs_free": "j", "contracting": "k", "window": "w"}

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from launcher.cfp.blocks import Block, build_blocks
-from launcher.cfp.contractions import Contraction, find_contractions
-from launcher.cfp.graph import Graph, trace
-from launcher.cfp.segments import Segment, Template, block_signature, find_segments
-from launcher.cfp.strategies import collective, enumerate_strategies, notation, operand_specs
+from launcher.cfp.analysis.blocks import Block, build_blocks
+from launcher.cfp.analysis.contractions import Contraction, find_contractions
+from launcher.cfp.analysis.graph import Graph, trace
+from launcher.cfp.analysis.segments import Segment, Template, block_signature, find_segments
+from launcher.cfp.analysis.strategies import collective, enumerate_strategies, notation, operand_specs
 from launcher.errors import UserError
 
 

@@ -28,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from launcher.cfp.profile import Boundary, Profiles
+from launcher.cfp.profile.boundaries import Boundary
+from launcher.cfp.profile.profiler import Profiles
 from launcher.errors import UserError
 
 FRONT_CAP = 64

@@ -2,9 +2,9 @@
 
 On a cloud VM the host may run other guests on our virtual CPUs; Linux counts the time taken
 from us as *steal* (the eighth field of /proc/stat's ``cpu`` line). A few ticks of it in a
-sub-second measurement inflate it by 10-30%, and it comes in bursts (after a compilation, when
-another guest wakes), so it does not average out: profiles taken during a burst predicted whole
-steps 30-60% slower than they ran. ``quiet`` repeats a measurement while the hypervisor took
+sub-second measurement inflate it noticeably, and it comes in bursts (after a compilation, when
+another guest wakes), so it does not average out: profiles taken during a burst predict whole
+steps slower than they run (README, Benchmarks). ``quiet`` repeats a measurement while the hypervisor took
 more than a small share of the CPU during it, and keeps the least interrupted attempt. Where
 /proc/stat has no steal (bare metal, other systems) it measures once.
 

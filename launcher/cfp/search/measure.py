@@ -1,10 +1,11 @@
 """Running whole-model plans: the searched plan, the uniform plans, and the built-in baselines.
 
-Every run trains the real model on its real data (``models.train``'s state, optimizer and
-batches, so the losses are those ``mode=train`` gives for the same seed). Plans are compiled
-first (``Runner``), then timed in interleaved rounds (``race``): ``repeats`` rounds in which every
-plan runs ``iterations`` steps, each step timed alone (batch generation excluded), after one
-warm-up step. Interleaving matters on a shared machine: a plan timed while the load is high
+Every run trains the real model on its real data with the trainer ``mode=train`` uses
+(``models.train.Trainer``: the same state, optimizer, batches and step timing, so the losses are
+those ``mode=train`` gives for the same seed); a searched plan's layouts reach it as a step
+transform (``apply.assignment_transform``). Plans are compiled first (``Runner``), then timed
+in interleaved rounds (``race``): ``repeats`` rounds in which every plan runs ``iterations``
+steps, each step timed alone (batch generation excluded), after one warm-up step. Interleaving matters on a shared machine: a plan timed while the load is high
 and another while it is low would compare the load, not the plans; a round the hypervisor
 interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean of its steps and
 the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
@@ -14,15 +15,15 @@ device, from XLA's buffer assignment (``models.train.memory_stats``).
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from launcher import jaxcompat
-from launcher.cfp.analysis import Analysis
-from launcher.cfp.apply import whole_step
-from launcher.cfp.quiet import quiet
-from launcher.errors import UserError
+from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.apply import assignment_transform
+from launcher.cfp.profile.quiet import quiet
+from launcher.errors import BAD_INPUT
+from models.train import Trainer
 
 
 @dataclass
@@ -51,72 +52,41 @@ class PlanRun:
                 "repeat_times_s": self.repeat_times_s, "compile_time_s": self.compile_time_s}
 
 
-class Runner:
-    """A compiled training step with its state, ready to be timed step by step."""
+class Runner(Trainer):
+    """A plan's training step compiled with its state (``models.train.Trainer``), and the mean
+    step time of each round ``race`` ran it for."""
 
-    def __init__(self, name: str, compiled: Any, state: Any, make_batch: Any, program: Any, seed: int,
-                 first_step: int, memory_bytes: int, compile_time_s: float, losses: Sequence[float] = ()) -> None:
-        self.name, self.compiled, self.state, self.make_batch = name, compiled, state, make_batch
-        self.program, self.seed, self.step_no = program, seed, first_step
-        self.memory_bytes, self.compile_time_s = memory_bytes, compile_time_s
-        self.losses, self.rounds = list(losses), []
+    def __init__(self, name: str, program: Any, plan: Any, devices: Sequence[Any], *, seed: int = 0,
+                 transform_step: Any = None) -> None:
+        super().__init__(program.model, plan, devices, optimizer=program.optimizer, seed=seed,
+                         transform_step=transform_step)
+        self.name, self.program = name, program
+        self.rounds: list[float] = []
         self.candidate: Any = None  # the search.Candidate it runs, when it runs one
 
-    def steps(self, n: int, progress: Any = None) -> list[float]:
-        import jax
-
-        from models.train import data_key
-
-        times = []
-        # The batch goes where the compiled step takes it: with 0.4.35, a batch program jitted
-        # for one plan's layout was seen to hand another plan's runner a batch in its own layout.
-        layout = self.compiled.input_shardings[0][1]
-        for _ in range(n):
-            batch = jax.block_until_ready(jax.device_put(self.make_batch(data_key(self.seed, self.step_no)), layout))
-            t = time.perf_counter()
-            self.state, loss = self.compiled(self.state, batch)
-            self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
-            times.append(time.perf_counter() - t)
-            self.step_no += 1
-            if progress is not None:
-                progress.advance()
-        return times
-
     def result(self) -> PlanRun:
-        return PlanRun(self.name, self.rounds, self.losses, self.memory_bytes,
+        return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes,
                        float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
 
 
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
                 name: str = "cfp") -> Runner:
-    """``program`` (a TrainingProgram) compiled under a block-plan assignment."""
-    import jax
+    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
+    from models.plans import Plan
 
-    from models.train import data_key, init_state, memory_stats
-
-    step, in_sh, out_sh = whole_step(a, assignment, mesh)
-    t0 = time.perf_counter()
-    state = jax.jit(lambda k: init_state(program.model, program.optimizer, k), out_shardings=in_sh[0])(
-        jax.random.key(seed))
-    make_batch = jax.jit(program.model.make_batch, out_shardings=in_sh[1])
-    compiled = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh, donate_argnums=0).lower(
-        state, make_batch(data_key(seed, 0))).compile()
-    return Runner(name, compiled, state, make_batch, program, seed, 0, memory_stats(compiled)["peak_bytes"],
-                  time.perf_counter() - t0)
+    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape)), {"params": {}, "activations": {}, "inputs": {}})
+    return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
+                  transform_step=assignment_transform(a, assignment))
 
 
 def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner:
-    """A built-in plan (``models.plans``), set up and compiled by ``models.train.run_training``
-    (one step); raises UserError when the plan does not fit the model or the devices."""
-    import jax
-
+    """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
+    plan does not fit the model or the devices."""
     from models.plans import builtin
-    from models.train import run_training
 
-    r = run_training(program.model, builtin(plan_name), 1, devices, optimizer=program.optimizer, seed=seed)
-    make_batch = jax.jit(program.model.make_batch, out_shardings=r.shardings.batch)
-    return Runner(plan_name, r.compiled, r.state, make_batch, program, seed, 1, r.peak_memory_bytes,
-                  r.compile_time_s, r.losses)
+    runner = Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
+    runner.steps(1)
+    return runner
 
 
 def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None) -> list[PlanRun]:
@@ -158,7 +128,7 @@ def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iter
     with the least ``paired_ratios`` wins. Every process measures every candidate and the
     slowest process's round times decide, so all processes pick the same plan. Returns the
     chosen runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
-    from launcher.cfp.timing import slowest_process
+    from launcher.cfp.profile.timing import slowest_process
 
     runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed) for c in shortlist]
     measured: list[float | None] = [None] * len(runners)
@@ -190,17 +160,15 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.median(t / m for t, m in zip(times, per_round)) for times in rounds]
 
 
-BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")
-
 
 def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
-                     names: Sequence[str] = BASELINES) -> tuple[list[Runner], dict[str, str]]:
+                     names: Sequence[str]) -> tuple[list[Runner], dict[str, str]]:
     """Every built-in plan that fits; the others with the reason they do not."""
     runners, skipped = [], {}
     for name in names:
         try:
             runners.append(baseline_runner(program, name, devices, seed=seed))
-        except UserError as e:
+        except BAD_INPUT as e:
             skipped[name] = str(e)
             log(f"baseline {name}: skipped ({e})")
     return runners, skipped
@@ -214,7 +182,7 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
     The CPU backend's profiler trace does not separate collectives from computation, so the
     communication time is an estimate: collective bytes over the all-reduce bandwidth measured
     on the same mesh (each row says so)."""
-    from launcher.cfp.comm import collectives, total_bytes
+    from launcher.cfp.search.comm import collectives, total_bytes
 
     bandwidth = allreduce_bandwidth(mesh)
     log(f"all-reduce bandwidth on the mesh: {bandwidth / 1e9:.3f} GB/s per device")
@@ -241,7 +209,7 @@ def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from launcher.cfp.timing import Timer, slowest_process
+    from launcher.cfp.profile.timing import Timer, slowest_process
 
     n = mesh.devices.size
     per = max(int(mib * 2**20 / 4), 1)

@@ -36,8 +36,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from launcher.cfp.graph import Graph, Op
-from launcher.cfp.strategies import Spec
+from launcher.cfp.analysis.graph import Graph, Op
+from launcher.cfp.analysis.strategies import Spec
 
 ELEMENTWISE = frozenset("""
 abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp complex conj

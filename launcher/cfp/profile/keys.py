@@ -1,0 +1,61 @@
+"""Profile-store keys. The store on disk is shared by runs and reused across them, so every key
+field here is part of its format: change one and every stored entry is measured again.
+
+A segment combination's key holds the model's signature (its analysis), the mesh, the devices,
+the timing (warm or cold caches), the template (its blocks' signatures) and the combination;
+measurements that depend on the mesh only (resharding, all-reduce latency) leave the model out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Sequence
+
+from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.profile.units import Unit
+
+# Part of every store key: bump it when what a measurement means changes (which tensors are
+# pinned, what a segment program contains), so old entries are not reused.
+PROFILE_VERSION = 4
+
+
+def model_signature(a: Analysis) -> str:
+    return hashlib.sha1(json.dumps(a.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def device_signature(mesh: Any) -> str:
+    import jax
+
+    d = mesh.devices.flat[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
+
+
+class StoreKeys:
+    """The keys of one profile run's entries (an analysis on a mesh, warm or cold caches)."""
+
+    def __init__(self, a: Analysis, mesh: Any, cold: bool = False) -> None:
+        self.a = a
+        # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
+        # of those that depend on the model too.
+        self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh),
+                          "caches": "cold" if cold else "warm"}
+        self.base = {**self.mesh_base, "model": model_signature(a)}
+
+    def segment(self, u: Unit, combo: Sequence[int]) -> dict:
+        """A unit's combination (units of one kind share it: the template is their blocks')."""
+        sigs = self.a.signatures[u.start:u.end]
+        template = hashlib.sha1("|".join(sigs).encode()).hexdigest()[:16]
+        return {**self.base, "template": template, "combination": list(combo)}
+
+    def reshard(self, pair: tuple) -> dict:
+        """Turning layout src into dst for ``pair`` = ((shape, dtype), src, dst)."""
+        (shape, dtype), src, dst = pair
+        return {**self.mesh_base, "kind": "reshard", "shape": list(shape), "dtype": dtype,
+                "src": [list(a) for a in src], "dst": [list(a) for a in dst]}
+
+    def allreduce_latency(self, axes: Sequence[int]) -> dict:
+        return {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes), "statistic": "q25"}
+
+    def whole_overhead(self) -> dict:
+        return {**self.base, "kind": "whole-overhead"}

@@ -1,0 +1,172 @@
+"""The CFP profile pass: every plan combination of every unique segment, compiled and timed.
+
+For each template, the first segment instance is turned into a program of that segment alone
+(``segment_program.py``); for every combination of its blocks' plans the program is compiled
+with those plans' sharding constraints on the real mesh, run (warm-up, then repeats) and its
+median time and per-device memory (XLA's memory analysis) recorded. A template whose space
+exceeds ``max_space`` is profiled in consecutive parts (``units.py``), so an MoE layer's
+thousands of combinations become a few hundred; the search then treats the parts as segments,
+with measured resharding between them.
+
+Running a program costs something whatever it computes: dispatching its arguments, making its
+results, starting and finishing every device. On small devices (and on CPU devices, always)
+that cost is a large part of a segment's time, and a whole step pays it once, not once per
+segment. So every program is timed alternately with its *overhead program*: the same
+arguments and results (same shapes, same shardings), computing nothing. The segment's cost is
+the difference; the whole step's own overhead program is measured once and added back by the
+search. Gradient all-reduces get the same treatment (``programs.py``).
+
+The parts, one concern each: ``units.py`` (what is profiled), ``candidates.py`` (the candidate
+loop: compile, time, store), ``boundaries.py`` (tensors crossing between units, and the
+resharding pairs they need), ``keys.py`` (profile-store keys), ``programs.py`` (the programs
+timed besides the segments), ``timing.py`` (how a program is timed: in turns with its overhead
+program, retaken when the hypervisor interrupted it, optionally from cold caches, the slowest
+process's time). ``Profiler`` runs them in order and returns ``Profiles``.
+
+Every result goes into the profile store (``store.py``) as soon as it is measured, so an
+interrupted run resumes and a later one reuses. Rank 0 writes it and every process reads it
+back, so with several hosts it must be on a shared filesystem (like the run dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
+from launcher.cfp.profile.candidates import CandidateLoop
+from launcher.cfp.profile.keys import StoreKeys
+from launcher.cfp.profile.programs import allreduce_time, gradient_allreduces, reshard_time, whole_overhead_entry
+from launcher.cfp.profile.store import ProfileStore
+from launcher.cfp.profile.timing import CacheFlush, Timer
+from launcher.cfp.profile.units import Unit, profiling_units
+from launcher.runtime import hosts
+
+
+@dataclass
+class Profiles:
+    units: list[Unit]
+    table: dict[tuple[int, int], dict[tuple[int, ...], dict]]   # kind -> combo -> entry
+    boundaries: list[Boundary]
+    reshard: dict[tuple, float]         # (shape, dtype, src, dst) -> seconds, less the overhead
+    whole_overhead_s: float = 0.0      # the whole step's overhead program (see the module doc)
+    # per unit, per combo index: the mesh axes of each gradient all-reduce its program makes
+    gradient_allreduces: list[list[frozenset]] | None = None
+    allreduce_latency_s: dict[tuple[int, ...], float] = field(default_factory=dict)  # by axes
+    measured: int = 0                   # entries measured by this run
+    reused: int = 0                     # entries found in the store
+    seconds: float = 0.0
+
+    @property
+    def profiled_configs(self) -> int:
+        return sum(len(v) for v in self.table.values())
+
+    def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
+        """A unit's measured time less its overhead program's: inside the whole step the units
+        run as one program, which pays its overhead once (``whole_overhead_s``)."""
+        e = self.table[kind][combo]
+        return max(e["time_s"] - e.get("overhead_s", 0.0), 0.0)
+
+    def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
+        """Seconds of resharding across boundary ``b`` for the two units' combo indices (each
+        measured as a program of its own, so less its overhead program, like ``unit_time``)."""
+        total = 0.0
+        for k in range(len(b.vars)):
+            if b.from_left[k]:
+                src, dst = b.produced[k][left_combo], b.wanted[k][right_combo]
+            else:
+                src, dst = b.produced[k][right_combo], b.wanted[k][left_combo]
+            if src is not None and src != dst:
+                total += self.reshard[(b.types[k], src, dst)]
+        return total
+
+
+class Profiler:
+    """The profile pass over analysis ``a`` on ``mesh``, measuring what ``store`` lacks."""
+
+    def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, *, repeats: int = 3, warmup: int = 1,
+                 cold: bool = False, max_space: int = 128, overlap: bool = True,
+                 log: Callable[[str], None] = print, is_main: bool = True) -> None:
+        self.a, self.mesh, self.store, self.log, self.is_main = a, mesh, store, log, is_main
+        self.timer = Timer(warmup, repeats, CacheFlush(mesh) if cold else None)
+        self.units = profiling_units(a, max_space)
+        self.keys = StoreKeys(a, mesh, cold)
+        self.loop = CandidateLoop(a, mesh, store, self.keys, self.timer, self.units, overlap=overlap, log=log,
+                                  is_main=is_main)
+
+    def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
+        t0 = time.perf_counter()
+        candidates = self.loop.candidates()
+        missing = self.loop.missing(candidates)
+        todo = [c for c, m in zip(candidates, missing) if m]
+        reused = len(candidates) - len(todo)
+        self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units "
+                 f"({reused} in the store, {len(todo)} to measure)")
+        ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
+        with ctx as progress:
+            measured = self.loop.measure(todo, progress)
+        hosts.barrier("cfp-profile")
+        table = self.loop.table()
+        boundaries = find_boundaries(self.a, self.units)
+        reshard, n_reshard = self.reshard_costs(boundaries)
+        self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs "
+                 f"({n_reshard} measured now)")
+        whole = self.whole_overhead()
+        self.log(f"profile: running a program with the whole step's arguments and results costs "
+                 f"{whole * 1e3:.3f} ms whatever it computes (taken off every unit and resharding as "
+                 "measured alone, added once to the whole step)")
+        grads = gradient_allreduces(self.a, self.units)
+        latency = {axes: self.allreduce_latency(axes) for axes in sorted({ax for u in grads for c in u for ax in c})}
+        if latency:
+            each = ", ".join(f"{t * 1e3:.3f} ms over mesh axes {list(axes)}" for axes, t in latency.items())
+            self.log(f"profile: one all-reduce costs {each} (paid once per step for the gradients, which the "
+                     "whole step combines)")
+        return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, gradient_allreduces=grads,
+                        allreduce_latency_s=latency, measured=measured, reused=reused,
+                        seconds=time.perf_counter() - t0)
+
+    def reshard_costs(self, boundaries: list[Boundary]) -> tuple[dict[tuple, float], int]:
+        costs, measured = {}, 0
+        for p in layout_pairs(boundaries):
+            costs[p], new = self._stored(self.keys.reshard(p), lambda: reshard_time(p[0][0], p[0][1], p[1], p[2],
+                                                                                    self.mesh, self.timer))
+            measured += new
+        return costs, measured
+
+    def allreduce_latency(self, axes: tuple[int, ...]) -> float:
+        return self._stored(self.keys.allreduce_latency(axes),
+                            lambda: allreduce_time(self.mesh, axes, self.timer, max(self.timer.repeats, 30)))[0]
+
+    def whole_overhead(self) -> float:
+        """The whole step's overhead program (``programs.whole_overhead_entry``)."""
+        return self._stored(self.keys.whole_overhead(), lambda: whole_overhead_entry(self.a, self.mesh, self.timer))[0]
+
+    def _stored(self, key: dict, measure: Callable[[], dict]) -> tuple[float, bool]:
+        """(seconds less the overhead, whether measured now) of the store's entry for ``key``;
+        when rank 0 lacks it, every process measures (``measure`` returns the entry) and rank 0
+        writes it. Rank 0's value counts everywhere (the store holds only its entries)."""
+        entry = self.store.get(key) if self.is_main else None
+        missing = not _broadcast_flag(entry is not None)
+        if missing:
+            entry = measure()
+            if self.is_main:
+                self.store.put(key, entry)
+        seconds = max(entry["time_s"] - entry.get("overhead_s", 0.0), 0.0) if self.is_main else 0.0
+        return _broadcast_float(seconds), missing
+
+
+# Multi-process agreement (no-ops with one process)
+
+def _broadcast_flag(flag: bool) -> bool:
+    import numpy as np
+
+    return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])
+
+
+def _broadcast_float(x: float) -> float:
+    import numpy as np
+
+    return float(hosts.broadcast(np.array([x], dtype=np.float64))[0])
