@@ -76,6 +76,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
                               f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
             if reason:
                 cluster.cancel(job)
+                _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir, statuses))
             view.update(status.read_progress(run_dir))
             if job.done():
@@ -86,12 +87,21 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     try:
         job.results()
     except Exception as e:  # submitit says the job failed: name the rank if we can
+        _raise_refusal(run_dir)
         reason = status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
         raise JobFailed(_with_log_tail(reason, run_dir, statuses)) from None
     result_path = run_dir / "result.json"
     if not result_path.exists():
         raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
     return json.loads(result_path.read_text())
+
+
+def _raise_refusal(run_dir: Path) -> None:
+    """A task that stopped on bad input (an image's JAX too old, a plan file that does not fit)
+    is reported as bad input is before submission: one line, exit status 2."""
+    message = status.refusal(run_dir)
+    if message:
+        raise UserError(message)
 
 
 def expected_ranks(cfg: DictConfig) -> int:

@@ -62,6 +62,20 @@ def test_every_tiny_model_trains_through_the_launcher(tmp_path, family):
     assert r["flops_per_step"] == load_preset(f"{family}-tiny").flops_per_step()
 
 
+def test_bad_input_found_by_a_task_exits_2_with_one_line(tmp_path):
+    # Only the task can tell that a searched plan's constraints belong to another training step:
+    # it reports bad input as the launcher does before submission (one line, exit status 2).
+    plan = json.loads(builtin("dp").to_json())
+    plan["constraints"] = {"program": "a step of some other model"}
+    (tmp_path / "stale.json").write_text(json.dumps(plan))
+    proc = run_cli(*COMMON, "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1",
+                   f"mode.plan={tmp_path / 'stale.json'}", run_dir=tmp_path / "run", check=False, timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rank 0" in errors[0] and "constraints were made for a training step" in errors[0]
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("override, message", [
     ("mode.plan=zero3", "unknown plan 'zero3'"),
     ("model.heads=6", "model.heads=6 does not divide model.hidden=64"),

@@ -41,6 +41,7 @@ class RankStatus:
     message: str = ""
     time: float = 0.0
     pidns: str = ""  # the pid is only checkable from the same host and pid namespace
+    bad_input: bool = False  # failed on bad input (the message says what to fix), not a fault
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -76,8 +77,9 @@ class RankReporter:
         self._thread: threading.Thread | None = None
         self.set("starting")
 
-    def set(self, state: str, message: str = "") -> None:
+    def set(self, state: str, message: str = "", bad_input: bool = False) -> None:
         self.status.state, self.status.message, self.status.time = state, message, time.time()
+        self.status.bad_input = bad_input
         _write_json(self.path, asdict(self.status))
 
     def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None]) -> None:
@@ -97,6 +99,15 @@ class RankReporter:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def refusal(run_dir: Path) -> str:
+    """The message of the first rank that failed on bad input, when the first to fail did ("" if not)."""
+    failed = sorted((st.time, st.rank, st) for st, _ in read_statuses(run_dir).values() if st.state == "failed")
+    if failed and failed[0][2].bad_input:
+        st = failed[0][2]
+        return f"rank {st.rank} on {st.host}: {st.message}"
+    return ""
 
 
 def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, exclude: int = -1) -> str:

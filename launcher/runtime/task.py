@@ -45,13 +45,14 @@ class Task:
             reporter.set("stopped", "interrupted")
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
-            if isinstance(e, BAD_INPUT):  # bad input: the message says what to fix, a traceback only buries it
+            bad_input = isinstance(e, BAD_INPUT)
+            if bad_input:  # the message says what to fix; a traceback only buries it
                 message = str(e)
                 log.error("rank %d failed: %s", rank.process_id, message)
             else:
                 message = f"{type(e).__name__}: {e}"
                 log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
-            reporter.set("failed", message)
+            reporter.set("failed", message, bad_input=bad_input)
             raise
         finally:
             reporter.stop()
