@@ -4,16 +4,22 @@ Hydra merges each YAML option of a group into these dataclasses, so a misspelt k
 where an int belongs or an unknown enum value fails before anything is submitted. Checks that
 a type cannot express (a positive count, a port in range) live in ``validate``.
 
-Mode and model schemas live next to their code (``launcher/modes/<name>.py: Config``,
-``models/configs.py: SCHEMAS``) and are registered here as ``<name>_schema``; each YAML option
-of those groups starts with ``defaults: [<name>_schema, _self_]``.
+Cluster, mode and model schemas live next to their code (``launcher/clusters/<backend>.py:
+Config``, one per backend over ``ClusterConfig``; ``launcher/modes/<name>.py: Config``;
+``models/configs.py: SCHEMAS``), each with its checks (``Config.check``). They are registered
+(``register``) at the root of Hydra's config repository as ``schema_<group>_<name>``, not in
+their groups: Hydra offers every entry of a group as an option (``--help``, and the error for a
+misspelt ``mode=serch``), and a schema is not one. Each YAML option starts with
+``defaults: [/schema_<group>_<name>@_here_, _self_]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
@@ -51,6 +57,9 @@ class Runtime(str, Enum):
 
 @dataclass
 class ClusterConfig:
+    """What every cluster backend has. Each backend's own keys are in its subclass, ``Config`` in
+    ``launcher/clusters/<backend>.py`` (local, slurm, mpi, tpu), beside its code and its checks."""
+
     name: str = MISSING
     backend: Backend = MISSING
     accelerator: Accelerator = Accelerator.cpu
@@ -61,28 +70,10 @@ class ClusterConfig:
     timeout_min: int = 60
     env: Dict[str, str] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
-    # SLURM (slurm, lumi)
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    cpus_per_task: Optional[int] = None
-    mem: Optional[str] = None
-    mem_per_gpu: Optional[str] = None
-    exclusive: bool = False
-    cpu_bind: Optional[str] = None
-    srun_args: List[str] = field(default_factory=list)
-    sbatch_args: Dict[str, str] = field(default_factory=dict)
-    # mpirun (mpi-local)
-    mpirun: str = "mpirun"
-    mpirun_args: List[str] = field(default_factory=list)
-    hosts: List[str] = field(default_factory=list)
-    # TPU VM pods (tpu)
-    tpu_name: Optional[str] = None
-    zone: Optional[str] = None
-    project: Optional[str] = None
-    gcloud: str = "gcloud"
-    remote_dir: str = "xlaunch-runs"  # on each worker, relative to its home
-    remote_python: str = "python3"  # the workers' interpreter (with jax[tpu], submitit and xlaunch)
+
+    @classmethod
+    def check(cls, cfg: DictConfig) -> None:
+        """The backend's own checks of the whole config (``cfg.cluster`` is this class's)."""
 
 
 @dataclass
@@ -106,7 +97,7 @@ class LauncherConfig:
     heartbeat_timeout_s: int = 30  # jax.distributed's own peer-loss detection
     peer_timeout_s: float = 15.0  # our watchdog: a silent rank is declared dead after this
     poll_interval_s: float = 0.5
-    coordinator_port: int = 0  # 0: chosen per job
+    coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.submit.coordinator_port)
     xla_dump: bool = False
     log_level: str = "INFO"
     # Test-only fault injection, to prove that failures end the job quickly:
@@ -136,22 +127,163 @@ def mode_modules() -> Dict[str, Any]:
     return out
 
 
+def cluster_schemas() -> Dict[str, type]:
+    """Each backend's cluster schema (``Config`` in ``launcher/clusters/<backend>.py``), by backend."""
+    import launcher.clusters as pkg
+
+    out = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"launcher.clusters.{info.name}")
+        schema = getattr(module, "Config", None)
+        if isinstance(schema, type) and issubclass(schema, ClusterConfig):
+            out[schema.backend.value] = schema
+    return out
+
+
+def mode_schemas() -> Dict[str, type]:
+    return {name: m.Config for name, m in mode_modules().items() if hasattr(m, "Config")}
+
+
+def schema_name(group: str, option: str) -> str:
+    """Where a group's schema is registered: a config at the root of Hydra's repository, named
+    ``schema_<group>_<option>``, which a YAML option pulls in with
+    ``defaults: [/schema_<group>_<option>@_here_, _self_]``."""
+    return f"schema_{group}_{option}"
+
+
 def register() -> None:
+    """Registers the schemas with Hydra's ConfigStore.
+
+    Schemas are *not* stored in the groups they type (``mode/check_schema`` would be an option of
+    ``mode``, offered by ``--help`` and by the error for a misspelt ``mode=``): each is a config at
+    the repository's root (``schema_mode_check``, ``schema_cluster_slurm``...), which Hydra lists
+    in no group, and each YAML option merges its schema in with
+    ``defaults: [/schema_<group>_<name>@_here_, _self_]`` (``@_here_``: into the option's own
+    package). So overrides are still typed and checked by Hydra, against the selected option's
+    own schema (a SLURM key on cluster=local is refused).
+    """
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    for name, module in mode_modules().items():
-        if hasattr(module, "Config"):
-            cs.store(group="mode", name=f"{name}_schema", node=module.Config)
+    for backend, schema in cluster_schemas().items():
+        cs.store(name=schema_name("cluster", backend), node=schema)
+    for name, schema in mode_schemas().items():
+        cs.store(name=schema_name("mode", name), node=schema)
     try:
         from models.configs import SCHEMAS
     except ImportError:  # models not installed: user models still work through _target_
         SCHEMAS = {}
     for name, schema in SCHEMAS.items():
-        cs.store(group="model", name=f"{name}_schema", node=schema)
+        cs.store(name=schema_name("model", name), node=schema)
+
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+# --- the composed config against its schemas --------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """What a composed config says about the job, for the modes' checks (``Config.check``)."""
+
+    devices: Optional[int]  # global devices, where the config alone tells (None: TPU chips, ...)
+    files_here: bool  # input files are read from this machine's file systems (not a TPU VM's)
+
+
+def job_of(cfg: DictConfig) -> Job:
+    c = cfg.cluster
+    devices = None
+    if c.accelerator == Accelerator.cpu:
+        devices = c.nodes * c.tasks_per_node * c.cpu_devices_per_task
+    elif c.accelerator in (Accelerator.cuda, Accelerator.rocm) and c.gpus_per_node > 0:
+        devices = c.nodes * c.gpus_per_node
+    return Job(devices=devices, files_here=c.backend != Backend.tpu)
+
+
+def typed(cfg: DictConfig) -> DictConfig:
+    """``cfg`` merged into its schemas: ``Config``, the backend's cluster ``Config`` and the mode's.
+
+    Hydra already typed a composed config through the defaults lists; this also types a config
+    saved by an earlier run (``--config-dir <run>/.hydra``, which has no defaults list) and refuses
+    what Hydra lets through: keys added with ``+`` (``+foo=1``, ``+cluster.partition=x`` on
+    cluster=local). Raises UserError naming the key.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    for key in raw:
+        if key not in _fields(Config):
+            raise UserError(f"{key}: not a key of the config (its keys: {', '.join(_fields(Config))}); remove "
+                            f"+{key}=..., or put it under the group it belongs to (e.g. +mode.{key}=...)")
+    cluster, mode = raw.get("cluster") or {}, raw.get("mode") or {}
+    backend = getattr(cluster.get("backend"), "value", cluster.get("backend"))
+    clusters = cluster_schemas()
+    if backend not in clusters:
+        raise UserError(f"cluster.backend={backend}: no such backend (known: {', '.join(sorted(clusters))})")
+    modes = mode_schemas()
+    if mode.get("name") not in modes:
+        raise UserError(f"mode.name={mode.get('name')}: no such mode (known: {', '.join(sorted(modes))})")
+    cluster_schema, mode_schema = clusters[backend], modes[mode["name"]]
+    for group, schema, value in (("cluster", cluster_schema, cluster), ("mode", mode_schema, mode),
+                                 ("launcher", LauncherConfig, raw.get("launcher") or {}),
+                                 ("container", ContainerConfig, raw.get("container") or {})):
+        for key in value:
+            if key not in _fields(schema):
+                raise UserError(unknown_key_message(f"{group}.{key}", cluster.get("name"), mode.get("name")))
+    base = OmegaConf.structured(Config(cluster=cluster_schema(), mode=mode_schema()))
+    try:
+        return OmegaConf.merge(base, raw)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "config"
+        raise UserError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+def unknown_key_message(key: str, cluster: Optional[str], mode: Optional[str]) -> str:
+    """One line for a key the selected option's schema does not have: what it is, and the fix."""
+    group, _, name = key.partition(".")
+    name = name.split(".")[0]
+    if group == "cluster":
+        backends = cluster_backends()
+        backend = backends.get(cluster or "")
+        schemas = cluster_schemas()
+        own = _fields(schemas[backend]) if backend in schemas else []
+        others = [b for b, s in sorted(schemas.items()) if name in _fields(s) and b != backend]
+        where = f"cluster={cluster} (backend {backend})" if backend else f"cluster={cluster}"
+        if others:
+            options = [c for c, b in sorted(backends.items()) if b in others]
+            return (f"{key}: {where} has no such key; it is an option of backend {' and '.join(others)} "
+                    f"(cluster={'|'.join(options)}): select such a cluster or drop the key")
+        return f"{key}: {where} has no such key (its keys: {', '.join(own)})"
+    if group == "mode":
+        schema = mode_schemas().get(mode or "")
+        own = f" (its options: {', '.join(k for k in _fields(schema) if k != 'name')})" if schema else ""
+        return f"{key}: mode={mode} has no such option{own}"
+    schema = {"launcher": LauncherConfig, "container": ContainerConfig}.get(group)
+    own = f" (its keys: {', '.join(_fields(schema))})" if schema else ""
+    return f"{key}: no such key{own}"
+
+
+def cluster_backends() -> Dict[str, str]:
+    """Each cluster option of conf/cluster (local, lumi, ...) and its backend."""
+    import yaml
+
+    out = {}
+    for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
+        backend = (yaml.safe_load(path.read_text()) or {}).get("backend")
+        if backend:
+            out[path.stem] = backend
+    return out
+
+
+def _fields(schema: type) -> List[str]:
+    return [f.name for f in dataclasses.fields(schema)]
 
 
 def validate(cfg: DictConfig) -> None:
-    """Checks a type cannot express. Raises UserError naming the key and the fix."""
+    """Checks a type cannot express, before anything is submitted: the common ones here, the
+    cluster backend's (``launcher/clusters/<backend>.py: Config.check``) and the mode's
+    (``launcher/modes/<name>.py: Config.check``: input files, plans, mesh shapes). Raises
+    UserError naming the key and the fix."""
     c, lc = cfg.cluster, cfg.launcher
     positive = {
         "cluster.nodes": c.nodes,
@@ -173,24 +305,21 @@ def validate(cfg: DictConfig) -> None:
                 f"cluster.gpus_per_node={c.gpus_per_node} cannot be split evenly over "
                 f"cluster.tasks_per_node={c.tasks_per_node}: make gpus_per_node a multiple of tasks_per_node"
             )
-    if c.backend == Backend.local and c.nodes != 1:
-        raise UserError(f"cluster.nodes={c.nodes}: cluster={c.name} runs on this host only; use cluster.nodes=1 "
-                        "or a cluster with several nodes (cluster=slurm)")
     if not 0 <= lc.coordinator_port < 65536:
         raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
     if lc.fault:
         kind, _, rank = lc.fault.partition(":")
         if kind not in ("crash", "abort", "hang") or not rank.isdigit():
             raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>', 'abort:<rank>' or 'hang:<rank>'")
-    if c.backend == Backend.tpu and not c.tpu_name:
-        raise UserError("cluster=tpu needs the TPU VM's name: add cluster.tpu_name=<name> (and cluster.zone=<zone>)")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
+    cluster_schemas()[c.backend.value].check(cfg)
+    _validate_mode_counts(cfg.mode)
+    mode_schemas()[cfg.mode.name].check(cfg.mode, job_of(cfg))
     if cfg.container.runtime == Runtime.none and c.backend in (Backend.local, Backend.slurm, Backend.mpi):
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)
         jaxcompat.check_version()
-    _validate_mode_counts(cfg.mode)
 
 
 # Counts the modes share by name: checked here, before submission, rather than in each task.
@@ -206,3 +335,34 @@ def _validate_mode_counts(mode: DictConfig) -> None:
     for key in _NOT_NEGATIVE:
         if key in mode and mode[key] < 0:
             raise UserError(f"mode.{key}={mode[key]}: must be 0 or more")
+
+
+# --- shared pieces of the modes' checks -------------------------------------------------------
+
+def check_files(key: str, spec: Any, job: Job) -> None:
+    """``spec`` (a path, a glob, or a list of either) names at least one file each."""
+    import glob
+
+    patterns = [spec] if isinstance(spec, str) else list(spec or [])
+    if not patterns or not all(str(p) for p in patterns):
+        raise UserError(f"{key} is not set: give the input file, e.g. {key}=dump/module_0001.jit_step.before_optimizations.txt")
+    if not job.files_here:
+        return  # read on the TPU workers, whose file systems are not this machine's
+    for pattern in map(str, patterns):
+        if not any(Path(m).is_file() for m in glob.glob(pattern)):
+            where = "" if Path(pattern).is_absolute() else f" (relative to {Path.cwd()})"
+            raise UserError(f"{key}={pattern}{where}: no such file; give an existing file, or a glob that matches one")
+
+
+def check_mesh_shape(key: str, shape: Any, job: Job) -> None:
+    """Every entry positive, and their product the job's device count where the config tells it."""
+    shape = list(shape)
+    if any(s < 1 for s in shape):
+        raise UserError(f"{key}={shape}: every entry must be at least 1 (or leave it [] for 1-D over every device)")
+    n = 1
+    for s in shape:
+        n *= s
+    if shape and job.devices is not None and n != job.devices:
+        raise UserError(f"{key}={shape} has {n} devices but the job has {job.devices}: make the product of {key} "
+                        "the global device count (nodes x tasks_per_node x cpu_devices_per_task, or nodes x "
+                        "gpus_per_node), or leave it [] for 1-D")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import sys
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, free_port
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.task import Task
@@ -25,7 +26,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    cluster = Cluster.for_config(cfg, run_dir)
+    cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg))
     executor = cluster.executor()
     text = cluster.submission_text(executor)
     saved = run_dir / cluster.submission_name
@@ -41,7 +42,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
     # A reused run dir must not show the last run's ranks to this run's watchers.
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
-    task = Task(cfg, run_dir, cluster.coordinator_port())
+    task = Task(cfg, run_dir, cluster.coordinator_port)
     job = executor.submit(task)
     (run_dir / "job.json").write_text(json.dumps({"job_id": str(job.job_id), "backend": cluster.backend,
                                                   "submitted": time.time()}) + "\n")
@@ -55,6 +56,27 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         # keeps what was done (logs, stored profiles).
         cluster.cancel(job)
         raise JobFailed(f"interrupted: job {job.job_id} cancelled; what it wrote is in {run_dir}") from None
+
+
+def coordinator_port(cfg: DictConfig) -> int:
+    """The jax.distributed coordinator port: decided here, once per job, at submission, and
+    handed to the Cluster (whose dry run shows it) and to the Task (every rank gets the same).
+
+    ``launcher.coordinator_port`` when set; else, by backend: local and mpi, a port free on this
+    host now (rank 0 runs here, or on the first of ``cluster.hosts``); tpu, JAX's own Cloud TPU
+    default (8482); slurm, a random port in 20000-39999, since rank 0's node is not known
+    before the job starts.
+    """
+    if cfg.launcher.coordinator_port:
+        return int(cfg.launcher.coordinator_port)
+    backend = getattr(cfg.cluster.backend, "value", cfg.cluster.backend)
+    if backend == "tpu":
+        from launcher.clusters.tpu import DEFAULT_TPU_COORDINATOR_PORT
+
+        return DEFAULT_TPU_COORDINATOR_PORT
+    if backend in ("local", "mpi"):
+        return free_port()
+    return random.SystemRandom().randrange(20000, 40000)
 
 
 def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

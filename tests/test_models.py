@@ -33,7 +33,7 @@ def load_preset(name: str, **overrides):
     """A model from conf/model/<name>.yaml, merged into its schema as Hydra would."""
     family = name.removesuffix("-tiny")
     yaml = OmegaConf.load(CONF / f"{name}.yaml")
-    assert list(yaml.pop("defaults")) == [f"{family}_schema", "_self_"]
+    assert list(yaml.pop("defaults")) == [f"/schema_model_{family}@_here_", "_self_"]
     cfg = OmegaConf.merge(OmegaConf.structured(SCHEMAS[family]), yaml, overrides)
     fields = OmegaConf.to_container(cfg)
     return get_class(fields.pop("_target_"))(**fields)

@@ -66,3 +66,16 @@ def test_one_device_per_local_rank(accelerator, var, expected):
 
 def test_two_gpus_per_task():
     assert devices.local_devices(gpus_per_node=8, tasks_per_node=4, local_rank=3) == [6, 7]
+
+
+def test_job_environments_read_ranks_as_the_task_does(monkeypatch):
+    from launcher.clusters.mpi import MpiJobEnvironment
+    from launcher.clusters.tpu import TpuJobEnvironment
+
+    for k, v in {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "t0,t1"}.items():
+        monkeypatch.setenv(k, v)
+    mpi = MpiJobEnvironment()
+    assert (mpi.global_rank, mpi.num_tasks, mpi.local_rank, mpi.node, mpi.num_nodes) == (3, 4, 1, 1, 2)
+    tpu = TpuJobEnvironment()
+    assert (tpu.global_rank, tpu.num_tasks, tpu.local_rank, tpu.node, tpu.hostnames) == (1, 2, 0, 1, ["t0", "t1"])

@@ -27,6 +27,7 @@ from submitit.core.submission import process_job
 from submitit.core.utils import JobPaths
 
 from launcher.clusters.tpu import TpuJobEnvironment
+from launcher.runtime.ranks import TpuEnv
 
 
 def metadata(key: str, env: Mapping[str, str] = os.environ, tries: int = 5) -> str:
@@ -49,8 +50,9 @@ def metadata(key: str, env: Mapping[str, str] = os.environ, tries: int = 5) -> s
 
 def worker_identity(env: Mapping[str, str] = os.environ) -> tuple[int, list[str]]:
     """(this worker's number, every worker's address in worker order)."""
-    if "TPU_WORKER_ID" in env and "TPU_WORKER_HOSTNAMES" in env:
-        return int(env["TPU_WORKER_ID"]), [h for h in env["TPU_WORKER_HOSTNAMES"].split(",") if h]
+    given = TpuEnv(env)  # the variables, read as the task reads them
+    if given.present():
+        return given.numbers().process_id, given.hosts()
     hosts = []
     # Two spellings are in use: plain hostnames, or "name:id:ip" triples.
     for endpoint in metadata("worker-network-endpoints", env).split(","):

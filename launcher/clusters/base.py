@@ -8,6 +8,7 @@ copy saved in the run dir); the task callable is the same everywhere.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import shlex
 import socket
@@ -16,8 +17,10 @@ from typing import ClassVar
 
 import submitit
 from omegaconf import DictConfig
+from submitit.core import job_environment
 
 from launcher.errors import UserError
+from launcher.runtime import ranks
 
 
 class Cluster:
@@ -30,12 +33,14 @@ class Cluster:
         if cls.backend:
             Cluster._registry[cls.backend] = cls
 
-    def __init__(self, cfg: DictConfig, run_dir: Path):
+    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.folder = self.run_dir / "submitit"
+        # Decided at submission by launcher.submit.coordinator_port; the Task gets the same.
+        self.coordinator_port = coordinator_port
 
     @classmethod
-    def for_config(cls, cfg: DictConfig, run_dir: Path) -> "Cluster":
+    def for_config(cls, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0) -> "Cluster":
         import launcher.clusters as pkg
 
         for info in pkgutil.iter_modules(pkg.__path__):
@@ -44,7 +49,7 @@ class Cluster:
         backend = getattr(backend, "value", backend)
         if backend not in cls._registry:
             raise UserError(f"cluster.backend={backend}: no such backend (known: {', '.join(sorted(cls._registry))})")
-        return cls._registry[backend](cfg, run_dir)
+        return cls._registry[backend](cfg, run_dir, coordinator_port)
 
     # -- what subclasses provide -------------------------------------------------------------
     def executor(self) -> submitit.Executor:
@@ -53,10 +58,6 @@ class Cluster:
     def submission_text(self, executor: submitit.Executor) -> str:
         """Exactly what would be submitted or executed (an sbatch script, a command line...)."""
         raise NotImplementedError
-
-    def coordinator_port(self) -> int:
-        """The jax.distributed port, fixed at submission (0: each task derives it from its job id)."""
-        return self.cfg.launcher.coordinator_port
 
     # -- shared pieces ------------------------------------------------------------------------
     def python(self) -> str:
@@ -87,3 +88,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class RankJobEnvironment(job_environment.JobEnvironment):
+    """A submitit job environment of our executors (mpi, tpu) that takes its numbers from the
+    rank reader the Task uses (``launcher.runtime.ranks``), so both always agree. ``_env`` still
+    names the job id's variable (``SUBMITIT_<EXECUTOR>_JOB_ID``)."""
+
+    reader: ClassVar[type[ranks.RankEnv]]
+
+    def _numbers(self) -> ranks.RankInfo:
+        return self.reader(os.environ).numbers()
+
+    @property
+    def num_tasks(self) -> int:
+        return self._numbers().num_processes
+
+    @property
+    def num_nodes(self) -> int:
+        return self._numbers().num_nodes
+
+    @property
+    def node(self) -> int:
+        return self._numbers().node_rank
+
+    @property
+    def global_rank(self) -> int:
+        return self._numbers().process_id
+
+    @property
+    def local_rank(self) -> int:
+        return self._numbers().local_rank

@@ -10,22 +10,33 @@ import socket
 import sys
 import time
 
+from dataclasses import dataclass
+
 import submitit
 
-from launcher.clusters.base import Cluster, free_port
+from launcher.clusters.base import Cluster
+from launcher.errors import UserError
 from launcher.runtime import status
+from launcher.schema import Backend, ClusterConfig
+
+
+@dataclass
+class Config(ClusterConfig):
+    """cluster.backend=local: no keys beyond the common ones."""
+
+    backend: Backend = Backend.local
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        c = cfg.cluster
+        if c.nodes != 1:
+            raise UserError(f"cluster.nodes={c.nodes}: cluster={c.name} runs on this host only; use cluster.nodes=1 "
+                            "or a cluster with several nodes (cluster=slurm)")
 
 
 class LocalCluster(Cluster):
     backend = "local"
     submission_name = "submission.txt"
-
-    def __init__(self, cfg, run_dir):
-        super().__init__(cfg, run_dir)
-        self._port = cfg.launcher.coordinator_port or free_port()
-
-    def coordinator_port(self) -> int:
-        return self._port
 
     def executor(self) -> submitit.LocalExecutor:
         c = self.cfg.cluster
@@ -62,7 +73,7 @@ class LocalCluster(Cluster):
             "# cluster=local: submitit's local controller starts one process per task on this host",
             f"# tasks: {c.tasks_per_node} x {c.cpu_devices_per_task} virtual CPU devices"
             if c.accelerator.value == "cpu" else f"# tasks: {c.tasks_per_node}",
-            f"# coordinator: 127.0.0.1:{self._port}",
+            f"# coordinator: 127.0.0.1:{self.coordinator_port}",
             *setup,
             f"SUBMITIT_LOCAL_NTASKS={c.tasks_per_node} {controller}",
             f"# each task runs: {executor._submitit_command_str}",

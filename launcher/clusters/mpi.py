@@ -14,22 +14,29 @@ import shlex
 import shutil
 import sys
 import typing as tp
+from dataclasses import dataclass, field
 from pathlib import Path
-
-from submitit.core import job_environment
+from typing import List
 
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import env_name, one_line, operand
-from launcher.clusters.base import Cluster, free_port
+from launcher.clusters.base import Cluster, RankJobEnvironment
 from launcher.errors import UserError
+from launcher.runtime.ranks import OpenMpiEnv
+from launcher.schema import Backend, ClusterConfig
 
 
-class MpiCluster(Cluster):
-    backend = "mpi"
-    submission_name = "submission.sh"
+@dataclass
+class Config(ClusterConfig):
+    """cluster.backend=mpi (cluster=mpi-local): how mpirun is called, and on which hosts."""
 
-    def __init__(self, cfg, run_dir):
-        super().__init__(cfg, run_dir)
+    backend: Backend = Backend.mpi
+    mpirun: str = "mpirun"
+    mpirun_args: List[str] = field(default_factory=list)
+    hosts: List[str] = field(default_factory=list)  # one per node; empty: every rank on this host
+
+    @classmethod
+    def check(cls, cfg) -> None:
         c = cfg.cluster
         if c.hosts and len(c.hosts) != c.nodes:
             raise UserError(f"cluster.hosts has {len(c.hosts)} host(s) but cluster.nodes={c.nodes}: "
@@ -37,12 +44,11 @@ class MpiCluster(Cluster):
         if not c.hosts and c.nodes != 1:
             raise UserError(f"cluster.nodes={c.nodes}: without cluster.hosts mpirun starts every rank on "
                             "this host; use cluster.nodes=1 or list the hosts: cluster.hosts=[h1,h2]")
-        # Rank 0 runs on the first host, which is this one unless cluster.hosts says otherwise;
-        # a port free here is then at least likely to be free there.
-        self._port = cfg.launcher.coordinator_port or free_port()
 
-    def coordinator_port(self) -> int:
-        return self._port
+
+class MpiCluster(Cluster):
+    backend = "mpi"
+    submission_name = "submission.sh"
 
     def executor(self) -> "MpiExecutor":
         c = self.cfg.cluster
@@ -56,23 +62,12 @@ class MpiCluster(Cluster):
         return executor._make_submission_file_text(executor._submitit_command_str, uid="")
 
 
-class MpiJobEnvironment(job_environment.JobEnvironment):
-    """Inside a rank started by MpiExecutor (SUBMITIT_EXECUTOR=mpi)."""
+class MpiJobEnvironment(RankJobEnvironment):
+    """Inside a rank started by MpiExecutor (SUBMITIT_EXECUTOR=mpi): the numbers are Open MPI's
+    ``OMPI_COMM_WORLD_*``, read by ``launcher.runtime.ranks.OpenMpiEnv`` as the Task reads them."""
 
-    _env = {
-        "job_id": "SUBMITIT_MPI_JOB_ID",
-        "num_tasks": "OMPI_COMM_WORLD_SIZE",
-        "num_nodes": "SUBMITIT_MPI_NUM_NODES",
-        "global_rank": "OMPI_COMM_WORLD_RANK",
-        "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
-    }
-
-    @property
-    def node(self) -> int:
-        # Open MPI has no node-index variable (OMPI_COMM_WORLD_NODE_RANK is a rank *within* the
-        # node); MpiExecutor fills hosts slot by slot, tasks_per_node each, so it is a quotient.
-        per_node = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))
-        return self.global_rank // max(per_node, 1)
+    reader = OpenMpiEnv
+    _env = {"job_id": "SUBMITIT_MPI_JOB_ID"}
 
 
 class MpiExecutor(ScriptExecutor):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 import shutil
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
 
 import submitit
 from submitit.core.utils import FailedJobError
@@ -17,6 +18,34 @@ from submitit.core.utils import FailedJobError
 from launcher.clusters._shell import one_line
 from launcher.clusters.base import Cluster
 from launcher.errors import UserError
+from launcher.schema import Backend, ClusterConfig
+
+
+@dataclass
+class Config(ClusterConfig):
+    """cluster.backend=slurm (cluster=slurm, lumi): the sbatch and srun options."""
+
+    backend: Backend = Backend.slurm
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None
+    mem_per_gpu: Optional[str] = None
+    exclusive: bool = False
+    cpu_bind: Optional[str] = None
+    srun_args: List[str] = field(default_factory=list)
+    sbatch_args: Dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        c = cfg.cluster
+        if c.cpus_per_task is not None and c.cpus_per_task < 1:
+            raise UserError(f"cluster.cpus_per_task={c.cpus_per_task}: must be at least 1 (or null: SLURM's default)")
+        for key in c.sbatch_args:
+            if not _SBATCH_KEY.fullmatch(key):
+                raise UserError(f"cluster.sbatch_args: {key!r} is not an sbatch option name (e.g. mail-type)")
+
 
 # Cluster fields that become "#SBATCH --<name>=<value>" lines when set.
 _SBATCH_FIELDS = ("partition", "account", "qos", "cpus_per_task", "mem", "mem_per_gpu")

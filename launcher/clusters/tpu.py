@@ -23,26 +23,42 @@ import re
 import shlex
 import shutil
 import typing as tp
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
-from submitit.core import core, job_environment, utils
+from submitit.core import core, utils
 
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import one_line, operand
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, RankJobEnvironment
 from launcher.errors import UserError
+from launcher.runtime.ranks import TpuEnv
+from launcher.schema import Accelerator, Backend, ClusterConfig
 
 # JAX's own default coordinator port on Cloud TPU (jax/_src/clusters/cloud_tpu_cluster.py).
 DEFAULT_TPU_COORDINATOR_PORT = 8482
 
 
-class TpuCluster(Cluster):
-    backend = "tpu"
-    submission_name = "submission.sh"
+@dataclass
+class Config(ClusterConfig):
+    """cluster.backend=tpu: which TPU VM pod, and how to reach its workers."""
 
-    def __init__(self, cfg, run_dir):
-        super().__init__(cfg, run_dir)
+    backend: Backend = Backend.tpu
+    accelerator: Accelerator = Accelerator.tpu
+    tasks_per_node: int = 1
+    tpu_name: Optional[str] = None
+    zone: Optional[str] = None
+    project: Optional[str] = None
+    gcloud: str = "gcloud"
+    remote_dir: str = "xlaunch-runs"  # on each worker, relative to its home
+    remote_python: str = "python3"  # the workers' interpreter (with jax[tpu], submitit and xlaunch)
+
+    @classmethod
+    def check(cls, cfg) -> None:
         c = cfg.cluster
+        if not c.tpu_name:
+            raise UserError("cluster=tpu needs the TPU VM's name: add cluster.tpu_name=<name> (and cluster.zone=<zone>)")
         if c.tasks_per_node != 1:
             raise UserError(f"cluster.tasks_per_node={c.tasks_per_node}: a TPU VM worker runs one process that "
                             "drives all its chips; use cluster.tasks_per_node=1 and cluster.nodes=<workers>")
@@ -51,8 +67,10 @@ class TpuCluster(Cluster):
             raise UserError(f"container={runtime} is not supported on cluster=tpu: the workers run "
                             "cluster.remote_python directly; use container=none")
 
-    def coordinator_port(self) -> int:
-        return self.cfg.launcher.coordinator_port or DEFAULT_TPU_COORDINATOR_PORT
+
+class TpuCluster(Cluster):
+    backend = "tpu"
+    submission_name = "submission.sh"
 
     def remote_run_dir(self) -> str:
         """The run dir on each worker, relative to its home: <remote_dir>/<date>/<run>."""
@@ -70,26 +88,19 @@ class TpuCluster(Cluster):
         return executor._make_submission_file_text(executor._submitit_command_str, uid="")
 
 
-class TpuJobEnvironment(job_environment.JobEnvironment):
+class TpuJobEnvironment(RankJobEnvironment):
     """Inside a worker process started by TpuExecutor (SUBMITIT_EXECUTOR=tpu): one task per
-    worker, numbered by TPU_WORKER_ID (set by ``_tpu_worker`` from GKE's variables or the TPU
-    VM's metadata server)."""
+    worker, numbered by TPU_WORKER_ID among TPU_WORKER_HOSTNAMES (set by ``_tpu_worker`` from
+    GKE's variables or the TPU VM's metadata server), read by ``launcher.runtime.ranks.TpuEnv``
+    as the Task reads them."""
 
-    _env = {
-        "job_id": "SUBMITIT_TPU_JOB_ID",
-        "num_tasks": "SUBMITIT_TPU_NUM_WORKERS",
-        "num_nodes": "SUBMITIT_TPU_NUM_WORKERS",
-        "node": "TPU_WORKER_ID",
-        "global_rank": "TPU_WORKER_ID",
-    }
-
-    @property
-    def local_rank(self) -> int:
-        return 0
+    reader = TpuEnv
+    _env = {"job_id": "SUBMITIT_TPU_JOB_ID"}
 
     @property
     def hostnames(self) -> tp.Sequence[str]:
-        return [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h] or [self.hostname]
+        env = TpuEnv(os.environ)
+        return (env.hosts() if env.present() else []) or [self.hostname]
 
 
 class TpuExecutor(ScriptExecutor):

@@ -20,6 +20,19 @@ class Config:
     hlo_file: str = ""  # analyse this HLO text module instead of the model's training step
     learning_rate: float = 1e-3  # of the optimizer whose update is part of the analysed step
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission (``launcher.schema.validate``): the mesh fits the job's devices (a
+        dumped module's mesh need not: it is analysed, not run), the module file exists.
+        ``job``: ``launcher.schema.Job``."""
+        from dataclasses import replace
+
+        from launcher.schema import check_files, check_mesh_shape
+
+        if mode.hlo_file:
+            check_files("mode.hlo_file", mode.hlo_file, job)
+        check_mesh_shape("mode.mesh_shape", mode.mesh_shape, replace(job, devices=None) if mode.hlo_file else job)
+
 
 def write_files(ctx: Any, analyzed: Any) -> None:
     """The analysis files (``parallel_blocks.txt``, ``strategy_map.txt``, ``segments.txt``,

@@ -15,6 +15,14 @@ class Config:
     allgather_mb: float = 4.0  # per-device payload of the bandwidth test
     repeats: int = 5
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission (``launcher.schema.validate``); ``job``: ``launcher.schema.Job``."""
+        from launcher.errors import UserError
+
+        if mode.allgather_mb <= 0:
+            raise UserError(f"mode.allgather_mb={mode.allgather_mb}: must be more than 0 (e.g. mode.allgather_mb=1)")
+
 
 def run(ctx) -> dict:
     import jax

@@ -38,6 +38,22 @@ class Config:
     xla_flags: Any = field(default_factory=list)
     backend_only: bool = False  # after-optimizations dumps: compile with XLA's HLO passes disabled
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission (``launcher.schema.validate``): the module files (and an arguments
+        file) exist. ``job``: ``launcher.schema.Job``."""
+        from launcher.errors import UserError
+        from launcher.schema import check_files
+
+        check_files("mode.hlo_file", mode.hlo_file, job)
+        if mode.argument_mode == ArgumentMode.file and not mode.arguments_file:
+            raise UserError("mode.argument_mode=file needs mode.arguments_file=<file.npz>")
+        if mode.arguments_file:
+            check_files("mode.arguments_file", mode.arguments_file, job)
+        for key in ("num_replicas", "num_partitions"):
+            if mode[key] is not None and mode[key] < 1:
+                raise UserError(f"mode.{key}={mode[key]}: must be at least 1 (or null: from the module)")
+
 
 def run(ctx) -> dict:
     from launcher.hlo.module import expand

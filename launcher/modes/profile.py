@@ -39,6 +39,16 @@ class Config(AnalysisConfig):
     iterations: int = 10           # training steps per repeat when a whole-model plan is run
     run_repeats: int = 3
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission: the analysis's checks, and no mode.hlo_file (see the message)."""
+        from launcher.errors import UserError
+
+        if mode.hlo_file:
+            raise UserError(f"mode={mode.name} runs the model's training step; mode.hlo_file={mode.hlo_file!r} is "
+                            "for mode=analysis only (a module alone cannot be re-run under other plans)")
+        super().check(mode, job)
+
 
 def analyze_and_profile(ctx: Any) -> tuple[Any, Any, Any]:
     """(Analyzed, mesh, Profiled) for the job's devices: ``launcher.cfp.pipeline``'s analysis and

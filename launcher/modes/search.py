@@ -38,6 +38,17 @@ class Config(ProfileConfig):
     # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
     verify_repeats: int = 6
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission: the profile's checks, and baselines that are built-in plans."""
+        from launcher.errors import UserError
+        from models.plans import BUILTINS
+
+        super().check(mode, job)
+        for name in mode.baselines:
+            if name not in BUILTINS:
+                raise UserError(f"mode.baselines: {name!r} is not a built-in plan; choose from {', '.join(BUILTINS)}")
+
 
 def run(ctx: Any) -> dict:
     from launcher.cfp import pipeline

@@ -27,6 +27,30 @@ class Config:
     warmup_steps: int = 2  # first steps left out of the median step time (compilation, caches)
     seed: int = 0
 
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission (``launcher.schema.validate``): the plan exists, the steps leave some to
+        time, the axis sizes are positive. ``job``: ``launcher.schema.Job``."""
+        from pathlib import Path
+
+        from launcher.errors import UserError
+        from models.plans import BUILTINS
+
+        if not 0 <= mode.warmup_steps < mode.steps:
+            raise UserError(f"mode.warmup_steps={mode.warmup_steps} must be at least 0 and below "
+                            f"mode.steps={mode.steps}, so some steps are left to time")
+        plan = mode.plan
+        if plan not in BUILTINS:
+            if not (plan.endswith(".json") or "/" in plan):
+                raise UserError(f"mode.plan={plan}: unknown plan {plan!r}; give a built-in plan "
+                                f"({', '.join(BUILTINS)}) or the path of a plan JSON file")
+            if job.files_here and not Path(plan).is_file():
+                raise UserError(f"mode.plan={plan}: no such plan file; give an existing plan JSON file (the search "
+                                f"writes <run dir>/plan.json) or a built-in plan ({', '.join(BUILTINS)})")
+        for axis, size in mode.mesh_axes.items():
+            if size < 1:
+                raise UserError(f"mode.mesh_axes.{axis}={size}: must be at least 1")
+
 
 def run(ctx) -> dict:
     import jax

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
 from launcher.errors import UserError
@@ -28,9 +28,20 @@ class RankInfo:
     coordinator: str  # "host:port" of the jax.distributed coordinator (rank 0)
     source: str  # which environment the numbers came from
 
+    @property
+    def num_nodes(self) -> int:
+        """Nodes in the job (every launcher here fills nodes evenly, local_size tasks each)."""
+        return max(self.num_processes // max(self.local_size, 1), 1)
+
 
 class RankEnv:
-    """Reads one kind of launcher's environment variables. Subclasses register themselves."""
+    """Reads one kind of launcher's environment variables. Subclasses register themselves.
+
+    This is the one place that reads rank numbers: ``detect`` (the Task) and the submitit job
+    environments of our executors (``launcher.clusters.base.RankJobEnvironment``: mpi, tpu)
+    both call ``numbers``. ``info`` adds the coordinator's address, which may need talking to
+    the other ranks (Open MPI), so only the Task asks for it, once.
+    """
 
     name: ClassVar[str]
     priority: ClassVar[int]  # higher is tried first: mpirun inside a SLURM job is MPI, not SLURM
@@ -47,8 +58,15 @@ class RankEnv:
     def present(self) -> bool:
         raise NotImplementedError
 
-    def info(self, port: int) -> RankInfo:
+    def numbers(self) -> RankInfo:
+        """This process's place in the job; ``coordinator`` without a port ("host:")."""
         raise NotImplementedError
+
+    def coordinator_host(self) -> str:
+        return "127.0.0.1"
+
+    def info(self, port: int) -> RankInfo:
+        return replace(self.numbers(), coordinator=f"{self.coordinator_host()}:{port}")
 
     def _int(self, key: str, default: int | None = None) -> int:
         value = self.env.get(key)
@@ -57,6 +75,10 @@ class RankEnv:
                 raise UserError(f"{self.name}: environment variable {key} is not set")
             return default
         return int(value)
+
+    def _info(self, process_id: int, num_processes: int, local_rank: int, local_size: int,
+              node_rank: int) -> RankInfo:
+        return RankInfo(process_id, num_processes, local_rank, local_size, node_rank, "", self.name)
 
 
 class ExplicitEnv(RankEnv):
@@ -67,17 +89,18 @@ class ExplicitEnv(RankEnv):
     def present(self) -> bool:
         return "XLAUNCH_PROCESS_ID" in self.env
 
-    def info(self, port: int) -> RankInfo:
-        coordinator = self.env.get("XLAUNCH_COORDINATOR") or f"127.0.0.1:{port}"
-        return RankInfo(
+    def numbers(self) -> RankInfo:
+        return self._info(
             process_id=self._int("XLAUNCH_PROCESS_ID"),
             num_processes=self._int("XLAUNCH_NUM_PROCESSES"),
             local_rank=self._int("XLAUNCH_LOCAL_RANK", self._int("XLAUNCH_PROCESS_ID")),
             local_size=self._int("XLAUNCH_LOCAL_SIZE", self._int("XLAUNCH_NUM_PROCESSES")),
             node_rank=self._int("XLAUNCH_NODE_RANK", 0),
-            coordinator=coordinator,
-            source=self.name,
         )
+
+    def info(self, port: int) -> RankInfo:
+        coordinator = self.env.get("XLAUNCH_COORDINATOR") or f"127.0.0.1:{port}"
+        return replace(self.numbers(), coordinator=coordinator)
 
 
 class OpenMpiEnv(RankEnv):
@@ -88,18 +111,20 @@ class OpenMpiEnv(RankEnv):
     def present(self) -> bool:
         return "OMPI_COMM_WORLD_RANK" in self.env
 
-    def info(self, port: int) -> RankInfo:
-        host = self.env.get("XLAUNCH_COORDINATOR_HOST") or _mpi_rank0_host()
-        return RankInfo(
+    def numbers(self) -> RankInfo:
+        local_size = self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+        return self._info(
             process_id=self._int("OMPI_COMM_WORLD_RANK"),
             num_processes=self._int("OMPI_COMM_WORLD_SIZE"),
             local_rank=self._int("OMPI_COMM_WORLD_LOCAL_RANK", 0),
-            local_size=self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1),
-            # OMPI_COMM_WORLD_NODE_RANK is the rank within the node, not the node's index.
-            node_rank=self._int("OMPI_COMM_WORLD_RANK") // max(self._int("OMPI_COMM_WORLD_LOCAL_SIZE", 1), 1),
-            coordinator=f"{host}:{port}",
-            source=self.name,
+            local_size=local_size,
+            # OMPI_COMM_WORLD_NODE_RANK is the rank within the node, not the node's index; hosts
+            # are filled slot by slot, local_size each, so the node is a quotient.
+            node_rank=self._int("OMPI_COMM_WORLD_RANK") // max(local_size, 1),
         )
+
+    def coordinator_host(self) -> str:
+        return self.env.get("XLAUNCH_COORDINATOR_HOST") or _mpi_rank0_host()
 
 
 class SlurmEnv(RankEnv):
@@ -110,20 +135,20 @@ class SlurmEnv(RankEnv):
     def present(self) -> bool:
         return "SLURM_PROCID" in self.env and "SLURM_STEP_ID" in self.env
 
-    def info(self, port: int) -> RankInfo:
-        nodelist = self.env.get("SLURM_STEP_NODELIST") or self.env["SLURM_JOB_NODELIST"]
-        first = expand_nodelist(nodelist)[0]
+    def numbers(self) -> RankInfo:
         ntasks = self._int("SLURM_STEP_NUM_TASKS", self._int("SLURM_NTASKS", 1))
         nnodes = self._int("SLURM_STEP_NUM_NODES", self._int("SLURM_NNODES", 1))
-        return RankInfo(
+        return self._info(
             process_id=self._int("SLURM_PROCID"),
             num_processes=ntasks,
             local_rank=self._int("SLURM_LOCALID", 0),
             local_size=ntasks // max(nnodes, 1),
             node_rank=self._int("SLURM_NODEID", 0),
-            coordinator=f"{_slurm_node_address(first)}:{port}",
-            source=self.name,
         )
+
+    def coordinator_host(self) -> str:
+        nodelist = self.env.get("SLURM_STEP_NODELIST") or self.env["SLURM_JOB_NODELIST"]
+        return _slurm_node_address(expand_nodelist(nodelist)[0])
 
 
 class TpuEnv(RankEnv):
@@ -134,17 +159,21 @@ class TpuEnv(RankEnv):
     def present(self) -> bool:
         return "TPU_WORKER_ID" in self.env and "TPU_WORKER_HOSTNAMES" in self.env
 
-    def info(self, port: int) -> RankInfo:
-        hosts = [h for h in self.env["TPU_WORKER_HOSTNAMES"].split(",") if h]
-        return RankInfo(
+    def hosts(self) -> list[str]:
+        """Every worker's address, in worker order."""
+        return [h for h in self.env["TPU_WORKER_HOSTNAMES"].split(",") if h]
+
+    def numbers(self) -> RankInfo:
+        return self._info(
             process_id=self._int("TPU_WORKER_ID"),
-            num_processes=len(hosts),
+            num_processes=len(self.hosts()),
             local_rank=0,
             local_size=1,
             node_rank=self._int("TPU_WORKER_ID"),
-            coordinator=f"{hosts[0]}:{port}",
-            source=self.name,
         )
+
+    def coordinator_host(self) -> str:
+        return self.hosts()[0]
 
 
 class SubmititLocalEnv(RankEnv):
@@ -155,16 +184,14 @@ class SubmititLocalEnv(RankEnv):
     def present(self) -> bool:
         return "SUBMITIT_LOCAL_GLOBALID" in self.env
 
-    def info(self, port: int) -> RankInfo:
+    def numbers(self) -> RankInfo:
         n = self._int("SUBMITIT_LOCAL_NTASKS")
-        return RankInfo(
+        return self._info(
             process_id=self._int("SUBMITIT_LOCAL_GLOBALID"),
             num_processes=n,
             local_rank=self._int("SUBMITIT_LOCAL_LOCALID", 0),
             local_size=n,
             node_rank=0,
-            coordinator=f"127.0.0.1:{port}",
-            source=self.name,
         )
 
 
@@ -180,7 +207,9 @@ def detect(port: int, env: Mapping[str, str] | None = None) -> RankInfo:
 
 def default_port(env: Mapping[str, str] | None = None) -> int:
     """A coordinator port that differs between concurrent jobs on one node, agreed by all ranks
-    without talking: derived from the scheduler's job id."""
+    without talking: derived from the scheduler's job id. The launcher does not use it (its Task
+    gets the port decided at submission, ``launcher.submit.coordinator_port``); it is for scripts
+    that call ``detect`` on their own."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or env.get("OMPI_MCA_orte_jobfam_session_id")
     digits = int(re.sub(r"\D", "", job or "") or 0)

@@ -26,17 +26,17 @@ from launcher.runtime import devices, ranks, status
 
 
 class Task:
-    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0):
+    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int):
         # A plain container pickles without the schema classes' import paths mattering.
         self.cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         self.run_dir = str(run_dir)
+        # Decided once, at submission (launcher.submit.coordinator_port): every rank gets the same.
         self.coordinator_port = coordinator_port
 
     def __call__(self) -> dict[str, Any]:
         cfg = OmegaConf.create(self.cfg)
         run_dir = Path(self.run_dir)
-        port = self.coordinator_port or cfg.launcher.coordinator_port or ranks.default_port()
-        rank = ranks.detect(port)
+        rank = ranks.detect(self.coordinator_port)
         reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level)
         try:

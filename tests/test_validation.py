@@ -1,0 +1,86 @@
+"""Every check that can run before submission does: bad input exits 2 with one line naming the key
+and the fix, and nothing is submitted (no job.json); good configs still compose."""
+
+import pytest
+import yaml
+
+from tests.launch import REPO, run_cli
+
+CLUSTERS = sorted(p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml"))
+MODES = sorted(p.stem for p in (REPO / "conf" / "mode").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["cluster=local", "cluster.partition=x"], "cluster.partition"),
+    (["cluster=local", "+cluster.partition=x"], "cluster.partition"),
+    (["cluster=local", "cluster.srun_args=[--label]"], "cluster.srun_args"),
+    (["cluster=mpi-local", "cluster.account=p"], "cluster.account"),
+    (["cluster=slurm", "cluster.tpu_name=p"], "cluster.tpu_name"),
+    (["cluster=local", "cluster.mpirun_args=[-v]"], "cluster.mpirun_args"),
+    (["+foo=1"], "foo"),
+    (["mode=check", "+mode.foo=1"], "mode.foo"),
+    (["mode=hlo_replay"], "mode.hlo_file"),
+    (["mode=hlo_replay", "mode.hlo_file=/nonexistent/*.txt"], "mode.hlo_file"),
+    (["mode=train", "mode.plan=nosuch"], "mode.plan"),
+    (["mode=train", "mode.plan=/nonexistent/plan.json"], "mode.plan"),
+    (["mode=train", "mode.steps=3", "mode.warmup_steps=3"], "mode.warmup_steps"),
+    (["mode=analysis", "mode.mesh_shape=[3,3]"], "mode.mesh_shape"),
+    (["mode=search", "mode.mesh_shape=[0,8]"], "mode.mesh_shape"),
+    (["mode=profile", "mode.hlo_file=x.txt"], "mode.hlo_file"),
+    (["mode=search", "mode.baselines=[dp,zero9]"], "mode.baselines"),
+    (["mode=check", "mode.steps=3"], "mode.steps"),
+    (["mode=check", "mode.repeats=zero"], "mode.repeats"),
+])
+@pytest.mark.parametrize("dry_run", ["true", "false"])
+def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides, key, dry_run):
+    run = tmp_path / "run"
+    proc = run_cli(*overrides, f"launcher.dry_run={dry_run}", run_dir=run, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], proc.stderr
+    assert not (run / "job.json").exists() and not (run / "submitit").exists()
+
+
+def test_a_key_of_another_backend_is_named_with_its_backend(tmp_path):
+    proc = run_cli("cluster=local", "cluster.partition=x", run_dir=tmp_path / "run", check=False, timeout=60)
+    assert "cluster.partition: cluster=local (backend local) has no such key" in proc.stderr
+    assert "backend slurm (cluster=lumi|slurm)" in proc.stderr
+
+
+def test_a_misspelt_option_lists_only_real_options(tmp_path):
+    proc = run_cli("mode=serch", run_dir=tmp_path / "run", check=False, timeout=60)
+    assert proc.returncode == 2
+    assert "_schema" not in proc.stderr and "schema_" not in proc.stderr
+    assert "choose one of analysis, cfp, check, hlo_replay, profile, search, train" in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_help_lists_every_option_and_no_schema():
+    out = run_cli("--help", timeout=60).stdout
+    groups = dict(line.split(": ", 1) for line in out.split("== Config ==")[0].splitlines() if ": " in line)
+    assert groups["mode"].split(", ") == MODES and groups["cluster"].split(", ") == CLUSTERS
+    assert "schema" not in " ".join(groups) and "_schema" not in groups["mode"]
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+def test_every_cluster_composes(cluster):
+    cfg = yaml.safe_load(run_cli("--cfg", "job", f"cluster={cluster}", timeout=60).stdout)
+    assert cfg["cluster"]["name"] == cluster
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_composes(mode):
+    cfg = yaml.safe_load(run_cli("--cfg", "job", f"mode={mode}", timeout=60).stdout)
+    assert cfg["mode"]["name"] == mode
+
+
+def test_good_configs_pass_the_checks(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    hlo = tmp_path / "m.txt"
+    hlo.write_text("HloModule m")
+    for overrides in (["mode=analysis", "mode.mesh_shape=[2,4]"], ["mode=train", f"mode.plan={plan}"],
+                      ["mode=hlo_replay", f"mode.hlo_file={tmp_path}/*.txt"],
+                      ["cluster=slurm", "cluster.partition=x", "mode=check"],
+                      ["cluster=lumi", "mode=search", "mode.mesh_shape=[2,4]"]):
+        run_cli(*overrides, "launcher.dry_run=true", run_dir=tmp_path / "run", timeout=60)
