@@ -468,6 +468,152 @@ def test_replicas_and_partitions_from_the_options(modules, spmd8, devices):
         replay_one(spmd8, devices, num_replicas=2, num_partitions=4)
 
 
+# --- counts from the collectives: never fewer participants than they address ----------------------
+
+REDUCER = """
+    add {
+      x = f32[] parameter(0)
+      y = f32[] parameter(1)
+      ROOT z = f32[] add(x, y)
+    }
+"""
+
+
+def collective_module(tmp_path, name, body, header=""):
+    """A module with no counts in its header (unless ``header``) whose entry is ``body``."""
+    return write(tmp_path, f"{name}.hlo", f"HloModule {name}{header}\n" + textwrap.dedent(REDUCER)
+                 + "\n" + textwrap.dedent(body))
+
+
+def test_all_gather_without_groups_or_header_runs_on_the_replicas_it_gathers(devices, tmp_path, caplog):
+    """f32[2] gathered into f32[8] along dimension 0: 4 replicas, each contributing its id."""
+    path = collective_module(tmp_path, "gather", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          ROOT g = f32[8] all-gather(p), dimensions={0}
+        }
+    """)
+    with caplog.at_level(logging.INFO, logger="launcher.hlo"):
+        result = replay_one(path, devices, argument_mode="device_id")
+    assert (result.num_replicas, result.num_partitions) == (4, 1)
+    np.testing.assert_array_equal(values(result)[0], np.repeat(np.arange(4, dtype=np.float32), 2))
+    assert ("gather.hlo: num_replicas=4 from its collectives (all-gather %g: cross-replica, replica_groups={}, "
+            "gathers 4 pieces along dimension 0); nothing else gives the replica count") in caplog.messages
+
+
+def test_replica_groups_in_every_spelling_set_the_replica_count(devices, tmp_path):
+    """Explicit groups, iota groups (with and without a transpose), inside a called computation too."""
+    cases = {  # replica_groups -> (replicas, what device 0 sums: the ids of its group)
+        "{{0,1,2,3}}": (4, 0 + 1 + 2 + 3),
+        "[2,4]<=[8]": (8, 0 + 1 + 2 + 3),
+        "[4,2]<=[2,4]T(1,0)": (8, 0 + 4),
+    }
+    for i, (groups, (replicas, total)) in enumerate(cases.items()):
+        path = collective_module(tmp_path, f"sum{i}", f"""
+            body {{
+              b = f32[2] parameter(0)
+              ROOT s = f32[2] all-reduce(b), replica_groups={groups}, to_apply=add
+            }}
+
+            ENTRY main {{
+              p = f32[2] parameter(0)
+              ROOT c = f32[2] call(p), to_apply=body
+            }}
+        """)
+        result = replay_one(path, devices, argument_mode="device_id")
+        assert (result.num_replicas, result.num_partitions) == (replicas, 1), groups
+        np.testing.assert_array_equal(values(result)[0], np.full(2, total, np.float32))
+
+
+def test_channel_ids_make_the_ids_partitions_or_global_devices(devices, tmp_path):
+    """XLA's group modes: a collective-permute with a channel_id addresses partitions; flattened
+    ids (channel_id, use_global_device_ids=true) count devices, replicas when nothing says otherwise."""
+    from launcher.hlo.module import collective_needs, load
+
+    permute = collective_module(tmp_path, "permute", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          ROOT r = f32[2] collective-permute(p), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+        }
+    """)
+    result = replay_one(permute, devices, argument_mode="device_id")
+    assert (result.num_replicas, result.num_partitions) == (1, 4)
+    np.testing.assert_array_equal(values(result)[0], np.full(2, 3, np.float32))  # device 0 hears from 3
+    flattened = collective_module(tmp_path, "flattened", """
+        ENTRY main {
+          p = f32[8] parameter(0)
+          ROOT r = f32[2] reduce-scatter(p), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true,
+            dimensions={0}, to_apply=add
+        }
+    """)
+    (need,) = load(flattened).collectives
+    assert (need.unit, need.count, need.exact) == ("devices", 4, True)
+    assert replay_one(flattened, devices).num_replicas == 4
+    assert replay_one(flattened, devices, num_partitions=2).num_replicas == 2
+    # Each spelling of the groups, as the parser prints them back.
+    needs = collective_needs(load(collective_module(tmp_path, "spellings", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          g = f32[8] all-gather(p), dimensions={0}
+          a = f32[8] all-to-all(g), replica_groups=[1,4]<=[4], dimensions={0}
+          ROOT s = f32[2] reduce-scatter(a), replica_groups={}, dimensions={0}, to_apply=add
+        }
+    """)).text)
+    assert [(n.instruction, n.unit, n.count) for n in needs] == [
+        ("all-gather %g", "replicas", 4), ("all-to-all %a", "replicas", 4), ("reduce-scatter %s", "replicas", 4)]
+
+
+def test_collectives_that_disagree_are_refused(devices, tmp_path):
+    path = collective_module(tmp_path, "disagree", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          g = f32[8] all-gather(p), dimensions={0}
+          ROOT s = f32[8] all-reduce(g), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=add
+        }
+    """)
+    with pytest.raises(UserError) as e:
+        replay_one(path, devices)
+    assert str(e.value) == (
+        "disagree.hlo: its collectives disagree on how many replicas it runs on (all-gather %g (cross-replica, "
+        "replica_groups={}, gathers 4 pieces along dimension 0): 4 replicas; all-reduce %s (cross-replica, "
+        "replica_groups={{0,1,2,3,4,5,6,7}}): 8 replicas): it needs at least 8 replicas. Set the counts it was "
+        "written for with mode.num_replicas=<n> and/or mode.num_partitions=<n>")
+
+
+def test_counts_given_below_what_the_collectives_need_are_refused(modules, devices, tmp_path):
+    permute = collective_module(tmp_path, "permute6", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          ROOT r = f32[2] collective-permute(p), source_target_pairs={{0,5}}
+        }
+    """, header=", replica_count=4")
+    with pytest.raises(UserError) as e:
+        replay_one(permute, devices)
+    assert str(e.value) == ("permute6.hlo: its collectives need 6 replicas (collective-permute %r: cross-replica, "
+                            "source_target_pairs up to id 5), but the module header's replica_count=4 gives 4: "
+                            "set mode.num_replicas=6")
+    # replica_sum.hlo: flattened ids 0..7, so num_replicas x num_partitions must reach 8.
+    with pytest.raises(UserError) as e:
+        replay_one(modules / "replica_sum.hlo", devices, num_replicas=2, num_partitions=2)
+    assert str(e.value) == ("replica_sum.hlo: its collectives need 8 devices (replicas x partitions) (all-reduce "
+                            "%summed: flattened ids, replica_groups={{0,1,2,3,4,5,6,7}}), but num_replicas=2 x "
+                            "num_partitions=2 gives 4: set mode.num_replicas=<r> and mode.num_partitions=<p> with "
+                            "r x p = 8")
+
+
+def test_collectives_needing_more_devices_than_the_job_has(devices, tmp_path):
+    path = collective_module(tmp_path, "wide", """
+        ENTRY main {
+          p = f32[2] parameter(0)
+          ROOT s = f32[2] all-reduce(p), replica_groups=[1,16]<=[16], to_apply=add
+        }
+    """)
+    with pytest.raises(UserError) as e:
+        replay_one(path, devices)
+    assert str(e.value) == ("wide.hlo needs 16 devices (num_replicas=16), this job has 8: "
+                            "raise cluster.tasks_per_node or cluster.cpu_devices_per_task")
+
+
 def test_xla_flags_reach_the_compiler(tupled, devices, tmp_path):
     dump = tmp_path / "dump"
     replay_one(tupled, devices, xla_flags=f"--xla_dump_to={dump} --xla_dump_hlo_as_text", run=False)

@@ -7,7 +7,8 @@ hand-written modules, with or without the ``HloModule`` line) and serialized pro
 
 What a module needs is read from the module itself: replica and partition counts from its
 header, or else the device count its sharding annotations imply (GSPMD ``sharding={...}`` and
-Shardy meshes), and which partitioner its annotations were written for.
+Shardy meshes), or else the participant count its collectives imply (``collective_needs``,
+``participants``), and which partitioner its annotations were written for.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class HloProgram:
     parameters: list[Parameter]
     results: list[tuple[tuple[int, ...], np.dtype]]
     elided_constants: list[ElidedConstant] = field(default_factory=list)
+    collectives: list[CollectiveNeed] = field(default_factory=list)  # what its collectives need
 
     @property
     def use_shardy(self) -> bool:
@@ -137,6 +139,7 @@ def load(path: str | Path, fill_constant: FillConstant | None = None) -> HloProg
                     for p, shape, dtype in params],
         results=[(shape, dtype) for _, shape, dtype in results],
         elided_constants=elided,
+        collectives=collective_needs(canonical),
     )
 
 
@@ -269,6 +272,272 @@ def entry_parameter_names(canonical: str) -> dict[int, str]:
     entry = re.search(r"^ENTRY .*?^\}", canonical, re.S | re.M)
     body = entry.group(0) if entry else ""
     return {int(n): name for name, n in re.findall(r"^\s*(?:ROOT\s+)?%?(\S+) = .*? parameter\((\d+)\)", body, re.M)}
+
+
+# --- participants: what the collectives need ------------------------------------------------------
+
+@dataclass(frozen=True)
+class CollectiveNeed:
+    """The participant count one collective implies.
+
+    ``unit``: what its ids count, by XLA's CollectiveOpGroupMode: "replicas", "partitions" or
+    "devices" (replicas x partitions). ``exact``: its groups cover every participant, so the
+    count must be exactly this (XLA's verifier insists on it); otherwise (collective-permute
+    pairs) it is the least count whose ids exist.
+    """
+
+    instruction: str  # "all-gather %ag"
+    unit: str
+    count: int
+    exact: bool
+    why: str  # "cross-replica, replica_groups={{0,1,2,3}}"
+
+    def describe(self) -> str:
+        return f"{self.instruction} ({self.why}): {self.count} {self.unit}"
+
+
+_WITH_GLOBAL_IDS = {"all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter"}
+_GROUPED = _WITH_GLOBAL_IDS | {"all-to-all", "ragged-all-to-all", "collective-broadcast"}
+_PERMUTES = {"collective-permute", "collective-permute-start"}
+_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=,(){}]+)\s*=\s*")
+_GROUPS = re.compile(r"(?:^|[,\s])replica_groups=(\{(?:\s*\{[\d,\s]*\}\s*,?)*\s*\}"  # {{0,1},{2,3}} or {}
+                     r"|\[\d+,\d+\]<=\[[\d,]*\](?:T\([\d,]*\))?)")  # iota: [2,4]<=[8], [4,2]<=[2,4]T(1,0)
+_PAIRS = re.compile(r"(?:^|[,\s])source_target_pairs=\{((?:\s*\{[\d,\s]*\}\s*,?)*)\}")
+
+
+def _balanced(text: str, start: int) -> int:
+    """The index just past the bracket that closes the one at ``start``."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] in "({[":
+            depth += 1
+        elif text[i] in ")}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _instructions(text: str):
+    """(name, result type, opcode, operand names, attributes) of every instruction of every
+    computation in XLA's canonical print (operands with or without their types: releases differ)."""
+    for line in text.splitlines():
+        found = _LINE.match(line)
+        if not found:
+            continue
+        rest = line[found.end():]
+        end = _balanced(rest, 0) if rest.startswith("(") else (rest.find(" ") if " " in rest else len(rest))
+        result, rest = rest[:end], rest[end:]
+        op = re.match(r"\s*([\w-]+)\(", rest)
+        if not op:
+            continue
+        if op.group(1) not in _GROUPED and op.group(1) not in _PERMUTES:
+            yield found.group(1), result, op.group(1), [], ""  # operands of other ops are not needed
+            continue
+        close = _balanced(rest, op.end() - 1)
+        operands = [piece.split()[-1].lstrip("%") for piece in _split_top(rest[op.end():close - 1]) if piece.split()]
+        yield found.group(1), result, op.group(1), operands, rest[close:]
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    pieces, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    return pieces + [text[start:]] if text.strip() else pieces
+
+
+def _arrays(type_text: str) -> list[tuple[int, ...]]:
+    """The dimensions of each array in a (possibly tuple) type, in order."""
+    return [tuple(int(d.lstrip("<=")) for d in dims.split(",") if d.strip())
+            for dims in re.findall(r"\b[a-z]\w*\[([^\]]*)\]", type_text)]
+
+
+def _group_mode(opcode: str, attributes: str) -> str:
+    """XLA's CollectiveOpGroupMode: no channel_id -> cross-replica; a channel_id on an op without
+    use_global_device_ids (all-to-all, collective-permute, collective-broadcast) -> cross-partition;
+    on one with it (all-reduce, all-gather, reduce-scatter): false -> cross-replica-and-partition,
+    true -> flattened ids."""
+    if not re.search(r"(?:^|[,\s])channel_id=\d+", attributes):
+        return "cross-replica"
+    if opcode not in _WITH_GLOBAL_IDS:
+        return "cross-partition"
+    return "flattened ids" if re.search(r"use_global_device_ids=true", attributes) else "cross-replica-and-partition"
+
+
+# Which count a collective's ids number, by group mode; with empty groups, which count its one group spans.
+_IDS_COUNT = {"cross-replica": "replicas", "cross-partition": "partitions",
+              "cross-replica-and-partition": "replicas", "flattened ids": "devices"}
+_ALL_COUNT = {"cross-replica": "replicas", "cross-partition": "partitions",
+              "cross-replica-and-partition": "devices", "flattened ids": "devices"}
+
+
+def collective_needs(text: str) -> list[CollectiveNeed]:
+    """What each collective of the module (in every computation) says about the participant count.
+
+    - explicit ``replica_groups={{0,1},{2,3}}``: exactly highest id + 1 (groups cover every participant);
+    - iota ``replica_groups=[G,S]<=[...]`` (with or without ``T(...)``): exactly G*S;
+    - empty ``replica_groups={}`` (one group of every participant): exactly the group size where the
+      shapes tell it (an all-gather's result over its operand along ``dimensions={d}``, a
+      reduce-scatter's operand over its result, a tuple all-to-all's operand count), else nothing;
+    - ``source_target_pairs``: at least the highest id + 1.
+
+    The count is of replicas, partitions or devices (replicas x partitions) as the group mode says
+    (``_group_mode``): ids of a cross-replica or cross-replica-and-partition collective number
+    replicas, of a cross-partition one partitions, flattened ids devices; the one group of empty
+    groups spans replicas, partitions, or (cross-replica-and-partition, flattened) devices.
+    """
+    shapes: dict[str, str] = {}
+    needs = []
+    for name, result, opcode, operands, attributes in _instructions(text):
+        shapes[name] = result
+        if opcode not in _GROUPED and opcode not in _PERMUTES:
+            continue
+        mode = _group_mode(opcode, attributes)
+        instruction = f"{opcode} %{name}"
+        if opcode in _PERMUTES:
+            pairs = _PAIRS.search(attributes)
+            ids = [int(i) for i in re.findall(r"\d+", pairs.group(1))] if pairs else []
+            if ids:
+                unit = "partitions" if mode != "cross-replica" else "replicas"
+                needs.append(CollectiveNeed(instruction, unit, max(ids) + 1, False,
+                                            f"{mode}, source_target_pairs up to id {max(ids)}"))
+            continue
+        groups = _GROUPS.search(attributes)
+        spelled = groups.group(1) if groups else "{}"
+        iota = re.match(r"\[(\d+),(\d+)\]<=", spelled)
+        ids = [int(i) for i in re.findall(r"\d+", spelled)] if not iota else []
+        short = spelled if len(spelled) <= 40 else spelled[:37] + "..."
+        if iota:
+            count = int(iota.group(1)) * int(iota.group(2))
+            needs.append(CollectiveNeed(instruction, _IDS_COUNT[mode], count, True,
+                                        f"{mode}, replica_groups={short}"))
+        elif ids:
+            needs.append(CollectiveNeed(instruction, _IDS_COUNT[mode], max(ids) + 1, True,
+                                        f"{mode}, replica_groups={short}"))
+        else:
+            size = _group_size_from_shapes(opcode, result, operands, attributes, shapes)
+            if size is not None:
+                count, how = size
+                needs.append(CollectiveNeed(instruction, _ALL_COUNT[mode], count, True,
+                                            f"{mode}, replica_groups={{}}, {how}"))
+    return needs
+
+
+def _group_size_from_shapes(opcode: str, result: str, operands: list[str], attributes: str,
+                            shapes: dict[str, str]) -> tuple[int, str] | None:
+    """The size of a collective's group where its shapes tell it, with how they tell it."""
+    if opcode == "all-to-all" and not re.search(r"(?:^|[,\s])dimensions=", attributes):
+        return (len(operands), f"{len(operands)} operands") if len(operands) > 1 else None
+    if opcode not in ("all-gather", "all-gather-start", "reduce-scatter") or not operands:
+        return None
+    dimension = re.search(r"(?:^|[,\s])dimensions=\{(\d+)\}", attributes)
+    inputs = _arrays(shapes.get(operands[0], ""))
+    outputs = _arrays(result)
+    if not dimension or not inputs or not outputs:
+        return None
+    d = int(dimension.group(1))
+    before = inputs[0]
+    # An async all-gather's result holds its operands, then its results.
+    after = outputs[len(operands)] if opcode == "all-gather-start" and len(outputs) == 2 * len(operands) else outputs[0]
+    if opcode == "reduce-scatter":
+        before, after = after, before
+    if d >= min(len(before), len(after)) or before[d] == 0 or after[d] % before[d]:
+        return None
+    factor = after[d] // before[d]
+    verb = "gathers" if opcode != "reduce-scatter" else "scatters"
+    return factor, f"{verb} {factor} pieces along dimension {d}"
+
+
+@dataclass(frozen=True)
+class Participants:
+    """The replica and partition counts a module runs with, and where they came from."""
+
+    replicas: int
+    partitions: int
+    inferred: list[str]  # log lines for the counts taken from the collectives
+
+
+def participants(program: HloProgram, replicas: tuple[int, str] | None,
+                 partitions: tuple[int, str] | None) -> Participants:
+    """The counts to run with: those given (``(count, where it was given)``), else those the
+    collectives imply, else 1; refused (UserError) where the collectives disagree among
+    themselves or need more participants than the counts given.
+
+    Ids that number replicas (cross-replica, cross-replica-and-partition) set the replica count,
+    ids that number partitions (cross-partition) the partition count; flattened ids (and the one
+    group of empty cross-replica-and-partition groups) set replicas x partitions: the replica
+    count when partitions are given or set otherwise (else 1), or the partition count when only
+    the replica count is given.
+    """
+    name = program.path.name
+    needed = {unit: _needed(name, [n for n in program.collectives if n.unit == unit])
+              for unit in ("replicas", "partitions", "devices")}
+    inferred = []
+
+    def infer(unit: str) -> int | None:
+        need = needed[unit]
+        if need is None:
+            return None
+        inferred.append(f"{name}: num_{unit}={need[0]} from its collectives ({need[1].instruction}: "
+                        f"{need[1].why}); nothing else gives the {unit[:-1]} count")
+        return need[0]
+
+    r = replicas[0] if replicas else infer("replicas")
+    p = partitions[0] if partitions else infer("partitions")
+    devices = needed["devices"]
+    if devices is not None and (r is None or p is None):
+        total, need = devices
+        known, unit = (p or 1, "replicas") if r is None else (r, "partitions")
+        if total % known == 0 and total > known:
+            inferred.append(f"{name}: num_{unit}={total // known} from its collectives ({need.instruction}: "
+                            f"{need.why}: {total} devices in all)")
+            r, p = (total // known, p or 1) if unit == "replicas" else (r, total // known)
+    r, p = r or 1, p or 1
+    for unit, have in (("replicas", r), ("partitions", p), ("devices", r * p)):
+        need = needed[unit]
+        if need is not None and have < need[0]:
+            given = {"replicas": replicas, "partitions": partitions}.get(unit)
+            source = given[1] if given else (f"num_{unit}={have}" if unit != "devices" else
+                                             f"num_replicas={r} x num_partitions={p}")
+            raise UserError(f"{name}: its collectives need {need[0]} {_units(unit)} ({need[1].instruction}: "
+                            f"{need[1].why}), but {source} gives {have}: {_how(unit, need[0])}")
+    return Participants(r, p, inferred)
+
+
+def _needed(name: str, needs: list[CollectiveNeed]) -> tuple[int, CollectiveNeed] | None:
+    """The count ``needs`` (all of one unit) agree on, with the need that sets it."""
+    if not needs:
+        return None
+    exact = [n for n in needs if n.exact]
+    widest = max(needs, key=lambda n: n.count)
+    counts = {n.count for n in exact}
+    if len(counts) > 1 or (exact and widest.count > exact[0].count):
+        first = exact[0]
+        other = next(n for n in needs if n.count != first.count)
+        unit = first.unit
+        raise UserError(f"{name}: its collectives disagree on how many {_units(unit)} it runs on "
+                        f"({first.describe()}; {other.describe()}): it needs at least {widest.count} {unit}. "
+                        f"Set the counts it was written for with mode.num_replicas=<n> and/or "
+                        f"mode.num_partitions=<n>")
+    chosen = exact[0] if exact else widest
+    return chosen.count, chosen
+
+
+def _units(unit: str) -> str:
+    return "devices (replicas x partitions)" if unit == "devices" else unit
+
+
+def _how(unit: str, count: int) -> str:
+    if unit == "devices":
+        return f"set mode.num_replicas=<r> and mode.num_partitions=<p> with r x p = {count}"
+    return f"set mode.num_{unit}={count}"
 
 
 # --- elided constants --------------------------------------------------------------------------

@@ -28,8 +28,8 @@ class ReplayOptions:
     arguments_file: str | Path | None = None
     seed: int = 0
     num_repeats: int = 1
-    num_replicas: int | None = None  # None: the module's replica_count, else 1
-    num_partitions: int | None = None  # None: the module's num_partitions, else its annotations
+    num_replicas: int | None = None  # None: the module's replica_count, else what its collectives need, else 1
+    num_partitions: int | None = None  # None: the module's num_partitions, else its annotations, else its collectives
     output_file: str | Path | None = None  # .npz of the last repeat's outputs, written by process 0
     xla_flags: Sequence[str] | str = ()  # "--xla_name=value" compile options for these modules only
     backend_only: bool = False  # compile with all HLO passes disabled (after-optimizations dumps)

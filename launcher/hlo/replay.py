@@ -22,7 +22,7 @@ import numpy as np
 from launcher.errors import UserError
 from launcher.hlo import _xla
 from launcher.hlo.arguments import Arguments, constant_filler
-from launcher.hlo.module import HloProgram, Parameter, dtype_name, load
+from launcher.hlo.module import HloProgram, Parameter, dtype_name, load, participants
 from launcher.hlo.options import ArgumentMode, ReplayOptions
 
 _log = logging.getLogger("launcher.hlo")
@@ -115,7 +115,7 @@ class Replay:
             raise UserError(f"mode.hlo_file: {path} does not exist or is not a file")
         program = load(path, constant_filler(options.argument_mode, options.seed))
         _log_constants(self.log, program, options.argument_mode)
-        replicas, partitions = replicas_and_partitions(program, options)
+        replicas, partitions = replicas_and_partitions(program, options, self.log)
         assignment = device_assignment(program, replicas, partitions, devices)
         try:
             stablehlo = _xla.to_stablehlo(program.proto)
@@ -175,11 +175,30 @@ class Replay:
             self.log.info("%s: wrote %d outputs to %s", self.result.path.name, len(values), path)
 
 
-def replicas_and_partitions(program: HloProgram, options: ReplayOptions) -> tuple[int, int]:
-    """Options first, then the module header, then (partitions) the sharding annotations."""
-    replicas = options.num_replicas or program.replica_count or 1
-    partitions = options.num_partitions or program.num_partitions or program.annotated_devices or 1
-    return replicas, partitions
+def replicas_and_partitions(program: HloProgram, options: ReplayOptions,
+                            log: logging.Logger | None = None) -> tuple[int, int]:
+    """Options first, then the module header, then (partitions) the sharding annotations, then
+    the participant count the collectives imply (``launcher.hlo.module.participants``), else 1.
+
+    Refused where the collectives disagree on the count or need more participants than the
+    counts given: a module never runs on fewer participants than its collectives address.
+    """
+    replicas = partitions = None
+    if options.num_replicas:
+        replicas = (options.num_replicas, f"mode.num_replicas={options.num_replicas}")
+    elif program.replica_count:
+        replicas = (program.replica_count, f"the module header's replica_count={program.replica_count}")
+    if options.num_partitions:
+        partitions = (options.num_partitions, f"mode.num_partitions={options.num_partitions}")
+    elif program.num_partitions:
+        partitions = (program.num_partitions, f"the module header's num_partitions={program.num_partitions}")
+    elif program.annotated_devices:
+        partitions = (program.annotated_devices,
+                      f"its sharding annotations ({program.annotated_devices} devices)")
+    counts = participants(program, replicas, partitions)
+    for line in counts.inferred:
+        (log or _log).info(line)
+    return counts.replicas, counts.partitions
 
 
 def device_assignment(program: HloProgram, replicas: int, partitions: int,

@@ -8,8 +8,9 @@ Dumps come from ``XLA_FLAGS=--xla_dump_to=DIR --xla_dump_hlo_as_text`` (or ``lau
 which writes them under the run dir's ``xla_dump/rank<N>/``).
 
 The module is compiled for as many replicas and partitions as it asks for (its header, else its
-sharding annotations; ``mode.num_replicas``/``mode.num_partitions`` override) across every
-process's devices; the work itself lives in ``launcher.hlo``.
+sharding annotations, else what its collectives address; ``mode.num_replicas``/``mode.num_partitions``
+override, but never below what the collectives need) across every process's devices; the work
+itself lives in ``launcher.hlo``.
 """
 
 from __future__ import annotations
