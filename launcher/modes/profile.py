@@ -54,13 +54,9 @@ def analyze_and_profile(ctx: Any) -> tuple[Any, Any, Any]:
     """(Analyzed, mesh, Profiled) for the job's devices: ``launcher.cfp.pipeline``'s analysis and
     profile passes with this mode's options; writes the analysis files and ``profiles.json``."""
     from launcher.cfp import pipeline
-    from launcher.errors import UserError
 
-    cfg = ctx.mode_cfg
+    cfg = ctx.mode_cfg  # Config.check refused a mode.hlo_file before submission
     log = lambda line: ctx.log.info("%s", line)
-    if cfg.hlo_file:
-        raise UserError(f"mode={cfg.name} runs the model's training step; mode.hlo_file={cfg.hlo_file!r} is for "
-                        "mode=analysis only (a module alone cannot be re-run under other plans)")
     mesh = pipeline.make_mesh(pipeline.default_mesh_shape(cfg.mesh_shape))  # a mesh that does not fit fails first
     analyzed = pipeline.analyze(ctx.model(), mesh_shape=cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
     write_files(ctx, analyzed)
