@@ -376,6 +376,7 @@ def small_search(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_searched_plan_is_the_measured_optimum(small_search):
     r = small_search
     assert r["exhaustive"] == len(r["plans"]) == 4 and r["configs"] == 5
