@@ -26,10 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from launcher.jaxcompat import NESTED_JIT_PRIMITIVES
+
 # Call-like primitives whose single sub-program is inlined: they change how a computation is
 # staged or differentiated, never what it computes once the step is traced.
-INLINE = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-                    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"})
+INLINE = NESTED_JIT_PRIMITIVES | {"closed_call", "core_call", "remat", "remat2", "checkpoint",
+                                  "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
 LOOPS = frozenset({"scan", "while", "cond"})
 
 
