@@ -315,17 +315,15 @@ def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
 
 
 SEARCH_SMALL_GPT = r"""
-import itertools, json, statistics, sys, time
-import jax
+import itertools, json, sys
 from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh, whole_step
+from launcher.cfp.apply import make_mesh
 from launcher.cfp.profile.profiler import Profiler
 from launcher.cfp.program import training_program
 from launcher.cfp.search.dp import predict, search
 from launcher.cfp.profile.store import ProfileStore
 from launcher.errors import UserError
 from models.gpt import GPT
-from models.train import data_key, init_state, memory_stats
 
 model = GPT(**json.loads(sys.argv[2]))
 p = training_program(model)
@@ -334,25 +332,7 @@ mesh = make_mesh([4])
 prof = Profiler(a, mesh, ProfileStore(sys.argv[1]), repeats=5, warmup=2, overlap=False, log=lambda s: None).run()
 found = search(prof, len(a.blocks))
 
-# Every whole-model plan, compiled once, then timed in interleaved rounds (min over rounds).
 plans = [list(x) for x in itertools.product(*(range(b.num_plans) for b in a.blocks))]
-runs = []
-for plan in plans:
-    step, ins, outs = whole_step(a, dict(enumerate(plan)), mesh)
-    state = jax.jit(lambda k: init_state(model, p.optimizer, k), out_shardings=ins[0])(jax.random.key(0))
-    batch = jax.jit(model.make_batch, out_shardings=ins[1])(data_key(0, 0))
-    compiled = jax.jit(step, in_shardings=ins, out_shardings=outs).lower(state, batch).compile()
-    jax.block_until_ready(compiled(state, batch))
-    runs.append((compiled, state, batch, memory_stats(compiled)["peak_bytes"]))
-best = [float("inf")] * len(plans)
-for _ in range(4):
-    for i, (compiled, state, batch, _) in enumerate(runs):
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            jax.block_until_ready(compiled(state, batch))
-            times.append(time.perf_counter() - t)
-        best[i] = min(best[i], statistics.median(times))
 
 uniform0 = [0] * len(a.blocks)
 m0 = predict(prof, uniform0)[1]
@@ -362,8 +342,7 @@ try:
     impossible = ""
 except UserError as e:
     impossible = str(e)
-print(json.dumps({"plans": plans, "measured": best, "memory": [r[3] for r in runs],
-                  "predicted": [predict(prof, q) for q in plans], "searched": found.assignment,
+print(json.dumps({"plans": plans, "predicted": [predict(prof, q) for q in plans], "searched": found.assignment,
                   "uniform0_memory": m0, "budgeted": budgeted.assignment,
                   "budgeted_memory": budgeted.predicted_memory_bytes,
                   "impossible": impossible, "configs": prof.profiled_configs, "exhaustive": a.exhaustive_space}))
@@ -376,15 +355,14 @@ def small_search(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timing
-def test_searched_plan_is_the_measured_optimum(small_search):
+def test_searched_plan_is_the_optimum_of_the_real_profiles(small_search):
+    # Profiles measured for real on 4 devices; the search must return the best of every whole-model
+    # plan under them. How the searched plan then compares with others when raced is a timing,
+    # and lives in bench/bench_cfp_search.py (searched over best baseline, beside its A/A floor).
     r = small_search
     assert r["exhaustive"] == len(r["plans"]) == 4 and r["configs"] == 5
-    measured = dict(zip(map(tuple, r["plans"]), r["measured"]))
-    best = min(measured.values())
-    # Within noise: the minimum over interleaved rounds still moves by up to ~20% between runs
-    # on this shared 2-core machine.
-    assert measured[tuple(r["searched"])] <= best * 1.25, measured
+    predicted = {tuple(q): t for q, (t, _) in zip(r["plans"], r["predicted"])}
+    assert predicted[tuple(r["searched"])] == pytest.approx(min(predicted.values()), rel=1e-9), predicted
 
 
 @pytest.mark.slow
