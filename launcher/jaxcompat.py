@@ -17,7 +17,7 @@ import re
 from typing import Any, Callable
 
 MINIMUM = (0, 4, 35)
-SUPPORTED = ">=0.4.35"
+SUPPORTED = ">=" + ".".join(map(str, MINIMUM))
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -45,7 +45,7 @@ def check_version(found: str | None = None) -> None:
                         "the container's: see the README's 'On LUMI')")
     if version_tuple(found) < MINIMUM:
         raise UserError(f"jax {found} is older than xlaunch supports (jax{SUPPORTED}): use an image "
-                        f"or environment with jax 0.4.35 or newer")
+                        f"or environment with jax {SUPPORTED[2:]} or newer")
 
 
 # --- before the backend starts -------------------------------------------------------------------

@@ -7,11 +7,21 @@ the programs around it (``jaxcompat.settle_programs``). With one process each is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
 from launcher import jaxcompat
+
+T = TypeVar("T")
+
+
+def _exchange(exchange: Callable[[], T]) -> T:
+    """``exchange()`` (a multihost_utils call), fenced off from the programs before and after it."""
+    jaxcompat.settle_programs()
+    out = exchange()
+    jaxcompat.settle_programs()
+    return out
 
 
 def _multi_process() -> bool:
@@ -26,10 +36,7 @@ def gather(x: np.ndarray) -> np.ndarray:
         return np.asarray(x)[None]
     from jax.experimental import multihost_utils
 
-    jaxcompat.settle_programs()
-    out = np.asarray(multihost_utils.process_allgather(np.asarray(x)))
-    jaxcompat.settle_programs()
-    return out
+    return np.asarray(_exchange(lambda: multihost_utils.process_allgather(np.asarray(x))))
 
 
 def fetch(x: Any) -> np.ndarray:
@@ -38,10 +45,7 @@ def fetch(x: Any) -> np.ndarray:
         return np.asarray(x)
     from jax.experimental import multihost_utils
 
-    jaxcompat.settle_programs()
-    out = np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    jaxcompat.settle_programs()
-    return out
+    return np.asarray(_exchange(lambda: multihost_utils.process_allgather(x, tiled=True)))
 
 
 def broadcast(x: Any) -> Any:
@@ -50,10 +54,7 @@ def broadcast(x: Any) -> Any:
         return x
     from jax.experimental import multihost_utils
 
-    jaxcompat.settle_programs()
-    out = multihost_utils.broadcast_one_to_all(x)
-    jaxcompat.settle_programs()
-    return out
+    return _exchange(lambda: multihost_utils.broadcast_one_to_all(x))
 
 
 def barrier(name: str) -> None:
@@ -62,6 +63,4 @@ def barrier(name: str) -> None:
         return
     from jax.experimental import multihost_utils
 
-    jaxcompat.settle_programs()
-    multihost_utils.sync_global_devices(name)
-    jaxcompat.settle_programs()
+    _exchange(lambda: multihost_utils.sync_global_devices(name))
