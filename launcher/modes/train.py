@@ -56,16 +56,12 @@ def run(ctx) -> dict:
     import jax
 
     from launcher.cfp.apply import constraints_transform
-    from launcher.errors import UserError
     from models.base import check_model
     from models.plans import load_plan
     from models.step import make_optimizer
     from models.train import run_training
 
-    cfg = ctx.mode_cfg
-    if not 0 <= cfg.warmup_steps < cfg.steps:
-        raise UserError(f"mode.warmup_steps={cfg.warmup_steps} must be at least 0 and below mode.steps={cfg.steps}, "
-                        "so some steps are left to time")
+    cfg = ctx.mode_cfg  # Config.check held the step counts and the plan name before submission
     model = ctx.model()
     check_model(model)
     plan = load_plan(cfg.plan)
