@@ -31,7 +31,8 @@ apt-get install -y --no-install-recommends "${packages[@]}"
 pip_flags=()
 stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
 [ -e "$stdlib/EXTERNALLY-MANAGED" ] && pip_flags+=(--break-system-packages)
-python3 -m pip install "${pip_flags[@]}" -e ".[test]"
+# [checkpoint]: orbax-checkpoint for mode=train's checkpoints (an extra: see pyproject.toml).
+python3 -m pip install "${pip_flags[@]}" -e ".[test,checkpoint]"
 
 # The other end of the supported JAX range (launcher/jaxcompat.py: MINIMUM, LUMI's container's
 # JAX) in a virtual environment of its own: .ci/run runs the core suite there too. xlaunch is
@@ -41,7 +42,9 @@ oldest=$(python3 -c 'import sys; sys.path.insert(0, "."); from launcher.jaxcompa
 venv=.venv-jax-oldest
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q "jax==$oldest" "jaxlib==$oldest"
-"$venv/bin/python" -m pip install -q -e ".[test]"
+# orbax-checkpoint as a LUMI user adds it: the spec that suits (and keeps) this JAX, which
+# launcher/jaxcompat.py knows (no orbax release serves jax 0.4.x and the newest alike).
+"$venv/bin/python" -m pip install -q -e ".[test,checkpoint]" "$("$venv/bin/python" -m launcher.jaxcompat orbax)"
 found=$("$venv/bin/python" -c 'import jax; print(jax.__version__)')
 [ "$found" = "$oldest" ] || { echo "install.sh: installing xlaunch replaced jax $oldest with $found" >&2; exit 1; }
 

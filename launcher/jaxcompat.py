@@ -182,3 +182,106 @@ def bind_equation(eqn: Any, args: list[Any]) -> Any:
         subfuns, bind_params = bind_params
         return eqn.primitive.bind(*subfuns, *args, **bind_params)
     return eqn.primitive.bind(*args, **bind_params)
+
+
+# --- orbax-checkpoint (training checkpoints: launcher/runtime/checkpoint.py) ---------------------
+
+# The last orbax-checkpoint release that takes jax 0.4.x (0.11.6 asks jax>=0.5.0, 0.11.28 and
+# later jax>=0.6.0), and it fails to import on jax 0.10 (jax.experimental.layout lost
+# DeviceLocalLayout): no release serves both ends of the range, so the spec follows the JAX.
+_ORBAX_FOR_JAX_04 = "orbax-checkpoint>=0.11.5,<0.11.6"
+_ORBAX = "orbax-checkpoint>=0.11.5"
+
+
+def orbax_requirement(jax_version: str | None = None) -> str:
+    """The pip spec of an orbax-checkpoint that works with (and keeps) the JAX given (default:
+    the installed one)."""
+    found = jax_version if jax_version is not None else installed_version()
+    if found is not None and version_tuple(found) < (0, 5, 0):
+        return _ORBAX_FOR_JAX_04
+    return _ORBAX
+
+
+def orbax_checkpoint() -> Any:
+    """``orbax.checkpoint``, or a UserError saying how to install the one that suits this JAX.
+    The calls xlaunch makes (CheckpointManager, args.Composite/StandardSave/StandardRestore/
+    JsonSave/JsonRestore) are the same in 0.11.5 and 0.12."""
+    from launcher.errors import UserError
+
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise UserError(f"training checkpoints need orbax-checkpoint, which does not import here ({e}): "
+                        f"pip install '{orbax_requirement()}' (or pip install -e '.[checkpoint]' with the "
+                        "newest JAX)") from None
+    _give_client_key_value_try_get()
+    return ocp
+
+
+_TRY_GET_TIMEOUT_MS = 200
+
+
+def _give_client_key_value_try_get() -> None:
+    """orbax-checkpoint 0.11.5 (the one for jax 0.4.x) calls the coordination client's
+    ``key_value_try_get`` in every multi-process save; jaxlib 0.4.35's client lacks it (newer ones
+    have it) and the save fails with AttributeError. Given here as what it means: the value now,
+    or JaxRuntimeError (what orbax catches as "no such key") when there is none. A key orbax asks
+    for is one this process set itself just before, so a short deadline covers the round trip."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None or hasattr(client, "key_value_try_get"):
+        return
+
+    def key_value_try_get(self: Any, key: str) -> str:
+        return self.blocking_key_value_get(key, _TRY_GET_TIMEOUT_MS)
+
+    type(client).key_value_try_get = key_value_try_get
+
+
+if __name__ == "__main__":  # python -m launcher.jaxcompat orbax: the spec for .ci/install.sh and users
+    import sys
+
+    if sys.argv[1:] == ["orbax"]:
+        print(orbax_requirement())
+    else:
+        sys.exit("usage: python -m launcher.jaxcompat orbax")
+
+
+# --- the profiler (launcher/runtime/trace.py) ----------------------------------------------------
+
+def start_trace(log_dir: str) -> None:
+    """``jax.profiler.start_trace`` with a Perfetto ``perfetto_trace.json.gz`` beside the XPlane,
+    and without the Python tracer: it records every Python call of every thread (orbax's and the
+    host loop's), which made a 20-step trace of gpt-tiny 37 MB and a minute to write on 2 cores,
+    and on 0.4.35 pushed a 64-step trace past the 1,000,000 events jax's Perfetto export keeps
+    (the last steps went missing); the host's XLA runtime and the devices' ops, what a step's
+    time is made of, are kept. ``jax.profiler.ProfileOptions`` turns it off where it exists;
+    0.4.35 has no such argument, but its jaxlib's ``ProfilerSession`` takes the options, so the
+    session is started as its ``start_trace`` starts one, with them (``jax.profiler.stop_trace``
+    ends either)."""
+    import jax
+
+    options = getattr(jax.profiler, "ProfileOptions", None)
+    if options is not None:
+        opts = options()
+        opts.python_tracer_level = 0
+        jax.profiler.start_trace(log_dir, create_perfetto_trace=True, profiler_options=opts)
+        return
+    from jax._src import profiler as _profiler
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
+    state = getattr(_profiler, "_profile_state", None)
+    native = getattr(xla_client.profiler, "ProfileOptions", None)
+    if state is None or native is None or not hasattr(state, "profile_session"):
+        jax.profiler.start_trace(log_dir, create_perfetto_trace=True)  # with the Python tracer
+        return
+    with state.lock:
+        if state.profile_session is not None:
+            raise RuntimeError("Profile has already been started. Only one profile may be run at a time.")
+        xla_bridge.get_backend()  # as start_trace does: the backends' tracers must exist first
+        opts = native()
+        opts.python_tracer_level = 0
+        state.profile_session = xla_client.profiler.ProfilerSession(opts)
+        state.create_perfetto_link, state.create_perfetto_trace, state.log_dir = False, True, str(log_dir)

@@ -68,6 +68,9 @@ class ClusterConfig:
     cpu_devices_per_task: int = 4
     gpus_per_node: int = 0
     timeout_min: int = 60
+    # How often a job that times out or is preempted may be requeued (SLURM only: submitit's
+    # max_num_timeout, and every requeue counts; launcher/runtime/requeue.py).
+    max_requeues: int = 3
     env: Dict[str, str] = field(default_factory=dict)
     setup: List[str] = field(default_factory=list)
 
@@ -99,6 +102,9 @@ class LauncherConfig:
     poll_interval_s: float = 0.5
     coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.submit.coordinator_port)
     xla_dump: bool = False
+    # Each rank writes a jax.profiler trace of its measured steps (mode=train, hlo_replay, the
+    # final run of search) to <run dir>/traces/rank<N>/ (launcher/runtime/trace.py).
+    trace: bool = False
     log_level: str = "INFO"
     # Test-only fault injection, to prove that failures end the job quickly:
     # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT

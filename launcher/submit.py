@@ -84,8 +84,16 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     lc = cfg.launcher
     n = expected_ranks(cfg)
     first_seen = None
+    attempt = 0
     with _ProgressView() as view:
         while True:
+            requeued = status.read_attempt(run_dir)
+            if requeued.get("attempt", 0) != attempt:
+                # SLURM requeued the job (runtime/requeue.py): the last attempt's ranks ended on
+                # purpose, and the time it waits in the queue again does not count.
+                attempt, first_seen = requeued["attempt"], None
+                view.note(f"job {job.job_id} requeued ({requeued.get('reason', '')}): restart {attempt} of at most "
+                          f"cluster.max_requeues={cfg.cluster.max_requeues}; it resumes when it runs again")
             statuses = status.read_statuses(run_dir)
             now = time.time()
             if statuses and first_seen is None:
@@ -155,6 +163,13 @@ class _ProgressView:
             self.bar.start()
         return self
 
+    def note(self, line: str) -> None:
+        """A line on the user's terminal, above the bar while one is drawn."""
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=sys.stderr)
+
     def update(self, progress: dict | None) -> None:
         if self.bar is None or not progress:
             return
@@ -175,9 +190,16 @@ def summarize(result: dict[str, Any], run_dir: Path) -> None:
 
     table = Table(title=f"result: {run_dir / 'result.json'}", show_header=False)
     for k, v in result.items():
-        if isinstance(v, (int, float, str, bool)):
+        if isinstance(v, (int, float, str, bool)) and k not in ("comparison", "chart"):
             table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
     Console(stderr=True).print(table)
+    # The answer to "was it worth it?" (cfp, search): the comparison as rank 0 wrote it, plain
+    # text, so it reads the same in a terminal, a pipe or a batch log.
+    comparison = Path(str(result.get("comparison", "")))
+    if result.get("comparison") and comparison.is_file():
+        print(comparison.read_text(), end="")
+        if result.get("chart"):
+            print(f"chart: {result['chart']}")
 
 
 __all__ = ["launch", "wait", "JobFailed", "UserError", "summarize"]

@@ -77,6 +77,14 @@ class Trainer:
     def peak_memory_bytes(self) -> int:
         return self.memory["peak_bytes"]
 
+    def load_state(self, state: dict, step_no: int, losses: Sequence[float] = ()) -> None:
+        """Continues from a saved run: ``state`` (laid out as ``self.state``, e.g. restored from
+        a checkpoint into its shardings) after ``step_no`` steps, whose ``losses`` they were.
+        The next step's batch is step ``step_no``'s, as in the run that saved it."""
+        if jax.tree.structure(state) != jax.tree.structure(self.state):
+            raise ModelError("load_state: the state's structure is not this trainer's (another model or optimizer)")
+        self.state, self.step_no, self.losses = state, step_no, list(losses)
+
     def steps(self, n: int, progress: Any = None) -> list[float]:
         """Runs the next ``n`` steps; the seconds of each (batch generation excluded). The losses
         go to ``losses``; ``progress`` (anything with ``advance()``) ticks once per step."""

@@ -75,6 +75,13 @@ class Cluster:
         """Ends a job that can no longer succeed."""
         job.cancel(check=False)
 
+    def max_requeues(self) -> int:
+        """``cluster.max_requeues``, checked: how often a timed-out or preempted job may be requeued."""
+        n = self.cfg.cluster.max_requeues
+        if n < 0:
+            raise UserError(f"cluster.max_requeues={n}: must be 0 (never requeue) or more")
+        return int(n)
+
 
 def _env_name(name: str) -> str:
     if not name.replace("_", "a").isalnum() or name[0].isdigit():

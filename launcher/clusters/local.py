@@ -40,7 +40,8 @@ class LocalCluster(Cluster):
 
     def executor(self) -> submitit.LocalExecutor:
         c = self.cfg.cluster
-        ex = submitit.LocalExecutor(folder=self.folder, python=self.python())
+        # The task refuses to be requeued here (runtime/requeue.py); the bound is checked all the same.
+        ex = submitit.LocalExecutor(folder=self.folder, python=self.python(), max_num_timeout=self.max_requeues())
         ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.timeout_min,
                              gpus_per_node=c.gpus_per_node, setup=self.setup_lines())
         return ex

@@ -52,7 +52,8 @@ class MpiCluster(Cluster):
 
     def executor(self) -> "MpiExecutor":
         c = self.cfg.cluster
-        ex = MpiExecutor(self.folder, python=self.python(), mpirun=c.mpirun)
+        # mpirun cannot requeue (runtime/requeue.py says so in the task); the bound is checked all the same.
+        ex = MpiExecutor(self.folder, python=self.python(), mpirun=c.mpirun, max_num_timeout=self.max_requeues())
         ex.update_parameters(nodes=c.nodes, tasks_per_node=c.tasks_per_node, timeout_min=c.timeout_min,
                              hosts=list(c.hosts), mpirun_args=list(c.mpirun_args), setup=self.setup_lines(),
                              env_names=list(c.env))

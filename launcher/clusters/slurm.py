@@ -57,7 +57,9 @@ class SlurmCluster(Cluster):
     submission_name = "submission.sh"
 
     def executor(self) -> "SlurmExecutor":
-        ex = SlurmExecutor(folder=self.folder, python=self.python())
+        # submitit counts the job's timeouts against max_num_timeout; the task counts every
+        # requeue, preemptions too, against the same cluster.max_requeues (runtime/requeue.py).
+        ex = SlurmExecutor(folder=self.folder, python=self.python(), max_num_timeout=self.max_requeues())
         ex.update_parameters(**self.parameters())
         return ex
 

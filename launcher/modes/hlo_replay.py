@@ -59,6 +59,7 @@ class Config:
 def run(ctx) -> dict:
     from launcher.hlo.module import expand
     from launcher.hlo.replay import replay
+    from launcher.runtime import trace
 
     cfg = ctx.mode_cfg
     output_file = None
@@ -77,7 +78,8 @@ def run(ctx) -> dict:
         xla_flags=cfg.xla_flags or (),
         backend_only=cfg.backend_only,
     )
-    results = [r.summary() for r in replay(expand(cfg.hlo_file), options, log=ctx.log)]
+    with trace.recording(ctx, "hlo_replay"):  # launcher.trace: compilation and the timed repeats
+        results = [r.summary() for r in replay(expand(cfg.hlo_file), options, log=ctx.log)]
     if len(results) == 1:
         return results[0]
     return {"modules": results}

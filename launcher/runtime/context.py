@@ -27,6 +27,7 @@ class TaskContext:
     run_dir: Path
     rank: RankInfo
     log: logging.Logger
+    attempt: int = 0  # 0 on the job's first run, n after SLURM requeued it n times (runtime/requeue.py)
 
     @property
     def is_main(self) -> bool:

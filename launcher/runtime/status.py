@@ -6,6 +6,11 @@ keeps a small status file in the shared run dir (state, pid, host, log) and touc
 second. A rank that fails writes ``failed``; a rank that dies hard simply goes quiet. Peers and
 the submitting process read these files: a failed or silent rank ends the job within seconds,
 on any backend, whether or not anyone is waiting on the submission.
+
+A job that SLURM requeues (``launcher.runtime.requeue``) runs again in the same run dir as its
+next *attempt*: the attempt it is on is kept in ``.xlaunch/attempt.json``, each status says which
+attempt wrote it, and statuses of earlier attempts (ranks that ended because the job was
+requeued, not because they failed) are not read as the job's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Callable
 
 STATUS_DIR = ".xlaunch"
 HEARTBEAT_S = 1.0
+ATTEMPT_FILE = "attempt.json"
 
 
 def status_dir(run_dir: Path) -> Path:
@@ -34,7 +40,9 @@ def rank_log(run_dir: Path, rank: int) -> Path:
 @dataclass
 class RankStatus:
     rank: int
-    state: str  # starting | joining | joined | done | failed | stopped (ended because a peer failed)
+    # starting | joining | joined | done | failed | stopped (ended because a peer failed) |
+    # requeued (rank 0 of an attempt that asked SLURM to requeue the job)
+    state: str
     pid: int
     host: str
     log: str
@@ -42,6 +50,7 @@ class RankStatus:
     time: float = 0.0
     pidns: str = ""  # the pid is only checkable from the same host and pid namespace
     bad_input: bool = False  # failed on bad input (the message says what to fix), not a fault
+    attempt: int = 0  # 0 for the job's first run, n after its n-th requeue
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -50,15 +59,38 @@ def _write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)  # readers never see half a file
 
 
+def read_attempt(run_dir: Path) -> dict:
+    """The attempt the job is on: ``{"attempt": n, "reason": why it was requeued, "time": when}``
+    (``{"attempt": 0}`` before any requeue)."""
+    try:
+        return json.loads((Path(run_dir) / STATUS_DIR / ATTEMPT_FILE).read_text())
+    except (OSError, ValueError):
+        return {"attempt": 0}
+
+
+def write_attempt(run_dir: Path, attempt: int, reason: str) -> None:
+    """Records that the job is on ``attempt`` from now on; never goes back to an earlier one
+    (every rank of a new attempt writes it when it starts, so the last writer may be late)."""
+    if read_attempt(run_dir).get("attempt", 0) >= attempt:
+        return
+    d = Path(run_dir) / STATUS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / ATTEMPT_FILE, {"attempt": attempt, "reason": reason, "time": time.time()})
+
+
 def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:
-    """Each rank's last status and the age in seconds of its last heartbeat."""
+    """Each rank's last status in the job's current attempt and the age in seconds of its last
+    heartbeat. A status an earlier attempt left (its ranks ended when the job was requeued) is
+    not the job's: that rank has not started again yet."""
     out = {}
     d = status_dir(run_dir)
     now = time.time()
+    attempt = read_attempt(run_dir).get("attempt", 0)
     for p in d.glob("rank*.json") if d.exists() else ():
         try:
             st = RankStatus(**json.loads(p.read_text()))
-            out[st.rank] = (st, now - p.stat().st_mtime)
+            if st.attempt >= attempt:
+                out[st.rank] = (st, now - p.stat().st_mtime)
         except (OSError, ValueError, TypeError):
             continue  # replaced between glob and read: next poll sees it
     return out
@@ -67,12 +99,12 @@ def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:
 class RankReporter:
     """Writes this rank's status and heartbeats; watches peers once started."""
 
-    def __init__(self, run_dir: Path, rank: int, num_ranks: int):
+    def __init__(self, run_dir: Path, rank: int, num_ranks: int, attempt: int = 0):
         self.run_dir, self.rank, self.num_ranks = Path(run_dir), rank, num_ranks
         status_dir(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = status_dir(run_dir) / f"rank{rank}.json"
         self.status = RankStatus(rank, "starting", os.getpid(), socket.gethostname(),
-                                 str(rank_log(run_dir, rank)), pidns=_pid_namespace())
+                                 str(rank_log(run_dir, rank)), pidns=_pid_namespace(), attempt=attempt)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.set("starting")
@@ -89,6 +121,10 @@ class RankReporter:
                     os.utime(self.path)
                 except OSError:
                     pass
+                if read_attempt(self.run_dir).get("attempt", 0) > self.status.attempt:
+                    # This attempt is being requeued: its ranks end as SLURM stops them, and
+                    # ending one first would fail the job step before the requeue is through.
+                    return
                 reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank)
                 if reason:
                     on_peer_failure(reason)

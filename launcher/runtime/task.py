@@ -2,6 +2,9 @@
 
 Order matters: rank from the environment, then the per-rank log, then device visibility, and
 only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly.
+
+It is submitit-checkpointable: on the timeout or preemption signal submitit asks rank 0's task
+for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runtime.requeue``).
 """
 
 from __future__ import annotations
@@ -19,34 +22,82 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from submitit.core.utils import UncompletedJobError
+from submitit.helpers import Checkpointable, DelayedSubmission
 
 from launcher import jaxcompat
 from launcher.errors import BAD_INPUT
-from launcher.runtime import devices, ranks, status
+from launcher.runtime import devices, ranks, requeue, status
 
 
-class Task:
+class Task(Checkpointable):
     def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int):
         # A plain container pickles without the schema classes' import paths mattering.
         self.cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         self.run_dir = str(run_dir)
         # Decided once, at submission (launcher.submit.coordinator_port): every rank gets the same.
         self.coordinator_port = coordinator_port
+        self.attempt = 0  # how many times the job was requeued before this run
+        self._running: dict[str, Any] = {}  # this run's config, log and attempt, for checkpoint()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a run holds (its log, its decisions) is not the next run's.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._running = {}
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission | None:
+        """Called by submitit in rank 0, from its signal handler, when the job times out or is
+        preempted: the task to run when the requeued job starts again (this one, one attempt on),
+        or None where the job cannot be requeued (submitit then ends it; ``__call__`` reports why)."""
+        r = self._running
+        cfg, run_dir = r.get("cfg") or OmegaConf.create(self.cfg), Path(self.run_dir)
+        log, attempt = r.get("log") or logging.getLogger("xlaunch.task"), r.get("attempt", self.attempt)
+        why_not = requeue.why_not(cfg, run_dir, attempt)
+        if why_not:
+            r["not_requeued"] = why_not
+            log.error("not requeued: %s", why_not)
+            return None
+        nxt = Task.__new__(Task)
+        nxt.__setstate__({**self.__getstate__(), "attempt": attempt + 1})
+        reason = f"requeued after {requeue.signal_name()}"
+        # Before SLURM stops the ranks: the waiting launcher and the peers then read their end as
+        # the requeue it is, not as a failure.
+        status.write_attempt(run_dir, attempt + 1, reason)
+        r["requeued"] = True
+        log.warning("%s: requeueing the job (restart %d of at most cluster.max_requeues=%d); the next run "
+                    "resumes from what the run dir holds", requeue.signal_name(), attempt + 1,
+                    cfg.cluster.max_requeues)
+        return DelayedSubmission(nxt, *args, **kwargs)
 
     def __call__(self) -> dict[str, Any]:
         cfg = OmegaConf.create(self.cfg)
         run_dir = Path(self.run_dir)
         rank = ranks.detect(self.coordinator_port)
-        reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes)
-        log = _open_rank_log(run_dir, rank, cfg.launcher.log_level)
+        attempt, reason = requeue.attempt_of(self.attempt)
+        status.write_attempt(run_dir, attempt, reason)
+        reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes, attempt)
+        log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
+                             requeue.restart_line(attempt, reason) if attempt else None)
+        self._running = {"cfg": cfg, "log": log, "attempt": attempt}
         try:
-            return self._run(cfg, run_dir, rank, reporter, log)
+            return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
             reporter.set("stopped", "interrupted")
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
+            if isinstance(e, SystemExit) and self._running.get("requeued"):
+                # submitit's exit after `scontrol requeue`: this attempt ends, the job goes on.
+                reporter.set("requeued", f"attempt {attempt} ended; the job was requeued")
+                log.warning("this run ends here: the job was requeued")
+                raise
             bad_input = isinstance(e, BAD_INPUT)
-            if bad_input:  # the message says what to fix; a traceback only buries it
+            if isinstance(e, UncompletedJobError) and self._running.get("not_requeued"):
+                message = self._running["not_requeued"]  # submitit's own says only "checkpoint returned None"
+                log.error("rank %d ended: %s", rank.process_id, message)
+            elif bad_input:  # the message says what to fix; a traceback only buries it
                 message = str(e)
                 log.error("rank %d failed: %s", rank.process_id, message)
             else:
@@ -58,7 +109,7 @@ class Task:
             reporter.stop()
             logging.shutdown()
 
-    def _run(self, cfg, run_dir, rank, reporter, log) -> dict[str, Any]:
+    def _run(self, cfg, run_dir, rank, reporter, log, attempt) -> dict[str, Any]:
         t0 = time.perf_counter()
         cluster = cfg.cluster
         log.info("rank %d/%d (local %d/%d, node %d) on %s from %s; coordinator %s", rank.process_id,
@@ -112,7 +163,7 @@ class Task:
 
         from launcher.runtime.context import TaskContext
 
-        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log)
+        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt)
         mode = importlib.import_module(f"launcher.modes.{cfg.mode.name}")
         t1 = time.perf_counter()
         result = mode.run(ctx)
@@ -136,11 +187,14 @@ class Task:
         return json.loads(json.dumps(result, default=str))
 
 
-def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str) -> logging.Logger:
-    """Sends this process's stdout, stderr (XLA's C++ output included) and logging to its own file."""
+def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str, restart: str | None = None) -> logging.Logger:
+    """Sends this process's stdout, stderr (XLA's C++ output included) and logging to its own
+    file. A requeued job's ranks append to the same files, each restart marked by ``restart``."""
     path = status.rank_log(run_dir, rank.process_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a", buffering=1)
+    if restart:
+        f.write(restart + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(f.fileno(), 1)

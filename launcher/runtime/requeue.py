@@ -1,0 +1,64 @@
+"""Requeue on timeout and preemption: which jobs can be, and how a run knows it is a restart.
+
+SLURM warns a job before its time limit (``#SBATCH --signal=USR2@90``, from submitit) and a
+preempting scheduler sends the same signal. submitit's handler, in rank 0, calls the task's
+``checkpoint`` (``launcher.runtime.task.Task.checkpoint``), saves what it returns as the job's
+new pickle and runs ``scontrol requeue``: SLURM stops every rank and starts the same job id
+again, in the same run dir. Nothing is carried in the pickle but the attempt number: what a run
+resumes from is already on disk as it is computed (mode=train's checkpoints, the CFP profile
+store, which mode=profile and mode=search read before measuring anything), and mode=check and
+mode=hlo_replay simply run again.
+
+Only SLURM requeues. submitit's local controller restarts tasks that exit with its own code,
+but the job would keep neither its time limit nor its place; ``mpirun`` and the TPU script
+cannot at all. Those backends say so and end, keeping what the run dir holds: the same command
+with ``hydra.run.dir=<run dir>`` resumes from it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+REQUEUEING_BACKENDS = ("slurm",)
+
+
+def signal_name() -> str:
+    """The signal submitit requeues on (``SIGUSR2`` unless ``SUBMITIT_PREEMPT_SIGNAL`` says)."""
+    from submitit.core.job_environment import JobEnvironment
+
+    return "SIG" + JobEnvironment.USR_SIG
+
+
+def why_not(cfg: Any, run_dir: Any, attempt: int) -> str:
+    """Why this job cannot be requeued now ("" if it can): its backend cannot, or it was
+    requeued ``cluster.max_requeues`` times already."""
+    backend = getattr(cfg.cluster.backend, "value", cfg.cluster.backend)
+    keep = (f"what it computed stays in {run_dir}: run the same command again with "
+            f"hydra.run.dir={run_dir} to resume from it")
+    if backend not in REQUEUEING_BACKENDS:
+        return (f"{signal_name()} (time limit near, or preempted): cluster={cfg.cluster.name} cannot requeue a "
+                f"job (only SLURM can); {keep}")
+    if attempt >= cfg.cluster.max_requeues:
+        return (f"{signal_name()} (time limit near, or preempted): not requeued again, cluster.max_requeues="
+                f"{cfg.cluster.max_requeues} reached; {keep}")
+    return ""
+
+
+def attempt_of(pickled: int, env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(attempt, why it restarted) of this run: the attempt the requeueing rank wrote into the
+    pickle, or SLURM's restart count when SLURM requeued the job by itself (a node failure with
+    ``--requeue``), whichever is larger."""
+    env = os.environ if env is None else env
+    try:
+        slurm = int(env.get("SLURM_RESTART_COUNT", "0"))
+    except ValueError:
+        slurm = 0
+    if slurm > pickled:
+        return slurm, "requeued by SLURM"
+    return pickled, f"requeued after {signal_name()}" if pickled else ""
+
+
+def restart_line(attempt: int, reason: str) -> str:
+    """The line that marks a restart in each rank's log (which a requeued job appends to)."""
+    return f"=== restart {attempt} ({reason}) ==="
