@@ -4,6 +4,7 @@
     base.py      the protocol every mode relies on; the shared language-model base class
     layers.py    parameter specs, embeddings, norms, attention, MLPs, rotary embeddings
     gpt.py, bert.py, llama2.py, moe.py   one model each
+    cfp_workloads.py   the CFP paper's workloads: layer stacks with no embedding or head
     data.py      synthetic tokens with a learnable signal; rng.py, the random numbers behind it
     sharding.py  logical axis names -> mesh axes; ``constrain`` for activations
     plans.py     sharding plans (dp, tp, fsdp, dp_tp, ep, or JSON files)

@@ -86,10 +86,72 @@ class MoEConfig:
     dtype: str = "float32"
 
 
+# --- The CFP paper's workloads (models/cfp_workloads.py) ------------------------------------
+# Stacks of transformer layers on given hidden states, as the CFP artifact benchmarks them
+# (huwf1220/ptp_parallel, cfp_test/): no embedding, no output head, each with the artifact's
+# own loss. Defaults are the settings its README prints the analysis for.
+
+
+@dataclass
+class CFPGPTConfig:
+    """CFP's "GPT" (config F, cfp_test/gpt/): Alpa's BERT layers (post-LN, one fused QKV
+    projection, bidirectional attention, GELU MLP of 4 * hidden), mean squared error against
+    target hidden states."""
+
+    _target_: str = "models.cfp_workloads.CFPGPT"
+    batch_size: int = 24
+    seq_len: int = 1024
+    num_layers: int = 2
+    hidden: int = 4096
+    heads: int = 32
+    ffn_dim: Optional[int] = None  # None: 4 * hidden
+    dtype: str = "float32"
+
+
+@dataclass
+class CFPLLaMAConfig:
+    """CFP's LLaMA 2 (cfp_test/llama2/): LLaMA 2 7B decoder blocks on 128-token sequences,
+    cross-entropy of the last hidden state read as logits over the hidden dimension."""
+
+    _target_: str = "models.cfp_workloads.CFPLLaMA"
+    batch_size: int = 80
+    seq_len: int = 128
+    num_layers: int = 4
+    hidden: int = 4096
+    heads: int = 32
+    ffn_dim: Optional[int] = 11008  # None: LLaMA's rule (2/3 * 4 * hidden, rounded up to 256)
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    dtype: str = "float32"
+
+
+@dataclass
+class CFPMoEConfig:
+    """CFP's GShard MoE (config E, cfp_test/moe/): Alpa's MoE layer stack, layers 0, 2, 4, ...
+    with experts (ReLU FFN of 4 * hidden, capacity 2S/E) and the others dense BERT layers, mean
+    squared error against target hidden states."""
+
+    _target_: str = "models.cfp_workloads.CFPMoE"
+    batch_size: int = 64
+    seq_len: int = 1024
+    num_layers: int = 4
+    hidden: int = 1280
+    heads: int = 16
+    ffn_dim: Optional[int] = None  # None: 4 * hidden, for the experts and the dense layers
+    num_experts: int = 32
+    expert_group_size: int = 2048  # tokens per gating group (S)
+    capacity_factor: float = 2.0  # expert capacity C = ceil(capacity_factor * S / E)
+    gating: str = "dummy"  # "dummy": the artifact's top2_gating_dummy; "top2": GShard's routing (models/moe.py)
+    dtype: str = "float32"
+
+
 # Registered by launcher.schema as "<key>_schema" in the Hydra config group "model".
 SCHEMAS = {
     "gpt": GPTConfig,
     "bert": BERTConfig,
     "llama2": LLaMA2Config,
     "moe": MoEConfig,
+    "cfp-gpt": CFPGPTConfig,
+    "cfp-llama": CFPLLaMAConfig,
+    "cfp-moe": CFPMoEConfig,
 }

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.core
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 MODELS = ("gpt", "bert", "llama2", "moe")
+CFP_WORKLOADS = ("cfp-gpt", "cfp-llama", "cfp-moe")  # models/cfp_workloads.py: layer stacks, no vocabulary
 
 
 def load_preset(name: str, **overrides):
@@ -58,7 +59,7 @@ def test_presets_compose_through_hydra_and_build(preset):
 # --- the protocol -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", MODELS)
+@pytest.mark.parametrize("family", MODELS + CFP_WORKLOADS)
 def test_protocol_axes_match_params_and_batch(family):
     model = load_preset(f"{family}-tiny")
     params = jax.eval_shape(model.init, jax.random.key(0))
@@ -80,7 +81,8 @@ def test_protocol_axes_match_params_and_batch(family):
     again = model.make_batch(jax.random.key(1))
     other = model.make_batch(jax.random.key(2))
     assert all(np.array_equal(batch[k], again[k]) for k in batch)
-    assert not np.array_equal(batch["tokens"], other["tokens"])
+    first = next(iter(batch))  # "tokens" for the language models, "inputs" for the CFP layer stacks
+    assert not np.array_equal(batch[first], other[first])
 
 
 def test_counter_based_normals_look_normal_and_streams_are_independent():
@@ -335,6 +337,22 @@ def test_flops_match_the_traced_matmuls_and_xla_cost_analysis(family):
     assert 0.97 <= analytic / xla <= 1.0, (analytic, xla)
 
 
+@pytest.mark.parametrize("preset, overrides", [
+    ("cfp-gpt-tiny", {}), ("cfp-llama-tiny", {}), ("cfp-moe-tiny", {}),
+    ("cfp-moe-tiny", {"gating": "top2"}),  # a 0/1 dispatch mask: one backward product fewer
+    ("cfp-moe-tiny", {"num_layers": 3}),   # two MoE layers, one dense
+])
+def test_cfp_workload_flops_match_the_traced_matmuls(preset, overrides):
+    # Exactly: the count leaves out the first layer's input gradient where the step computes
+    # none, which is what makes config F's count CFP's published one (tests/test_cfp_workloads.py).
+    model = load_preset(preset, **overrides)
+    opt = make_optimizer(1e-3)
+    state = jax.eval_shape(lambda k: init_state(model, opt, k), jax.random.key(0))
+    batch = jax.eval_shape(model.make_batch, jax.random.key(0))
+    assert dot_flops(jax.make_jaxpr(make_train_step(model, opt))(state, batch).jaxpr) == model.flops_per_step()
+    assert model.paper_flops_per_step() == model.flops_per_step()  # CFP's TFLOP_COUNT is XLA's dot count
+
+
 def test_gpt_flops_equal_alpas_formula():
     m = load_preset("gpt")
     c = m.config
@@ -347,7 +365,7 @@ def test_gpt_flops_equal_alpas_formula():
 # --- bad input -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", MODELS)
+@pytest.mark.parametrize("family", MODELS + CFP_WORKLOADS)
 def test_heads_must_divide_hidden(family):
     with pytest.raises(ModelError, match=r"model\.heads=6 does not divide model\.hidden=64"):
         load_preset(f"{family}-tiny", heads=6)
@@ -365,6 +383,17 @@ def test_bad_model_fields_are_named():
         MoE(batch_size=8, seq_len=32, hidden=64, heads=8, num_experts=8, expert_group_size=48)
     with pytest.raises(ModelError, match=r"model\.num_experts=1"):
         MoE(batch_size=8, seq_len=32, hidden=64, heads=8, num_experts=1, expert_group_size=32)
+
+
+def test_cfp_workload_fields_are_checked():
+    with pytest.raises(ModelError, match=r"model\.gating='top1': use 'dummy'"):
+        load_preset("cfp-moe-tiny", gating="top1")
+    with pytest.raises(ModelError, match=r"model\.expert_group_size=48 does not divide the 256 tokens"):
+        load_preset("cfp-moe-tiny", expert_group_size=48)
+    with pytest.raises(ModelError, match=r"unknown model field\(s\) \['vocab_size'\]"):
+        get_class(SCHEMAS["cfp-gpt"]._target_)(vocab_size=256)  # no embedding: inputs are hidden states
+    with pytest.raises(ModelError, match=r"rotary embeddings rotate pairs"):
+        load_preset("cfp-llama-tiny", hidden=72, heads=8)
 
 
 def test_bfloat16_compute_keeps_float32_params():

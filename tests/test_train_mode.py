@@ -50,11 +50,15 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
     assert f"train GPT [dp_tp]: {STEPS}/{STEPS}" in (tmp_path / "multi" / "logs" / "rank0.log").read_text()
 
 
-@pytest.mark.parametrize("family", ["gpt", "bert", "llama2", "moe"])
-def test_every_tiny_model_trains_through_the_launcher(tmp_path, family):
-    plan = "ep" if family == "moe" else "dp_tp"
+@pytest.mark.parametrize("family, extra", [
+    ("gpt", []), ("bert", []), ("llama2", []), ("moe", []), ("cfp-gpt", []), ("cfp-moe", []),
+    # the artifact's learning rate: its constant label is learnt within a few steps at 1e-2
+    ("cfp-llama", ["mode.learning_rate=1e-2"]),
+])
+def test_every_tiny_model_trains_through_the_launcher(tmp_path, family, extra):
+    plan = "ep" if family.endswith("moe") else "dp_tp"
     run_cli("mode=train", f"model={family}-tiny", f"mode.plan={plan}", "mode.steps=4", "mode.warmup_steps=1",
-            run_dir=tmp_path)
+            *extra, run_dir=tmp_path)
     r = read_result(tmp_path)
     assert r["num_processes"] == 2 and r["global_devices"] == 8 and r["plan"]["name"] == plan
     assert len(r["losses"]) == 4 and all(np.isfinite(r["losses"]))

@@ -1,13 +1,16 @@
 """Unique segments: repeated runs of ParallelBlocks (the layers) mapped onto templates.
 
-Every block gets a structural signature: the multiset of its contractions (all phases, with their
-roles) and of its forward member operators, with shapes and parameters. The blocks of two
-identical layers have equal signatures. The rest is left out because it varies at layer edges
-without changing the layer: glue is where blocks meet, and the backward and optimizer operators
-that are not contractions pick up neighbours' work (the first layer computes the position
-embedding's gradient where later layers compute the previous layer's output-bias gradient, and
-gradient clipping's scalar sum of squares runs through every layer). Over the
-sequence of signatures:
+Every block gets a structural signature: the multiset of its forward contractions (with their
+roles, shapes and parameters) and its number of plans. The blocks of two identical layers have
+equal signatures. The rest is left out because it varies at layer edges without changing the
+layer: glue is where blocks meet; backward and optimizer operators pick up neighbours' work (the
+first layer computes the position embedding's gradient where later layers compute the previous
+layer's output-bias gradient, and gradient clipping's scalar sum of squares runs through every
+layer); in a stack of layers with no embedding or head (the CFP paper's workloads,
+``models/cfp_workloads.py``) the first layer computes no input gradient, its input being data,
+and the last layer's forward operators compute the loss. CFP's own analysis matches layers the
+same way, and likewise profiles a template on its first instance. Over the sequence of
+signatures:
 
 1. the longest periodic run is found: the period P and start s whose repetition covers the
    most blocks (at least two repeats; ties go to the shorter period, then the earlier start);
@@ -64,10 +67,10 @@ class Template:
 def block_signature(g: Graph, b: Block) -> str:
     parts = []
     for i in b.ops:
-        op = g.ops[i]
-        if i not in b.roles and (i not in b.members or op.phase != "fwd" or all(not g.shape(v) for v in op.outputs)):
+        role = b.roles.get(i)
+        if role is None or role == "bwd":
             continue
-        role = b.roles.get(i, "member")
+        op = g.ops[i]
         outs = ",".join(g.vars[v].type_str for v in op.outputs)
         ins = ",".join(g.vars[v].type_str if v is not None else "lit" for v in op.inputs)
         parts.append(f"{op.prim}|{op.phase}|{role}|{ins}->{outs}|{sorted(op.params.items())}")
