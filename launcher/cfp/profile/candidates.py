@@ -5,13 +5,41 @@ program and stored as soon as it is measured.
 The next candidate compiles on a worker thread while the current one is timed (``overlap``).
 With several processes, each compiles and runs the same candidates in the same order (the
 collectives need it); rank 0 decides which the store lacks and writes the entries.
+
+CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
+``benchmark_func``, ``alpa/shard_parallel/exp.py``):
+
+- a candidate whose compiled per-device memory (XLA's memory analysis, the ``mem_bytes`` the
+  search adds up), with the least memory every other unit of the model needs, is over the
+  memory budget is not timed: no plan under that budget can hold it, since the search's plan
+  memory is the sum of its units' figures. (The artifact compares a candidate's own memory with
+  the device's; a whole plan's budget compares the plan's, and the candidate's own memory alone
+  would skip none of a small model's candidates while any plan fits.) The other units count
+  with the least memory of their kind where every combination of it is known (compiled earlier
+  in the run, or in the store), else with nothing, so the figure, ``plan_floor_bytes``, is a
+  floor: nothing skipped could be in a plan within the budget. The entry keeps the candidate's
+  memory and that floor, marked ``over_budget`` with ``time_s`` null;
+- a candidate whose first timed runs are all over ``early_stop_ratio`` times the fastest
+  candidate of its unit timed in full so far (``timing.EarlyStop``) is not timed further. Its
+  entry is marked ``stopped_early``: its ``time_s`` comes from those first runs, and the
+  candidate is at least ``early_stop_ratio`` times slower than the best, so the search may use it
+  as its cost (it cannot be its unit's best) but nothing may take it for a full measurement.
+
+Which stored entries a run reuses follows from what they promise (``Shortcuts.reuses``): an
+``over_budget`` entry only while the run's budget is still below its floor (a run with a larger
+budget, or without the shortcut, times it), a ``stopped_early`` one only while the run stops at
+least as eagerly (a run without early stop measures it in full). Every process takes each
+decision on rank 0's figures (memory) or the slowest process's (times), broadcast by rank 0.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from launcher.cfp.analysis.core import Analysis
@@ -19,33 +47,99 @@ from launcher.cfp.profile.keys import StoreKeys
 from launcher.cfp.profile.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, \
     segment_program, synthetic_inputs
 from launcher.cfp.profile.store import ProfileStore
-from launcher.cfp.profile.timing import Timer, overhead_program
+from launcher.cfp.profile.timing import EarlyStop, Timer, overhead_program
 from launcher.cfp.profile.units import Unit, first_units
 from launcher.runtime import hosts
 
 Candidate = tuple[Unit, tuple[int, ...]]
 
+# Timed runs an early stop decides on: the artifact's two.
+EARLY_STOP_AFTER = 2
+
+
+@dataclass(frozen=True)
+class Shortcuts:
+    """CFP's profiling shortcuts (see the module doc). The defaults take none."""
+    memory_budget_bytes: float | None = None   # per device: candidates no plan within it holds are not timed
+    early_stop_ratio: float = 0.0              # 0: every candidate timed in full
+    early_stop_after: int = EARLY_STOP_AFTER
+
+    def over_budget(self, plan_floor_bytes: float) -> bool:
+        return self.memory_budget_bytes is not None and plan_floor_bytes > self.memory_budget_bytes
+
+    def reuses(self, entry: dict) -> bool:
+        """Whether a stored entry stands for this run's measurement of its candidate."""
+        if entry.get("over_budget"):
+            # Infeasible under any budget below its floor, and only there: never a time.
+            return self.over_budget(entry.get("plan_floor_bytes", entry["mem_bytes"]))
+        if entry.get("stopped_early"):
+            # A bound, good for a run that would have stopped at least as soon (same ratio or a
+            # smaller one); a run that asks for more (a larger ratio, or none) measures it.
+            return 0 < self.early_stop_ratio <= entry.get("stop_ratio", 0.0)
+        return True
+
+
+def timed_in_full(entry: dict) -> bool:
+    return not entry.get("over_budget") and not entry.get("stopped_early")
+
 
 class CandidateLoop:
     def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, keys: StoreKeys, timer: Timer,
                  units: Sequence[Unit], *, overlap: bool = True, log: Callable[[str], None] = print,
-                 is_main: bool = True) -> None:
+                 is_main: bool = True, shortcuts: Shortcuts = Shortcuts()) -> None:
         self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
-        self.overlap, self.log, self.is_main = overlap, log, is_main
+        self.overlap, self.log, self.is_main, self.shortcuts = overlap, log, is_main, shortcuts
         self.first = first_units(units)
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
         self._split = {u.kind[0] for u in units if u.kind[1] > 0}  # templates profiled in parts
+        # Per kind: (time_s, overhead_s) of the fastest candidate timed in full (the early stop's
+        # yardstick), the same on every process: from rank 0's store (``missing``) and the
+        # slowest process's times since.
+        self.best: dict[tuple[int, int], tuple[float, float]] = {}
+        self.counts = {"timed": 0, "over_budget": 0, "stopped_early": 0}   # by this run
+        # For the memory floor: units per kind, and every compiled memory known so far, by kind
+        # (rank 0's store, then this run's compilations).
+        self.instances = Counter(u.kind for u in units)
+        self._combos = {kind: len(u.combos()) for kind, u in self.first.items()}
+        self.memory: dict[tuple[int, int], dict[tuple[int, ...], int]] = {kind: {} for kind in self.first}
 
     def candidates(self) -> list[Candidate]:
         return [(u, c) for u in self.first.values() for c in u.combos()]
 
     def missing(self, candidates: list[Candidate]) -> list[bool]:
-        """Which candidates the store lacks; rank 0 decides for every process."""
+        """Which candidates the store lacks, or holds an entry this run's shortcuts may not reuse
+        for (``Shortcuts.reuses``); rank 0 decides for every process. Also takes each kind's best
+        from the entries timed in full, and every stored candidate's memory (for the floor)."""
         import numpy as np
 
-        mask = np.array([self.keys.segment(u, c) not in self.store for u, c in candidates] if self.is_main
-                        else [False] * len(candidates), dtype=np.int32)
-        return [bool(x) for x in hosts.broadcast(mask)]
+        # (missing, time_s and overhead_s of an entry timed in full else inf, mem_bytes else -1)
+        rows = np.zeros((len(candidates), 4), dtype=np.float64)
+        rows[:, 1:3], rows[:, 3] = math.inf, -1
+        if self.is_main:
+            for row, (u, c) in zip(rows, candidates):
+                entry = self.store.get(self.keys.segment(u, c))
+                row[0] = entry is None or not self.shortcuts.reuses(entry)
+                if entry is not None and timed_in_full(entry):
+                    row[1:3] = entry["time_s"], entry.get("overhead_s", 0.0)
+                if entry is not None and "mem_bytes" in entry:
+                    row[3] = entry["mem_bytes"]
+        rows = hosts.broadcast(rows)
+        for (u, c), (_, t, o, m) in zip(candidates, rows):
+            self.best[u.kind] = min(self.best.get(u.kind, (math.inf, 0.0)), (float(t), float(o)))
+            if m >= 0:
+                self.memory[u.kind][c] = int(m)
+        return [bool(row[0]) for row in rows]
+
+    def plan_floor(self, kind: tuple[int, int], mem: int) -> int:
+        """The least memory a plan holding a unit of ``kind`` at ``mem`` needs, as far as known:
+        ``mem``, plus, for every other unit, the least memory of its kind where every
+        combination of the kind has a known memory (else nothing)."""
+        floor = mem
+        for k, n in self.instances.items():
+            known = self.memory[k]
+            if len(known) == self._combos[k]:
+                floor += (n - (k == kind)) * min(known.values())
+        return floor
 
     def program(self, u: Unit) -> SegmentProgram:
         if u.kind not in self._programs:
@@ -54,7 +148,8 @@ class CandidateLoop:
 
     def prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
         """(compiled program, its overhead program, arguments, bytes of its inputs from other
-        units, compile seconds) of ``u`` under ``combo``."""
+        units, compile seconds) of ``u`` under ``combo``. The overhead program is None when the
+        program is over the memory budget (it will not be timed, so it is not compiled)."""
         import jax
 
         sp = self.program(u)
@@ -63,12 +158,21 @@ class CandidateLoop:
         t0 = time.perf_counter()
         args = synthetic_inputs(self.a, sp, shardings)
         compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
-        overhead = overhead_program(args, [self.a.graph.vars[v] for v in sp.outputs], compiled.output_shardings)
-        return compiled, overhead, args, boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment)), \
-            time.perf_counter() - t0
+        boundary = boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment))
+        # (The candidate's own memory: its floor, known in the loop, is at least that.)
+        over = self.shortcuts.over_budget(memory_of(compiled, boundary)[1])
+        overhead = None if over else self.overhead_of(u, compiled, args)
+        return compiled, overhead, args, boundary, time.perf_counter() - t0
+
+    def overhead_of(self, u: Unit, compiled: Any, args: list[Any]) -> Any:
+        """The overhead program of ``u``'s program ``compiled`` (``timing.overhead_program``)."""
+        outputs = [self.a.graph.vars[v] for v in self.program(u).outputs]
+        return overhead_program(args, outputs, compiled.output_shardings)
 
     def measure(self, todo: list[Candidate], progress: Any = None) -> int:
-        """Profiles ``todo`` in order, writing each entry as soon as it is measured."""
+        """Profiles ``todo`` in order, writing each entry as soon as it is measured; counts in
+        ``self.counts`` how many were timed in full, not timed (over the memory budget) and
+        stopped early."""
         if not todo:
             return 0
         pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
@@ -82,26 +186,58 @@ class CandidateLoop:
                 else:
                     prepared = self.prepare(u, combo)
                 compiled, overhead, args, boundary, compile_s = prepared
-                times, overhead_times = self.timer.beside_overhead(compiled, overhead, args)
-                m = compiled.memory_analysis()
-                memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
-                mem = memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
-                entry = {"time_s": statistics.median(times), "times_s": times,
-                         "overhead_s": statistics.median(overhead_times), "overhead_times_s": overhead_times,
-                         "memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
+                memory, mem = memory_of(compiled, boundary)
+                self.memory[u.kind][combo] = mem
+                floor = self.plan_floor(u.kind, mem)
+                entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
                          "blocks": [u.start, u.end]}
+                part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
+                where = f"SegmentIdx: {u.kind[0]}{part} ParallelBlock Strategy: {list(combo)}"
+                # Rank 0's figures decide (every process compiled the same programs; its figures
+                # are the ones the store keeps and the search adds up).
+                if _rank0_flag(self.shortcuts.over_budget(floor)):
+                    budget = self.shortcuts.memory_budget_bytes
+                    entry.update({"time_s": None, "over_budget": True, "budget_bytes": budget,
+                                  "plan_floor_bytes": floor})
+                    self.counts["over_budget"] += 1
+                    self.log(f"{where} not timed: mem_cost(GB): {mem / 2**30:.6f}, a plan holding it needs at least "
+                             f"{floor / 2**30:.6f}, over the memory budget {budget / 2**30:.6f}")
+                else:
+                    # (No overhead program only where this process's memory said over budget and
+                    # rank 0's did not: never seen, since every process compiles the same program.)
+                    overhead = overhead if overhead is not None else self.overhead_of(u, compiled, args)
+                    entry.update(self._time(u, compiled, overhead, args))
+                    if entry.get("stopped_early"):
+                        self.log(f"{where} avgcost: {entry['time_s']:.6f} (stopped early: first "
+                                 f"{len(entry['times_s'])} runs over {self.shortcuts.early_stop_ratio:g}x the best "
+                                 f"{entry['best_s']:.6f}) mem_cost(GB): {mem / 2**30:.6f}")
+                    else:
+                        self.log(f"{where} avgcost: {entry['time_s']:.6f} mem_cost(GB): {mem / 2**30:.6f}")
                 if self.is_main:
                     self.store.put(self.keys.segment(u, combo), entry)
-                part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
-                self.log(f"SegmentIdx: {u.kind[0]}{part} "
-                         f"ParallelBlock Strategy: {list(combo)} avgcost: {entry['time_s']:.6f} "
-                         f"mem_cost(GB): {mem / 2**30:.6f}")
                 if progress is not None:
                     progress.advance()
         finally:
             if pool:
                 pool.shutdown(wait=True)
         return len(todo)
+
+    def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
+        """The timing part of a candidate's entry, stopped early when its first runs say so."""
+        ratio, after = self.shortcuts.early_stop_ratio, self.shortcuts.early_stop_after
+        best, best_overhead = self.best.get(u.kind, (math.inf, 0.0))
+        stop = EarlyStop(ratio, best, best_overhead, after) if ratio > 0 and math.isfinite(best) else None
+        times, overhead_times = self.timer.beside_overhead(compiled, overhead, args, stop=stop)
+        out = {"time_s": statistics.median(times), "times_s": times, "overhead_s": statistics.median(overhead_times),
+               "overhead_times_s": overhead_times}
+        if len(times) < self.timer.repeats:  # the only way fewer runs come back
+            self.counts["stopped_early"] += 1
+            out.update({"stopped_early": True, "stop_ratio": ratio, "best_s": best})
+        else:
+            self.counts["timed"] += 1
+            # slowest-process times: the same on every process
+            self.best[u.kind] = min((best, best_overhead), (out["time_s"], out["overhead_s"]))
+        return out
 
     def table(self) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
         """Every kind's entries from the store, by combination."""
@@ -114,3 +250,19 @@ class CandidateLoop:
                     raise RuntimeError(f"profile entry missing after profiling: template {kind}, combination {c}")
                 out[kind][c] = entry
         return out
+
+
+def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
+    """(XLA's memory analysis of ``compiled`` per device, by kind; the unit's memory the search
+    adds up: arguments, results and temporaries less aliased bytes, less ``boundary``, the bytes
+    of its inputs another unit produces, counted there as results)."""
+    m = compiled.memory_analysis()
+    memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
+    return memory, memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
+
+
+def _rank0_flag(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every process (the identity with one process)."""
+    import numpy as np
+
+    return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])

@@ -17,6 +17,10 @@ from launcher.cfp.profile.units import Unit
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
 # pinned, what a segment program contains), so old entries are not reused.
+# Not bumped for the profiling shortcuts (candidates.py): an entry without their marks is, as
+# before, a candidate timed in full, so version-4 stores are read and reused as they are; the
+# marked entries (``over_budget``: no time; ``stopped_early``: a bound) are new and are reused
+# only where a run's shortcuts allow (``candidates.Shortcuts.reuses``).
 PROFILE_VERSION = 4
 
 
@@ -59,3 +63,16 @@ class StoreKeys:
 
     def whole_overhead(self) -> dict:
         return {**self.base, "kind": "whole-overhead"}
+
+
+# The ILP's communication cost model (launcher/cfp/ilp/calibrate.py) has a version of its own:
+# bump it when what calibration measures changes. It is not PROFILE_VERSION, so changing how
+# segments are profiled does not recalibrate the collectives, nor the other way round.
+COLLECTIVE_MODEL_VERSION = 1
+
+
+def collective_model_key(mesh: Any) -> dict:
+    """The key of the ILP's collective cost model of ``mesh``: it depends on the mesh's shape,
+    the device kind and count and the process count (``device_signature``), not on any model."""
+    return {"version": COLLECTIVE_MODEL_VERSION, "kind": "collective-model", "mesh": list(mesh.devices.shape),
+            "devices": device_signature(mesh)}

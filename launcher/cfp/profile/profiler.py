@@ -26,6 +26,11 @@ process's time). ``Profiler`` runs them in order and returns ``Profiles``.
 Every result goes into the profile store (``store.py``) as soon as it is measured, so an
 interrupted run resumes and a later one reuses. Rank 0 writes it and every process reads it
 back, so with several hosts it must be on a shared filesystem (like the run dir).
+
+CFP's profiling shortcuts (``candidates.Shortcuts``: ``memory_budget_bytes``,
+``early_stop_ratio``; none by default) leave some entries untimed (over the memory budget: the
+search never picks them) or timed only in part (stopped early: their time is a bound the
+search may use as their cost); ``Profiles.timed`` and ``Profiles.bounded`` tell them apart.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any, Callable
 
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
-from launcher.cfp.profile.candidates import CandidateLoop
+from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts
 from launcher.cfp.profile.keys import StoreKeys
 from launcher.cfp.profile.programs import allreduce_time, gradient_allreduces, reshard_time, whole_overhead_entry
 from launcher.cfp.profile.store import ProfileStore
@@ -56,18 +61,45 @@ class Profiles:
     # per unit, per combo index: the mesh axes of each gradient all-reduce its program makes
     gradient_allreduces: list[list[frozenset]] | None = None
     allreduce_latency_s: dict[tuple[int, ...], float] = field(default_factory=dict)  # by axes
-    measured: int = 0                   # entries measured by this run
+    measured: int = 0                   # entries measured by this run (compiled; timed or not)
     reused: int = 0                     # entries found in the store
     seconds: float = 0.0
+    # Of the entries measured by this run: not timed, their memory over the budget; and timed
+    # only in part (stopped early). The table's own counts, reused entries included, are
+    # ``over_budget_configs`` and ``stopped_early_configs``.
+    skipped: int = 0
+    stopped: int = 0
+    candidates_s: float = 0.0           # of ``seconds``, in the candidate loop (what the shortcuts save on)
 
     @property
     def profiled_configs(self) -> int:
         return sum(len(v) for v in self.table.values())
 
+    @property
+    def over_budget_configs(self) -> int:
+        return sum(not self.timed(k, c) for k, combos in self.table.items() for c in combos)
+
+    @property
+    def stopped_early_configs(self) -> int:
+        return sum(self.bounded(k, c) for k, combos in self.table.items() for c in combos)
+
+    def timed(self, kind: tuple[int, int], combo: tuple[int, ...]) -> bool:
+        """Whether the combination has a time: not when the profile skipped it for its memory
+        (then no plan may hold it)."""
+        return not self.table[kind][combo].get("over_budget")
+
+    def bounded(self, kind: tuple[int, int], combo: tuple[int, ...]) -> bool:
+        """Whether the combination's time is only a bound: its first runs were over the early
+        stop's ratio of its unit's best, and it was timed no further."""
+        return bool(self.table[kind][combo].get("stopped_early"))
+
     def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
         """A unit's measured time less its overhead program's: inside the whole step the units
-        run as one program, which pays its overhead once (``whole_overhead_s``)."""
+        run as one program, which pays its overhead once (``whole_overhead_s``). Infinite for a
+        combination the profile did not time (over its memory budget)."""
         e = self.table[kind][combo]
+        if not self.timed(kind, combo):
+            return float("inf")
         return max(e["time_s"] - e.get("overhead_s", 0.0), 0.0)
 
     def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
@@ -89,13 +121,15 @@ class Profiler:
 
     def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, *, repeats: int = 3, warmup: int = 1,
                  cold: bool = False, max_space: int = 128, overlap: bool = True,
-                 log: Callable[[str], None] = print, is_main: bool = True) -> None:
+                 log: Callable[[str], None] = print, is_main: bool = True,
+                 shortcuts: Shortcuts = Shortcuts()) -> None:
         self.a, self.mesh, self.store, self.log, self.is_main = a, mesh, store, log, is_main
         self.timer = Timer(warmup, repeats, CacheFlush(mesh) if cold else None)
         self.units = profiling_units(a, max_space)
         self.keys = StoreKeys(a, mesh, cold)
+        self.shortcuts = shortcuts
         self.loop = CandidateLoop(a, mesh, store, self.keys, self.timer, self.units, overlap=overlap, log=log,
-                                  is_main=is_main)
+                                  is_main=is_main, shortcuts=shortcuts)
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
         t0 = time.perf_counter()
@@ -104,11 +138,22 @@ class Profiler:
         todo = [c for c, m in zip(candidates, missing) if m]
         reused = len(candidates) - len(todo)
         self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units "
-                 f"({reused} in the store, {len(todo)} to measure)")
+                 f"({reused} reused from the store, {len(todo)} to measure)")
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
+        t_loop = time.perf_counter()
         with ctx as progress:
             measured = self.loop.measure(todo, progress)
         hosts.barrier("cfp-profile")
+        candidates_s = time.perf_counter() - t_loop
+        counts = self.loop.counts
+        if measured:
+            sc = self.shortcuts
+            budget = f"{sc.memory_budget_bytes / 2**30:.6g} GB" if sc.memory_budget_bytes is not None else "none set"
+            rule = (f"first {sc.early_stop_after} runs over {sc.early_stop_ratio:g}x their segment's best"
+                    if sc.early_stop_ratio > 0 else "early stop off")
+            self.log(f"profile: of {measured} measured, {counts['timed']} timed in full, {counts['over_budget']} not "
+                     f"timed (no plan within the memory budget, {budget}, holds them), {counts['stopped_early']} "
+                     f"stopped early ({rule})")
         table = self.loop.table()
         boundaries = find_boundaries(self.a, self.units)
         reshard, n_reshard = self.reshard_costs(boundaries)
@@ -126,7 +171,8 @@ class Profiler:
                      "whole step combines)")
         return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, gradient_allreduces=grads,
                         allreduce_latency_s=latency, measured=measured, reused=reused,
-                        seconds=time.perf_counter() - t0)
+                        seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
+                        stopped=counts["stopped_early"], candidates_s=candidates_s)
 
     def reshard_costs(self, boundaries: list[Boundary]) -> tuple[dict[tuple, float], int]:
         costs, measured = {}, 0

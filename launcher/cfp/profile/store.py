@@ -5,7 +5,8 @@ a segment profile; shape and layouts for a resharding cost). Its file name is a 
 and it is written to a temporary name in the same directory, flushed, fsynced, then renamed into
 place: a reader sees a whole entry or none, a run killed with ``kill -9`` loses at most the entry
 it was writing, and two runs sharing a store (a multirun sweep) can only write the same entry
-twice, each time whole. Nothing is ever appended to or rewritten in place.
+twice, each time whole. Nothing is ever appended to or rewritten in place (an entry a later run
+measures again, one the profiling shortcuts left untimed or stopped early, is replaced whole).
 """
 
 from __future__ import annotations

@@ -9,10 +9,13 @@
 - With ``cold=True`` every run starts from cold caches (``CacheFlush``).
 - With several processes every process runs the same programs in the same order (their
   collectives need it) and, run by run, the slowest process's time counts.
+- With an ``EarlyStop``, a program whose first timed runs are all over a ratio of the best so
+  far stops there (CFP's profiling shortcut; ``candidates.py`` keeps the best).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -86,9 +89,11 @@ class Timer:
     repeats: int = 10
     flush: Callable[[], None] | None = field(default=None, repr=False)
 
-    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None) -> list[list[float]]:
+    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None,
+             stop: "EarlyStop | None" = None) -> list[list[float]]:
         """Seconds per run of each program on ``args``, the programs taking turns (this
-        process's own times)."""
+        process's own times). With ``stop``, after ``stop.after`` turns (when more were to
+        come) ``stop(times)`` decides whether to end there: the lists are then that short."""
         import jax
 
         def run(program: Any) -> float:
@@ -102,9 +107,14 @@ class Timer:
 
         def measure() -> list[list[float]]:
             times: list[list[float]] = [[] for _ in programs]
-            for _ in range(repeats or self.repeats):
+            n = repeats or self.repeats
+            for turn in range(n):
                 for program, ts in zip(programs, times):
                     ts.append(run(program))
+                # Every process reaches this point after the same turns (``stop`` exchanges
+                # figures), and all leave together or none.
+                if stop is not None and turn + 1 == stop.after < n and stop(times):
+                    break
             return times
 
         for _ in range(self.warmup):
@@ -114,11 +124,11 @@ class Timer:
                 jax.block_until_ready(program(*args))
         return quiet(measure)
 
-    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any],
-                        repeats: int | None = None) -> tuple[list[float], list[float]]:
+    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
+                        stop: "EarlyStop | None" = None) -> tuple[list[float], list[float]]:
         """Seconds per run of ``program`` and of its overhead program, timed in turn (the
-        slowest process's, run by run)."""
-        times, overhead_times = self.runs([program, overhead], args, repeats)
+        slowest process's, run by run); fewer than ``repeats`` when ``stop`` ended it early."""
+        times, overhead_times = self.runs([program, overhead], args, repeats, stop)
         return slowest_process(times), slowest_process(overhead_times)
 
     def entry(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
@@ -127,6 +137,52 @@ class Timer:
         overhead program."""
         times, overhead_times = self.beside_overhead(program, overhead, args, repeats)
         return {"time_s": statistic(times), "overhead_s": statistic(overhead_times)}
+
+
+@dataclass
+class EarlyStop:
+    """CFP's early stop: a candidate whose first ``after`` timed runs are all over ``ratio``
+    times ``best_s`` (the fastest candidate of its unit timed in full so far) is not timed
+    further. As in the authors' artifact (``benchmark_func`` in ``alpa/shard_parallel/exp.py``:
+    two runs, then ``c > 1.5 * curr_optimal`` returns at once), with two guards, both of which
+    only ever stop less:
+    - every one of the first runs must be over (the artifact takes their mean), so one run a
+      noisy neighbour slowed does not stop a candidate that is not slow;
+    - each run is first scaled down by how much slower the overhead program ran beside it (in
+      the same turn) than beside the best (``best_overhead_s``), when it did: on a shared
+      machine a burst of someone else's work lasts longer than a few runs and slows both alike,
+      and without this a burst during the first runs stops a candidate no slower than the best
+      (bench/bench_cfp_search.py --shortcuts counts such stops).
+    The times compared are whole program runs (``time_s``, before the overhead program is taken
+    off), as the artifact's are. The overheads of one unit's candidates are alike (same arguments
+    and results), so a run over 1.5x the best is over 1.5x it less the overhead too: the
+    comparison only errs towards timing in full. ``ratio`` 0 never stops."""
+    ratio: float
+    best_s: float
+    best_overhead_s: float = 0.0   # the best's overhead program (0: no scaling)
+    after: int = 2
+
+    def slower(self, first_runs: Sequence[float], overhead_runs: Sequence[float] = ()) -> bool:
+        """Whether runs that started like ``first_runs`` (beside ``overhead_runs`` of the
+        overhead program, turn by turn) stop: the decision, on given times."""
+        if not (self.ratio > 0 and math.isfinite(self.best_s)):
+            return False
+        slowdown = [max(o / self.best_overhead_s, 1.0) if self.best_overhead_s > 0 else 1.0 for o in overhead_runs]
+        slowdown += [1.0] * (len(first_runs) - len(slowdown))
+        return min(t / k for t, k in zip(first_runs, slowdown)) > self.ratio * self.best_s
+
+    def __call__(self, times: list[list[float]]) -> bool:
+        """The decision after this process's first runs (``times[0]`` the timed program's,
+        ``times[1]`` its overhead program's; ``Timer.runs`` calls it on every process at the
+        same point): taken on the slowest process's times, run by run, and rank 0's decision
+        broadcast, so every process stops together or none does (the programs hold collectives)."""
+        import numpy as np
+
+        from launcher.runtime import hosts
+
+        overhead = slowest_process(times[1]) if len(times) > 1 else []
+        decision = self.slower(slowest_process(times[0]), overhead)
+        return bool(hosts.broadcast(np.array([int(decision)], dtype=np.int32))[0])
 
 
 def lower_quartile(xs: Sequence[float]) -> float:

@@ -19,6 +19,15 @@ the cost of every kept plan is exact but a path dropped early might have paid le
 once-per-step gradient all-reduce latency is added only to whole plans, the same way); a
 coordinate descent on the exact cost (one unit's combination at a time, while it helps) then
 mends what the pruning missed.
+
+Entries the profile pass's shortcuts left (``profile/candidates.py``): a combination not timed
+because a plan holding it would be over the profile's memory budget has no time, and no plan
+here may hold it; every plan holding it is over any budget below the profile's, so a search
+under a budget no larger excludes it with the rest of what does not fit, and a search under
+which some plan holding it would fit (a larger budget, or none) is refused, since it would
+choose without combinations that were never timed. A combination
+stopped early has a time from its first runs only, at least the early stop's ratio times its
+unit's best: it is used as its cost (a bound on it, and no unit's best).
 """
 
 from __future__ import annotations
@@ -87,6 +96,7 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     costs = _Costs(prof)
     cost, mem, units = costs.time, costs.mem, prof.units
+    _refuse_untimed_within(costs, budget)
 
     least = sum(min(m) for m in mem)
     if least > budget:
@@ -134,6 +144,24 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     best.runners_up = [result(e[2]) for e in ends if e[2] != best_path]
     best.search_time_s = time.perf_counter() - t0
     return best
+
+
+def _refuse_untimed_within(costs: _Costs, budget: float) -> None:
+    """Refuses a budget under which some plan holding a combination the profile did not time
+    would fit (its memory plus the least of every other unit's): the search would be choosing
+    without it (see the module doc)."""
+    least = [min(m) for m in costs.mem]
+    total = sum(least)
+    fits = [m + total - least[i] for i, u in enumerate(costs.prof.units) for c, m in zip(costs.combos[i], costs.mem[i])
+            if not costs.prof.timed(u.kind, c) and m + total - least[i] <= budget]
+    if fits:
+        within = ("this search has no memory budget, but" if budget == float("inf") else
+                  f"within this search's mode.memory_budget_gb={budget / 2**30:.6g},")
+        raise UserError(f"{within} {len(fits)} segment combinations were not timed: the profile pass skipped them as "
+                        f"over its own memory budget (a plan holding one needs {min(fits) / 2**30:.6g} GB per "
+                        "device); "
+                        "profile under a budget at least this search's (the same mode.memory_budget_gb), or with "
+                        "mode.skip_over_budget=false")
 
 
 def _descend(costs: _Costs, path: tuple[int, ...], budget: float) -> tuple[int, ...]:
@@ -204,7 +232,8 @@ def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,
 
     def candidate(assignment: list[int], source: str) -> Candidate | None:
         t, m = costs.plan(assignment)
-        return Candidate(list(assignment), t, int(m), source) if m <= budget else None
+        # (An untimed combination's time is infinite: such a plan is never shortlisted.)
+        return Candidate(list(assignment), t, int(m), source) if m <= budget and t < float("inf") else None
 
     uniform = [candidate([min(j, n - 1) for n in counts], f"uniform {j}") for j in range(max(counts, default=0))]
     near = [candidate(a, f"nearest {name}") for name, a in (nearest or {}).items()]

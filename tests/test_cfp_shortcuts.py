@@ -1,0 +1,326 @@
+"""CFP's profiling shortcuts (issue 16): candidates over the memory budget are not timed, and
+candidates whose first runs are far slower than their segment's best are stopped early.
+
+The decisions are checked on given figures, never on how fast this machine happens to run: a
+memory budget placed between compiled memories, a best time recorded in the store that every
+real run is slower than, recorded runs at the threshold. Real programs run on 4 of the 8
+virtual CPU devices conftest.py sets up; the two-process check goes through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import jax
+import pytest
+
+from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts, memory_of
+from launcher.cfp.profile.keys import PROFILE_VERSION
+from launcher.cfp.profile.store import ProfileStore
+from launcher.cfp.profile.timing import EarlyStop, Timer
+from launcher.cfp.search.dp import predict, search, shortlist
+from launcher.errors import UserError
+from tests.launch import read_result, run_cli
+from tests.test_cfp_search import SMALL_GPT, brute_force, synthetic_profiles
+
+pytestmark = pytest.mark.core
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions on given figures
+
+
+def test_early_stop_decides_on_the_fastest_of_the_first_runs():
+    stop = EarlyStop(ratio=1.5, best_s=0.010)
+    assert stop.slower([0.016, 0.020])            # both over 1.5 x 10 ms
+    assert not stop.slower([0.014, 0.030])        # one run a neighbour slowed does not stop it
+    assert not stop.slower([0.015, 0.015])        # at the ratio is not over it
+    assert not EarlyStop(0.0, 0.010).slower([1.0, 1.0])          # ratio 0: off
+    assert not EarlyStop(1.5, math.inf).slower([1.0, 1.0])       # nothing timed in full yet
+    # The overhead program beside each run says how fast the machine ran then: runs beside an
+    # overhead run twice the best's count half (a burst of someone else's work slows both);
+    # an overhead run faster than the best's changes nothing (the guard only stops less).
+    paced = EarlyStop(ratio=1.5, best_s=0.010, best_overhead_s=0.001)
+    assert paced.slower([0.016, 0.020], [0.001, 0.001])
+    assert not paced.slower([0.016, 0.020], [0.002, 0.001])     # the first ran during a burst
+    assert paced.slower([0.040, 0.040], [0.002, 0.002])         # slow even for a slowed machine
+    assert paced.slower([0.016, 0.020], [0.0005, 0.0005])
+    # The decision as Timer.runs asks for it (one process: its own times are the slowest's).
+    assert stop([[0.016, 0.020], [0.001, 0.001]]) is True
+    assert stop([[0.014, 0.030], [0.001, 0.001]]) is False
+    assert paced([[0.016, 0.020], [0.002, 0.002]]) is False
+
+
+def test_stored_entries_are_reused_only_where_they_stand_for_this_run():
+    full = {"time_s": 0.01, "mem_bytes": 100}
+    over = {"time_s": None, "over_budget": True, "budget_bytes": 60, "mem_bytes": 100}
+    bound = {"time_s": 0.05, "stopped_early": True, "stop_ratio": 1.5, "mem_bytes": 100}
+    # An entry without marks (every store written before the shortcuts) is a full measurement.
+    for sc in (Shortcuts(), Shortcuts(50, 1.5), Shortcuts(None, 3.0)):
+        assert sc.reuses(full)
+    # Over budget: still over a smaller budget; a budget it fits, or none, must time it. What
+    # counts is the least memory a plan holding it needs (its floor), when the entry has it.
+    assert Shortcuts(99).reuses(over) and Shortcuts(60).reuses(over)
+    assert not Shortcuts(100).reuses(over) and not Shortcuts(1000).reuses(over) and not Shortcuts().reuses(over)
+    floored = {**over, "plan_floor_bytes": 150}
+    assert Shortcuts(149).reuses(floored) and not Shortcuts(150).reuses(floored)
+    # Stopped early: a bound for runs that stop as eagerly or more; not for a larger ratio or none.
+    assert Shortcuts(None, 1.5).reuses(bound) and Shortcuts(None, 1.2).reuses(bound)
+    assert not Shortcuts(None, 2.0).reuses(bound) and not Shortcuts(None, 0.0).reuses(bound)
+    assert PROFILE_VERSION == 4   # stores written before the shortcuts keep their keys
+
+
+def test_search_never_picks_an_untimed_combination_and_uses_a_bound_as_its_cost():
+    prof = synthetic_profiles()
+    best_t, best_m, best_plan = min(brute_force(prof))
+    # The unconstrained optimum's combination of unit 1, untimed as the profile leaves it when
+    # its memory (raised here to 60) is over the profile's budget.
+    c = best_plan[1]
+    prof.table[(1, 0)][(c,)] = {"time_s": None, "over_budget": True, "budget_bytes": 40, "mem_bytes": 60}
+    assert math.isinf(predict(prof, best_plan)[0])
+    # Under the profile's budget the search is the brute force over the timed plans.
+    fits = min((t, m, p) for t, m, p in brute_force(prof, 40) if p[1] != c)
+    found = search(prof, 3, 40)
+    assert found.assignment == fits[2] and found.assignment[1] != c
+    assert all(r.assignment[1] != c for r in found.runners_up)
+    assert all(s.assignment[1] != c for s in shortlist(prof, found, 3, 8, 40))
+    # A search under a budget some plan holding it fits (or none) would choose without it:
+    # refused, with the fix named. A plan holding it needs 60 + 4 + 8 (the least of the other
+    # units): under 65 none does, though 60 alone fits.
+    for budget in (None, 1000, 72):
+        with pytest.raises(UserError, match=r"1 segment combinations were not timed.*mode.memory_budget_gb"):
+            search(prof, 3, budget)
+    assert search(prof, 3, 71).assignment[1] != c
+    # A stopped-early entry's time (a bound, at least the ratio times its unit's best) is its cost.
+    plain, prof = synthetic_profiles(), synthetic_profiles()
+    prof.table[(2, 0)][(1,)].update({"time_s": 5.0, "stopped_early": True, "stop_ratio": 1.5})
+    assert prof.bounded((2, 0), (1,)) and prof.stopped_early_configs == 1 and not plain.bounded((2, 0), (1,))
+    for plan in ([0, 0, 1], [1, 2, 1]):
+        assert predict(prof, plan)[0] == pytest.approx(predict(plain, plan)[0] - 0.5 + 5.0)
+    assert search(prof, 3).assignment == min(brute_force(prof))[2]
+    assert search(prof, 3).assignment[2] == 0 != search(plain, 3).assignment[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Real programs (a 2-layer MLP, 6 combinations, on 4 devices)
+
+
+def mlp_on_4():
+    from launcher.cfp.analysis.core import analyze
+    from launcher.cfp.apply import make_mesh
+    from tests.test_cfp_analysis import mlp_program
+
+    return analyze(*mlp_program(), [4]), make_mesh([4], jax.devices()[:4])
+
+
+def profile(a, mesh, store, shortcuts, repeats=6):
+    from launcher.cfp.profile.profiler import Profiler
+
+    lines: list[str] = []
+    prof = Profiler(a, mesh, store, repeats=repeats, warmup=1, overlap=False, log=lines.append,
+                    shortcuts=shortcuts).run()
+    return prof, lines
+
+
+def test_over_budget_candidates_are_not_timed_and_a_larger_budget_times_them(tmp_path):
+    from launcher.cfp.profile.keys import StoreKeys
+
+    a, mesh = mlp_on_4()
+    store = ProfileStore(tmp_path / "store")
+    keys = StoreKeys(a, mesh)
+    # Every candidate's compiled memory, then a budget between two of them: the figures the
+    # profile pass decides on (one unit: a plan's memory is its own), so which candidates are
+    # over it is known beforehand.
+    mems = {c: m for (_, c), m in compiled_memories(a, mesh, tmp_path / "compiled")[0].items()}
+    levels = sorted(set(mems.values()))
+    assert len(levels) >= 3, mems
+    budget = (levels[len(levels) // 2] + levels[len(levels) // 2 - 1]) / 2
+    over = {c for c, m in mems.items() if m > budget}
+    assert 0 < len(over) < len(mems)
+
+    prof, lines = profile(a, mesh, store, Shortcuts(budget, 0.0))
+    assert (prof.measured, prof.skipped, prof.stopped) == (len(mems), len(over), 0)
+    assert prof.over_budget_configs == len(over)
+    (u,) = prof.units
+    for c, m in mems.items():
+        e = store.get(keys.segment(u, c))
+        assert e["mem_bytes"] == m
+        if c in over:   # its memory, no time
+            assert e["over_budget"] and e["time_s"] is None and "times_s" not in e and e["budget_bytes"] == budget
+            assert not prof.timed(u.kind, c)
+        else:
+            assert not e.get("over_budget") and len(e["times_s"]) == 6 and e["time_s"] > 0
+    assert sum("not timed: mem_cost(GB)" in line for line in lines) == len(over)
+    assert any(f"{len(over)} not timed (no plan within the memory budget" in line for line in lines)
+
+    # The search under that budget picks a timed plan, and none of its shortlist is untimed.
+    found = search(prof, len(a.blocks), budget)
+    assert tuple(found.assignment) not in over and math.isfinite(found.predicted_time_s)
+    assert all(tuple(s.assignment) not in over for s in shortlist(prof, found, len(a.blocks), 6, budget))
+    with pytest.raises(UserError, match="not timed"):
+        search(prof, len(a.blocks))
+
+    # The same store under the same budget: nothing to measure. Under a budget they all fit,
+    # the skipped ones are timed now and the others reused.
+    assert profile(a, mesh, store, Shortcuts(budget, 0.0))[0].measured == 0
+    prof, _ = profile(a, mesh, store, Shortcuts(max(levels), 0.0))
+    assert (prof.measured, prof.reused, prof.skipped) == (len(over), len(mems) - len(over), 0)
+    assert prof.over_budget_configs == 0
+    assert all(len(store.get(keys.segment(u, c))["times_s"]) == 6 for c in mems)
+    search(prof, len(a.blocks))   # every combination timed: any budget is fine now
+
+
+def small_gpt(devices: int):
+    from launcher.cfp.analysis.core import analyze
+    from launcher.cfp.apply import make_mesh
+    from launcher.cfp.program import training_program
+    from models.gpt import GPT
+
+    p = training_program(GPT(**SMALL_GPT))
+    return analyze(p.step, p.args, [devices]), make_mesh([devices], jax.devices()[:devices])
+
+
+def compiled_memories(a, mesh, store_dir) -> tuple[dict, list]:
+    """{(kind, combination): compiled memory} of every candidate, and the profiled units."""
+    from launcher.cfp.profile.keys import StoreKeys
+    from launcher.cfp.profile.units import profiling_units
+
+    units = profiling_units(a, 128)
+    loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), units, overlap=False)
+    out = {}
+    for u, c in loop.candidates():
+        compiled, _, _, boundary, _ = loop.prepare(u, c)
+        out[(u.kind, c)] = memory_of(compiled, boundary)[1]
+    return out, units
+
+
+def test_what_no_plan_within_the_budget_can_hold_is_not_timed(tmp_path):
+    """Several units (SMALL_GPT: embedding, 2 layers, head): a candidate is skipped when a plan
+    holding it needs more than the budget, counting the other units' least memory where known;
+    nothing skipped could have been in a plan within the budget."""
+    a, mesh = small_gpt(4)
+    mems, units = compiled_memories(a, mesh, tmp_path / "compiled")
+    least = {kind: min(m for (k, _), m in mems.items() if k == kind) for kind, _ in mems}
+    total = sum(least[u.kind] for u in units)
+    # The least memory any plan holding each candidate needs, all units known.
+    floor = {(k, c): m - least[k] + total for (k, c), m in mems.items()}
+    # A budget some plan holding a candidate of the last kind profiled (the head; by then every
+    # other kind's memory is known, so its floor is the whole one) is over, and no candidate's
+    # own memory is.
+    last = units[-1].kind
+    budget = (total + max(f for (k, _), f in floor.items() if k == last)) / 2
+    assert max(mems.values()) <= budget < max(floor.values()), (mems, total)
+
+    prof, lines = profile(a, mesh, ProfileStore(tmp_path / "store"), Shortcuts(budget, 0.0), repeats=3)
+    skipped = {(k, c) for k, combos in prof.table.items() for c in combos if not prof.timed(k, c)}
+    assert skipped and prof.skipped == len(skipped) == prof.over_budget_configs
+    assert all(floor[x] > budget for x in skipped)   # nothing a plan within the budget holds
+    for (k, c) in skipped:
+        e = prof.table[k][c]
+        assert e["time_s"] is None and budget < e["plan_floor_bytes"] <= floor[(k, c)]
+    found = search(prof, len(a.blocks), budget)   # not refused: every plan within it was timed
+    assert found.predicted_memory_bytes <= budget and math.isfinite(found.predicted_time_s)
+    with pytest.raises(UserError, match="not timed"):
+        search(prof, len(a.blocks), max(floor.values()))
+
+
+def test_a_much_slower_candidate_stops_early_and_a_run_without_early_stop_times_it(tmp_path):
+    from launcher.cfp.profile.keys import StoreKeys
+    from launcher.cfp.profile.units import profiling_units
+
+    a, mesh = mlp_on_4()
+    store = ProfileStore(tmp_path)
+    keys = StoreKeys(a, mesh)
+    (u,) = profiling_units(a, 128)
+    combos = u.combos()
+    # A best recorded in the store for the first combination: 0.1 microseconds, which every real
+    # run of every other combination is far over (one dispatch alone takes longer), so each is
+    # the much slower candidate, whatever this machine's load.
+    first = combos[0]
+    store.put(keys.segment(u, first), {"time_s": 1e-7, "times_s": [1e-7] * 6, "overhead_s": 0.0,
+                                       "overhead_times_s": [0.0] * 6, "mem_bytes": 1, "blocks": [u.start, u.end]})
+    prof, lines = profile(a, mesh, store, Shortcuts(None, 1.5))
+    rest = combos[1:]
+    assert (prof.measured, prof.reused, prof.stopped, prof.skipped) == (len(rest), 1, len(rest), 0)
+    for c in rest:
+        e = store.get(keys.segment(u, c))
+        # timed for the two runs the decision takes, beside its overhead program, then no more
+        assert e["stopped_early"] and e["stop_ratio"] == 1.5 and e["best_s"] == 1e-7
+        assert len(e["times_s"]) == len(e["overhead_times_s"]) == 2 and e["time_s"] > 1.5 * 1e-7
+        assert prof.bounded(u.kind, c) and e["mem_bytes"] > 0
+    assert sum("(stopped early: first 2 runs over 1.5x the best 0.000000)" in line for line in lines) == len(rest)
+
+    # Shortcuts as eager reuse the bounds; a larger ratio measures them again (and stops them
+    # again here, with its own ratio); a run without early stop times every one in full.
+    assert profile(a, mesh, store, Shortcuts(None, 1.5))[0].measured == 0
+    assert profile(a, mesh, store, Shortcuts(None, 1.2))[0].measured == 0
+    prof, _ = profile(a, mesh, store, Shortcuts(None, 3.0))
+    assert (prof.measured, prof.stopped) == (len(rest), len(rest))
+    assert {store.get(keys.segment(u, c))["stop_ratio"] for c in rest} == {3.0}
+    prof, _ = profile(a, mesh, store, Shortcuts())
+    assert (prof.measured, prof.reused, prof.stopped) == (len(rest), 1, 0)
+    assert prof.stopped_early_configs == 0
+    for c in rest:
+        e = store.get(keys.segment(u, c))
+        assert not e.get("stopped_early") and len(e["times_s"]) == 6
+
+
+def test_timer_stops_after_the_first_runs_only_when_told():
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    a, mesh = mlp_on_4()
+    x = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, PartitionSpec("cfp0")))
+    f = jax.jit(lambda y: y @ y.T).lower(x).compile()
+    g = jax.jit(lambda y: y + 1.0).lower(x).compile()
+    timer = Timer(warmup=1, repeats=5)
+    # a recorded best far under any real run: stop after 2; far over: all 5
+    assert [len(t) for t in timer.runs([f, g], [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+    assert [len(t) for t in timer.runs([f, g], [x], stop=EarlyStop(1.5, 1e9))] == [5, 5]
+    # no decision when the first runs are all the runs
+    assert [len(t) for t in Timer(1, 2).runs([f, g], [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes through the CLI: the same decisions on both
+
+
+def small_gpt_memories(store_dir) -> dict:
+    """Compiled memory of every candidate of SMALL_GPT on a 1-D mesh of 8 (what mode=profile
+    profiles on 2 processes x 4 devices)."""
+    return compiled_memories(*small_gpt(8), store_dir)[0]
+
+
+DECISION = re.compile(r"(SegmentIdx: .*?ParallelBlock Strategy: \[[\d, ]*\]) (not timed|avgcost: [\d.]+( \(stopped early)?)")
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_same_decisions(tmp_path):
+    mems = small_gpt_memories(tmp_path / "compiled")
+    levels = sorted(set(mems.values()))
+    assert len(levels) >= 2, mems
+    # Only the largest candidates over the budget; a tiny ratio stops every candidate of a
+    # segment after its first one timed in full (each real run is over 1e-6 x any other):
+    # decisions known beforehand, whatever the timings.
+    budget_gb = (levels[-1] + levels[-2]) / 2 / 2**30
+    model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
+    run_cli("mode=profile", *model, "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", "mode.repeats=4",
+            f"mode.memory_budget_gb={budget_gb!r}", "mode.early_stop_ratio=1e-6",
+            f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "run", timeout=900)
+    result = read_result(tmp_path / "run")
+    over = sum(m > budget_gb * 2**30 for m in mems.values())   # over on their own memory alone
+    assert result["global_devices"] == 8 and result["profiled_configs"] == len(mems) == result["measured_configs"]
+    assert result["over_budget_configs"] >= over >= 1
+    assert result["stopped_early_configs"] >= 1
+    logs = [(tmp_path / "run" / "logs" / f"rank{r}.log").read_text() for r in (0, 1)]
+    decisions = [[m.group(0) for m in DECISION.finditer(log)] for log in logs]
+    assert len(decisions[0]) == len(mems)
+    # Times are the slowest process's and memory the same program's: the lines agree verbatim.
+    assert decisions[0] == decisions[1]
+    assert sum("not timed" in d for d in decisions[0]) == result["over_budget_configs"]
+    assert sum("stopped early" in d for d in decisions[0]) == result["stopped_early_configs"]
+    profiles = json.loads((tmp_path / "run" / "profiles.json").read_text())["profiles"]
+    assert sum(p["time_s"] is None for p in profiles) == result["over_budget_configs"]
