@@ -1,6 +1,7 @@
 """CFP profile + search against the built-in plans, per tiny model, on 8 virtual CPU devices.
 
-    python bench/bench_cfp_search.py [--models gpt bert llama2 moe] [--iterations 10] [--repeats 14]
+    python bench/bench_cfp_search.py [--models gpt bert llama2 moe cfp-gpt cfp-llama cfp-moe] [--iterations 10]
+                                     [--repeats 14] [--uniform 3]
 
 For each model (conf/model/<name>-tiny.yaml) in its own process with 8 virtual devices:
 analysis on a 4x2 mesh (``--mesh``; on it every baseline's layout is one of CFP's plans: data
@@ -20,12 +21,36 @@ another) and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained sid
 - profile and search wall time;
 - predicted over measured step time of the searched plan, and of the DP's optimum (goal:
   within 10%);
+- mixed against uniform plans: the ``--uniform`` uniform plans (every block on plan j) the
+  profiles rank fastest, raced in the same rounds; the searched plan over the best of them
+  (paired), and whether a mixed plan (blocks on different plans) beats every one of them beyond
+  the A/A floor below;
 - the noise floor: the searched plan compiled and raced a second time in the same rounds, its
   step time over the first's (an A/A test: any ratio above is only as exact as this one); the
   predicted step time over that second measurement too.
 
 Results go to bench/results/bench_cfp_search.json. Timings on a shared 2-core machine are
 noisy; the file records every repeat so the spread can be judged.
+
+    python bench/bench_cfp_search.py --shortcuts [--models ...] [--mesh 8] [--max-segment-space 27]
+                                     [--profile-repeats 10] [--early-stop-ratio 1.5]
+
+profiles instead each model with and without CFP's profiling shortcuts
+(``launcher/cfp/profile/candidates.py``), each profile in a process of its own on a fresh store
+(nothing reused, no compilation cached in the process): *none* (every combination timed in
+full); *none again* (the same a second time: how far two full profiles differ on this machine,
+the floor every other comparison sits on); *early stop* (``--early-stop-ratio``, mode=profile's
+default 1.5, no budget: what mode=search does by default); *early stop + budget* (and a memory
+budget halfway between the least memory a plan needs and the most a plan holding some
+candidate needs at least, so that some candidates cannot be held). Reported per profile: the
+profile pass's time, its candidate loop's (what the shortcuts act on) and, of that, the time
+not spent compiling (timing the candidates: all the shortcuts can save), candidates timed in full / not timed (over the budget) / stopped early, and whether the DP
+optimum (under the same budget) is the full profile's; where not, the shortcut optimum's
+predicted time under the full profile over the full profile's optimum's (how much worse, by the
+full profile's own measure). Also, against the full profile: stopped candidates whose full time
+there is under the ratio times their segment's best (stops the full profile disagrees with),
+and the median deviation between the two profiles' times of candidates both timed in full.
+Results go to bench/results/bench_cfp_search_shortcuts.json.
 """
 
 from __future__ import annotations
@@ -42,10 +67,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = str(REPO / "bench" / "results" / "bench_cfp_search.json")
 
 
 def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, store: str, profile_repeats: int,
-           top_k: int) -> dict:
+           top_k: int, uniform_k: int = 3) -> dict:
     import jax
 
     sys.path.insert(0, str(REPO))
@@ -54,7 +80,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
     from launcher.cfp import pipeline
     from launcher.cfp.profile.quiet import counts
-    from launcher.cfp.search.dp import search
+    from launcher.cfp.search.dp import predict, search
     from launcher.cfp.search.measure import baseline_runners, plan_runner, race
     from launcher.modes.search import Config as SearchConfig
 
@@ -66,7 +92,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=profile_repeats, warmup=1, overlap_compile=False,
                             log=log).profiles
     found = search(prof, len(a.blocks))
-    chosen, candidates, nearest = pipeline.choose(analyzed, mesh, prof, found, None, verify_top_k=top_k,
+    chosen, candidates, nearest = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found], None,
+                                                  verify_top_k=top_k,
                                                   baselines=pipeline.BASELINES,
                                                   iterations=SearchConfig.verify_iterations,
                                                   repeats=SearchConfig.verify_repeats)
@@ -81,10 +108,23 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     # The DP's own optimum runs in the same rounds, so the search is judged without the shortlist.
     if picked.source != "search optimum":
         runners.insert(2, plan_runner(a, program, dict(enumerate(found.assignment)), mesh, name="search optimum"))
+    # The uniform plans (every block on plan j) the profiles rank fastest, in the same rounds: does
+    # a mixed plan beat every uniform one beyond the A/A floor?
+    plan_counts = [b.num_plans for b in a.blocks]
+    uniform = {j: [min(j, n - 1) for n in plan_counts] for j in range(max(plan_counts))}
+    fastest = sorted(uniform, key=lambda j: predict(prof, uniform[j])[0])[:uniform_k]
+    for j in fastest:
+        if uniform[j] != picked.assignment:
+            runners.append(plan_runner(a, program, dict(enumerate(uniform[j])), mesh, name=f"uniform {j}"))
     searched, *others = race(runners, iterations=iterations, repeats=repeats)
     runs = {r.name: r for r in others}
     again = runs.pop("searched again")
     optimum = runs.pop("search optimum", searched)
+    uniform_runs = {k: runs.pop(k) for k in [k for k in runs if k.startswith("uniform ")]}
+    if picked.assignment in uniform.values():
+        uniform_runs[f"uniform {next(j for j, u in uniform.items() if u == picked.assignment)}"] = searched
+    best_uniform = min(uniform_runs, key=lambda k: paired(uniform_runs[k], searched))
+    floor = abs(paired(again, searched) - 1)
     best_name = min(runs, key=lambda k: runs[k].step_time_s)
     best = runs[best_name].step_time_s
     return {
@@ -125,7 +165,151 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "search_optimum_over_best_baseline_paired": paired(optimum, runs[best_name]),
         "search_optimum_predicted_over_measured": found.predicted_time_s / optimum.step_time_s,
         "timings_retaken": counts,   # measurements the hypervisor interrupted, taken again (quiet.py)
+        "mixed_plan": len(set(picked.assignment)) > 1 and picked.assignment not in uniform.values(),
+        "uniform_plans_raced": sorted(uniform_runs),
+        "best_uniform": best_uniform,
+        "searched_over_best_uniform_paired": paired(searched, uniform_runs[best_uniform]),
+        "aa_floor": floor,
+        "mixed_beats_every_uniform_beyond_floor": (len(set(picked.assignment)) > 1 and
+                                                   paired(searched, uniform_runs[best_uniform]) < 1 - floor),
     }
+
+
+def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeats: int, early_stop_ratio: float,
+                    budget_gb: float, reference: str, max_space: int) -> dict:
+    """One profile of ``name`` on a fresh ``store`` with the given shortcuts, its DP optimum, and
+    (with ``reference``, a store the full profile filled) the comparison with the full profile."""
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_cfp_analysis import tiny_model
+
+    from launcher.cfp import pipeline
+    from launcher.cfp.search.dp import predict, search
+
+    log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
+    analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)
+    a = analyzed.analysis
+    mesh = pipeline.make_mesh(a.mesh_shape)
+    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=profile_repeats, warmup=1, overlap_compile=False,
+                            max_segment_space=max_space, memory_budget_gb=budget_gb,
+                            early_stop_ratio=early_stop_ratio, log=log).profiles
+    budget = budget_gb * 2**30 if budget_gb > 0 else None
+    found = search(prof, len(a.blocks), budget)
+    entries = {(k, c): e for k, combos in prof.table.items() for c, e in combos.items()}
+    mems = {k: [e["mem_bytes"] for e in combos.values()] for k, combos in prof.table.items()}
+    least_plan = sum(min(mems[u.kind]) for u in prof.units)
+    row = {"model": f"{name}-tiny", "mesh_shape": mesh_shape, "early_stop_ratio": early_stop_ratio,
+           "memory_budget_gb": budget_gb, "profile_repeats": profile_repeats, "max_segment_space": max_space,
+           "candidates": len(entries), "measured": prof.measured, "timed_in_full": prof.measured - prof.skipped - prof.stopped,
+           "over_budget": prof.skipped, "stopped_early": prof.stopped,
+           "profile_time_s": prof.seconds, "candidate_loop_s": prof.candidates_s,
+           "compile_s": sum(e["compile_s"] for e in entries.values()),
+           # the candidate loop less its compilations: timing (and memory analysis, store writes)
+           "timing_s": prof.candidates_s - sum(e["compile_s"] for e in entries.values()),
+           "search_optimum": found.assignment, "predicted_step_time_s": found.predicted_time_s,
+           "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+           # The least memory a plan needs, and the most a plan holding some candidate needs at
+           # least (that candidate's memory, with the least of every other unit): the bench's
+           # budget lies halfway, where a plan holding that candidate no longer fits.
+           "least_plan_memory_bytes": least_plan,
+           "largest_plan_floor_bytes": least_plan + max(max(m) - min(m) for m in mems.values())}
+    if reference:
+        ref = pipeline.profile(analyzed, mesh, store_dir=reference, repeats=profile_repeats, warmup=1,
+                               overlap_compile=False, max_segment_space=max_space, log=lambda line: None).profiles
+        assert ref.measured == 0, "the reference store lacks entries"
+        ref_found = search(ref, len(a.blocks), budget)
+        best = {k: min(e["time_s"] for e in combos.values()) for k, combos in ref.table.items()}
+        stopped = [(k, c) for (k, c), e in entries.items() if e.get("stopped_early")]
+        both = [e["time_s"] / ref.table[k][c]["time_s"] for (k, c), e in entries.items()
+                if not e.get("stopped_early") and not e.get("over_budget")]
+        row.update({
+            "full_profile_optimum": ref_found.assignment,
+            "same_optimum": found.assignment == ref_found.assignment,
+            # the shortcut optimum judged by the full profile, over the full profile's own optimum
+            "optimum_under_full_profile_ratio": predict(ref, found.assignment)[0] / ref_found.predicted_time_s,
+            # stops the full profile disagrees with: full time under ratio x the segment's full best
+            "stops_under_ratio_in_full_profile": sum(ref.table[k][c]["time_s"] < early_stop_ratio * best[k]
+                                                      for k, c in stopped),
+            "stopped_full_time_over_best": sorted(round(ref.table[k][c]["time_s"] / best[k], 3) for k, c in stopped),
+            "stopped_bound_over_full_time": sorted(round(entries[(k, c)]["time_s"] / ref.table[k][c]["time_s"], 3)
+                                                   for k, c in stopped),
+            "timed_in_both_abs_deviation_median": statistics.median(abs(r - 1) for r in both) if both else None,
+        })
+    return row
+
+
+def shortcut_bench(args: argparse.Namespace) -> None:
+    """Per model: the full profile, then the shortcut profiles compared with it (module doc)."""
+    import shutil
+    import tempfile
+
+    rows = []
+    root = Path(tempfile.mkdtemp(prefix="bench-cfp-shortcuts-"))
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}"}
+
+    def run(name: str, variant: str, store: Path, ratio: float, budget_gb: float, reference: Path | None) -> dict:
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "--shortcut-worker", name, "--mesh", *map(str, args.mesh),
+                               "--profile-repeats", str(args.profile_repeats), "--store", str(store),
+                               "--max-segment-space", str(args.max_segment_space),
+                               "--early-stop-ratio", str(ratio), "--budget-gb", repr(budget_gb),
+                               "--reference", str(reference or "")], env=env, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} ({variant}): worker failed ({proc.returncode})")
+        row = {"variant": variant, **json.loads(proc.stdout.strip().splitlines()[-1]),
+               "wall_s": time.perf_counter() - t}
+        same = "" if reference is None else (
+            f"; DP optimum {'the same as' if row['same_optimum'] else 'differs from'} the full profile's "
+            f"(x{row['optimum_under_full_profile_ratio']:.3f} by its measure), stops the full profile disagrees "
+            f"with {row['stops_under_ratio_in_full_profile']}/{row['stopped_early']}")
+        print(f"{row['model']:>12} {variant:>20}: profile {row['profile_time_s']:.0f} s (candidate loop "
+              f"{row['candidate_loop_s']:.0f} s, {row['timing_s']:.1f} s of it not compiling), {row['candidates']} "
+              f"candidates: {row['timed_in_full']} timed in full, "
+              f"{row['over_budget']} over budget, {row['stopped_early']} stopped early{same}", flush=True)
+        rows.append(row)
+        return row
+
+    try:
+        for name in args.models:
+            full = root / name / "none"
+            base = run(name, "none", full, 0.0, 0.0, None)
+            # A second full profile: how far two profiles without shortcuts differ on this machine
+            # (their optima included), the floor every comparison below sits on.
+            run(name, "none again", root / name / "none-again", 0.0, 0.0, full)
+            run(name, "early stop", root / name / "early-stop", args.early_stop_ratio, 0.0, full)
+            least, largest = base["least_plan_memory_bytes"], base["largest_plan_floor_bytes"]
+            if largest > least:
+                run(name, "early stop + budget", root / name / "budget", args.early_stop_ratio,
+                    (least + largest) / 2 / 2**30, full)
+            else:
+                print(f"{name}: every plan needs the same memory: no budget to try", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(args.out if args.out != DEFAULT_OUT else REPO / "bench" / "results" / "bench_cfp_search_shortcuts.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary = shortcut_summary(rows)
+    out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,
+                               "profile_repeats": args.profile_repeats, "early_stop_ratio": args.early_stop_ratio,
+                               "max_segment_space": args.max_segment_space,
+                               "summary": summary, "profiles": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def shortcut_summary(rows: list[dict]) -> dict:
+    """Per shortcut variant and model, against the full profile: profile time, candidate loop
+    time and its time not compiling (each as a ratio), and whether the DP optimum is the same."""
+    summary = {}
+    for variant in ("none again", "early stop", "early stop + budget"):
+        pairs = [(r, next(b for b in rows if b["model"] == r["model"] and b["variant"] == "none"))
+                 for r in rows if r["variant"] == variant]
+        if pairs:
+            summary[variant] = {
+                key + "_over_none": {r["model"]: round(r[key] / b[key], 3) for r, b in pairs}
+                for key in ("profile_time_s", "candidate_loop_s", "timing_s")}
+            summary[variant]["same_optimum"] = {r["model"]: r["same_optimum"] for r, _ in pairs}
+            summary[variant]["optimum_under_full_profile_ratio"] = {
+                r["model"]: round(r["optimum_under_full_profile_ratio"], 3) for r, _ in pairs}
+    return summary
 
 
 def paired(run: Any, other: Any) -> float:
@@ -136,7 +320,9 @@ def paired(run: Any, other: Any) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe"])
+    ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe", "cfp-gpt", "cfp-llama", "cfp-moe"])
+    ap.add_argument("--uniform", type=int, default=3, help="uniform plans raced beside the searched one (the "
+                    "profiles' fastest)")
     ap.add_argument("--iterations", type=int, default=10, help="steps per round")
     ap.add_argument("--repeats", type=int, default=14, help="interleaved rounds")
     ap.add_argument("--profile-repeats", type=int, default=20)
@@ -145,13 +331,30 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])
     ap.add_argument("--store", default=str(REPO / "outputs" / "cfp_profiles"))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "bench_cfp_search.json"))
+    ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--shortcuts", action="store_true", help="profile with and without CFP's profiling shortcuts "
+                    "instead (see the module doc; results: bench/results/bench_cfp_search_shortcuts.json)")
+    ap.add_argument("--early-stop-ratio", type=float, default=1.5, help="with --shortcuts (mode.early_stop_ratio)")
+    ap.add_argument("--max-segment-space", type=int, default=128, help="with --shortcuts (mode.max_segment_space; "
+                    "mode=cfp's 27 with --mesh 8 profiles what the embedded default job does)")
+    ap.add_argument("--shortcut-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--budget-gb", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--reference", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args.shortcut_worker:
+        print(json.dumps(shortcut_worker(args.shortcut_worker, args.mesh, args.store, args.profile_repeats,
+                                         args.early_stop_ratio, args.budget_gb, args.reference,
+                                         args.max_segment_space)))
+        return
+    if args.shortcuts:
+        shortcut_bench(args)
+        return
 
     if args.worker:
         print(json.dumps(worker(args.worker, args.mesh, args.iterations, args.repeats, args.store,
-                                args.profile_repeats, args.top_k)))
+                                args.profile_repeats, args.top_k, args.uniform)))
         return
 
     rows = []
@@ -161,13 +364,16 @@ def main() -> None:
         proc = subprocess.run([sys.executable, __file__, "--worker", name, "--mesh", *map(str, args.mesh),
                                "--iterations", str(args.iterations),
                                "--repeats", str(args.repeats), "--profile-repeats", str(args.profile_repeats),
-                               "--top-k", str(args.top_k),
+                               "--top-k", str(args.top_k), "--uniform", str(args.uniform),
                                "--store", args.store], env=env, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"{name}: worker failed ({proc.returncode})")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
+        print(f"{row['model']:>12}: searched/best uniform ({row['best_uniform']}) "
+              f"{row['searched_over_best_uniform_paired']:.3f} paired, A/A floor {row['aa_floor']:.3f}, mixed plan "
+              f"beats every uniform one beyond it: {row['mixed_beats_every_uniform_beyond_floor']}", file=sys.stderr)
         print(f"{row['model']:>12}: searched ({row['source']})/best baseline ({row['best_baseline']}) "
               f"{row['searched_over_best_baseline_paired']:.3f} paired, {row['searched_over_best_baseline']:.3f} "
               f"medians; DP optimum/best baseline {row['search_optimum_over_best_baseline_paired']:.3f} paired; "

@@ -382,22 +382,38 @@ def test_memory_budget_excludes_the_data_parallel_plan(small_search):
 def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
     cluster = ["cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4"]
-    run_cli("mode=cfp", *model, *cluster, "mode.iterations=2", "mode.run_repeats=1", "mode.repeats=2",
-            "mode.baselines=[dp]", f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900)
+    proc = run_cli("mode=cfp", *model, *cluster, "mode.iterations=2", "mode.run_repeats=1", "mode.repeats=2",
+                   "mode.baselines=[dp,ep]", f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp",
+                   timeout=900)
     result = read_result(tmp_path / "cfp")
+    # The console ends with the answer, without a terminal too: the comparison table (a row per
+    # plan run; a baseline that cannot apply, ep without experts, named once below it) and the chart.
+    table = proc.stdout[proc.stdout.index("CFP plan against the baselines"):]
+    assert [line.split()[1] for line in table.splitlines() if line.startswith("│")] == ["cfp", "dp"]
+    assert "not run: ep: " in table and f"chart: {tmp_path / 'cfp' / 'comparison.png'}" in table
+    assert result["best_baseline"] == "dp" and result["vs_best_baseline"] > 0
     for key in ("plan", "predicted_step_time_s", "step_time_s", "memory_gb", "tflops", "flop_count",
                 "profiled_configs", "exhaustive_space", "search_time_s", "profile_time_s", "baselines"):
         assert key in result, key
-    assert result["global_devices"] == 8 and result["profiled_configs"] == 5
+    # mode=cfp searches every logical mesh of the 8 devices (mode.mesh_shape=auto), each profiled
+    # on its own, and keeps the fastest plan whatever its mesh.
+    meshes = result["meshes"]
+    assert [m["mesh_shape"] for m in meshes] == [[8], [4, 2], [2, 4]]
+    assert result["global_devices"] == 8 and meshes[0]["profiled_configs"] == 5
+    assert result["profiled_configs"] == sum(m["profiled_configs"] for m in meshes)
+    assert result["plan"]["mesh_shape"] in [m["mesh_shape"] for m in meshes]
+    assert {tuple(c["mesh_shape"]) for c in result["candidates"]} == {(8,), (4, 2), (2, 4)}
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}
-    for name in ("plan.json", "after_ir.txt", "comparison.png", "comparison.txt", "parallel_blocks.txt"):
+    for name in ("plan.json", "after_ir.txt", "comparison.png", "comparison.txt", "mesh_8/parallel_blocks.txt",
+                 "mesh_4x2/profiles.json", "mesh_2x4/segments.txt"):
         assert (tmp_path / "cfp" / name).stat().st_size > 0, name
     # Both processes searched the same plan from the same profiles.
     logs = [(tmp_path / "cfp" / "logs" / f"rank{r}.log").read_text().splitlines() for r in (0, 1)]
     lines = [[line.split("INFO ", 1)[1] for line in log if "searched ParallelBlock Strategies solution" in line]
              for log in logs]
     assert lines[0] and lines[0] == lines[1]
-    assert lines[0][0].endswith(f"{result['plan']['assignment']} ({result['plan']['source']})")
+    plan = result["plan"]
+    assert lines[0][0].endswith(f"{plan['assignment']} on mesh {plan['mesh_shape']} ({plan['source']})")
 
     plan = tmp_path / "cfp" / "plan.json"
     steps = len(result["losses"])

@@ -41,5 +41,14 @@ taking plain options and ``log``/``progress`` callbacks; the modes and the bench
       comm.py              collectives of a compiled program (volume by kind)
       report.py            the comparison table and chart
 
+    ilp/                   the comparison: Alpa's intra-operator ILP on the same program and mesh
+                           (mode.algorithm=ilp, the alpa_ilp baseline; pipeline.ilp_plan/ilp_search)
+      operators.py         Alpa's graph: a node per contraction, the other operators following one
+      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
+      calibrate.py         that model measured on the mesh, once, into the profile store
+      formulate.py         node costs, edge costs, liveness memory rows
+      solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
+      plan.py              the steps in order; the solution as block plans or per-contraction layouts
+
 Nothing here imports JAX at module level except the modules that need it to do their work.
 """

@@ -3,7 +3,10 @@
     analyzed = pipeline.analyze(model, mesh_shape=[4, 2])            # -> Analyzed
     mesh = pipeline.make_mesh(analyzed.analysis.mesh_shape)
     profiled = pipeline.profile(analyzed, mesh, store_dir="store")   # -> Profiled
-    result = pipeline.search(analyzed, mesh, profiled.profiles)      # -> Searched
+    result = pipeline.search([pipeline.OnMesh(analyzed, mesh, profiled.profiles)])  # -> Searched
+
+``search`` takes one ``OnMesh`` per logical mesh searched (``mode.mesh_shape=auto``: several,
+``search/meshes.py``) and keeps the fastest plan over all of them.
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
 has ``advance()`` (``None``: no progress bar). The modes (``launcher/modes/``) turn their config
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.ilp import NAME as ILP_BASELINE  # the ILP's plan as a baseline (mode.baselines, reports)
 from launcher.cfp.program import TrainingProgram
 
 Log = Callable[[str], None]
@@ -57,9 +61,10 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
-            log: Log = _silent) -> Analyzed:
+            two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
     """The analysis pass over ``model``'s whole training step (or the HLO text module
-    ``hlo_file``) for a logical mesh (``mesh_shape``; empty: 1-D over every global device)."""
+    ``hlo_file``) for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
+    ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
     from launcher.cfp.analysis.core import analyze as analyze_step
     from launcher.cfp.analysis.core import analyze_graph
     from launcher.cfp.analysis.hlo_text import read_hlo
@@ -69,13 +74,13 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
     t0 = time.perf_counter()
     if hlo_file:
         program = None
-        result = analyze_graph(read_hlo(hlo_file), mesh_shape)
+        result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
         program = training_program(model, learning_rate)
-        result = analyze_step(program.step, program.args, mesh_shape)
+        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only)
     seconds = time.perf_counter() - t0
-    log("analysis: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
-        "%d, segment space %d (%.2f s)" % (len(result.contractions), len(result.blocks), len(result.segments),
+    log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
+        "%d, segment space %d (%.2f s)" % (list(mesh_shape), len(result.contractions), len(result.blocks), len(result.segments),
                                            len(result.templates), result.exhaustive_space, result.segment_space,
                                            seconds))
     for line in result.segments_txt().splitlines():
@@ -111,12 +116,19 @@ class Profiled:
 
 def profile(analyzed: Analyzed, mesh: Any, *, store_dir: str, repeats: int = 10, warmup: int = 1,
             cold_caches: bool = False, max_segment_space: int = 128, overlap_compile: Optional[bool] = None,
+            memory_budget_gb: float = 0.0, skip_over_budget: bool = True, early_stop_ratio: float = 0.0,
             is_main: bool = True, log: Log = _silent, progress: Optional[Progress] = None) -> Profiled:
     """The profile pass: measures every segment combination the store at ``store_dir`` lacks.
     ``overlap_compile`` None: compile the next candidate while timing this one on accelerators,
-    not on CPU devices (where the compiler would share the timed program's cores)."""
+    not on CPU devices (where the compiler would share the timed program's cores).
+    CFP's shortcuts (``profile/candidates.py``): with ``skip_over_budget``, a combination no plan
+    within ``memory_budget_gb`` per device (0: unlimited) can hold is not timed (search under a
+    budget no larger); with ``early_stop_ratio`` > 0, one whose first runs are over that many
+    times its unit's best is timed no further. Off here by default (every combination timed in
+    full, as the benches compare); mode=profile/search turn the early stop on (1.5)."""
     from pathlib import Path
 
+    from launcher.cfp.profile.candidates import Shortcuts
     from launcher.cfp.profile.profiler import Profiler
     from launcher.cfp.profile.store import ProfileStore
     from launcher.cfp.profile.units import split_parts
@@ -128,8 +140,19 @@ def profile(analyzed: Analyzed, mesh: Any, *, store_dir: str, repeats: int = 10,
     log("profile: compiling the next candidate %s" % ("while timing the current one" if overlap else
                                                        "after timing the current one (mode.overlap_compile=true to "
                                                        "overlap)"))
+    shortcuts = Shortcuts(memory_budget_gb * 2**30 if skip_over_budget and memory_budget_gb > 0 else None,
+                          early_stop_ratio)
+    if shortcuts.memory_budget_bytes:
+        skip = "combinations no plan within the memory budget (%.6g GB per device) can hold are not timed" \
+            % memory_budget_gb
+    else:
+        skip = "every combination timed (%s)" % ("no budget: mode.memory_budget_gb=0" if skip_over_budget
+                                                 else "mode.skip_over_budget=false")
+    stop = ("early stop after %d runs over %gx their segment's best" % (shortcuts.early_stop_after, early_stop_ratio)
+            if early_stop_ratio > 0 else "no early stop (mode.early_stop_ratio=0)")
+    log("profile: %s; %s" % (skip, stop))
     profiler = Profiler(a, mesh, store, repeats=repeats, warmup=warmup, cold=cold_caches,
-                        max_space=max_segment_space, overlap=overlap, log=log, is_main=is_main)
+                        max_space=max_segment_space, overlap=overlap, log=log, is_main=is_main, shortcuts=shortcuts)
     for t in a.templates:
         if t.space > max_segment_space:
             parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, max_segment_space)]
@@ -146,19 +169,33 @@ def communication_study(analyzed: Analyzed, mesh: Any, *, iterations: int, repea
     return study(analyzed.analysis, analyzed.program, mesh, iterations=iterations, repeats=repeats, seed=seed, log=log)
 
 
-# --- search -----------------------------------------------------------------------------------
+# --- search ---------------------------------------------------------------------------------
+
+@dataclass
+class OnMesh:
+    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
+    analyzed: Analyzed
+    mesh: Any
+    profiles: Any
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.analyzed.analysis.mesh_shape)
+
 
 @dataclass
 class Searched:
-    found: Any                     # search.dp.SearchResult: the DP's optimum over segment profiles
+    found: Any                     # search.dp.SearchResult: the DP's optimum on the picked plan's mesh
     picked: Any                    # search.dp.Candidate: the plan kept after measuring the shortlist
     candidates: list[dict]         # a row per shortlisted plan
     searched: Any                  # search.measure.PlanRun of the picked plan
     baselines: dict[str, Any]      # name -> PlanRun
     skipped: dict[str, str]        # baselines that do not fit, with the reason
     plan: Any                      # models.plans.Plan of the picked plan (its layouts in constraints)
+    on: OnMesh                     # the picked plan's mesh
+    meshes: list[dict]             # per mesh searched: its shape and its DP optimum (or why none)
     budget_bytes: Optional[float] = None
-    nearest: dict[str, list[int]] = field(default_factory=dict)
+    nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
 
 
 def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
@@ -171,72 +208,162 @@ def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
                 plan_constraints(analysis, dict(enumerate(assignment))))
 
 
-def search(analyzed: Analyzed, mesh: Any, profiles: Any, *, memory_budget_gb: float = 0.0, verify_top_k: int = 4,
+def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k: int = 4,
            verify_nearest: bool = True, verify_iterations: int = 10, verify_repeats: int = 6,
            baselines: Sequence[str] = BASELINES, iterations: int = 100, run_repeats: int = 3, seed: int = 0,
-           log: Log = _silent, progress: Optional[Progress] = None) -> Searched:
-    """The search pass: the DP's optimum under ``memory_budget_gb`` per device (0: unlimited),
-    the fastest of its shortlist measured on the whole step (``choose``), then that plan run
-    beside ``baselines`` (``iterations`` steps, ``run_repeats`` interleaved rounds)."""
+           log: Log = _silent, progress: Optional[Progress] = None, ilp: Any = None,
+           final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
+    """The search pass over one or more logical meshes of the same devices (``on``): the DP's
+    optimum on each under ``memory_budget_gb`` per device (0: unlimited), the fastest of their
+    shortlists measured on the whole step (``choose``), then that plan run beside ``baselines``
+    (``iterations`` steps, ``run_repeats`` interleaved rounds). ``ilp`` (``ilp_plan``'s, when
+    ``baselines`` names ``alpa_ilp``): the ILP's plan, raced as that baseline. ``final_run``: a
+    context around that race (the run's profiler trace, ``launcher/runtime/trace.py``)."""
     from launcher.cfp.search.dp import search as dp_search
     from launcher.cfp.search.measure import baseline_runners, race
+    from launcher.errors import UserError
 
     progress = progress or _no_progress
-    a, program = analyzed.analysis, analyzed.program
-    devices = list(mesh.devices.flat)
+    ilp_named, baselines = ILP_BASELINE in baselines, [b for b in baselines if b != ILP_BASELINE]  # built-ins only
     budget = memory_budget_gb * 2**30 if memory_budget_gb > 0 else None
-    found = dp_search(profiles, len(a.blocks), budget)
-    log("search optimum (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB per "
-        "device (search %.3f s)" % (found.assignment, [list(c) for c in found.combos], found.predicted_time_s,
-                                     found.predicted_memory_bytes / 2**30, found.search_time_s))
-    chosen, candidates, nearest = choose(analyzed, mesh, profiles, found, budget, verify_top_k=verify_top_k,
+    founds: list[Any] = []
+    meshes: list[dict] = []
+    refusals = []
+    for o in on:
+        try:
+            found = dp_search(o.profiles, len(o.analyzed.analysis.blocks), budget)
+        except UserError as e:  # nothing fits the budget on this mesh; another may do
+            if len(on) == 1:
+                raise
+            founds.append(None)
+            refusals.append(f"mesh {o.shape}: {e}")
+            meshes.append({"mesh_shape": o.shape, "skipped": str(e)})
+            log("mesh %s: %s" % (o.shape, e))
+            continue
+        founds.append(found)
+        meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment, "search_time_s": found.search_time_s,
+                       "predicted_step_time_s": found.predicted_time_s,
+                       "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+                       "profiled_configs": o.profiles.profiled_configs, "profile_time_s": o.profiles.seconds})
+        log("search optimum on mesh %s (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB "
+            "per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
+                                             found.predicted_time_s, found.predicted_memory_bytes / 2**30,
+                                             found.search_time_s))
+    if not any(founds):
+        raise UserError("no plan fits on any mesh searched: " + "; ".join(refusals))
+    chosen, candidates, nearest = choose(on, founds, budget, verify_top_k=verify_top_k,
                                          verify_nearest=verify_nearest, baselines=baselines,
                                          iterations=verify_iterations, repeats=verify_repeats, seed=seed, log=log,
                                          progress=progress)
-    picked = chosen.candidate
-    log("searched ParallelBlock Strategies solution: %s (%s)" % (picked.assignment, picked.source))
+    picked, where = chosen.candidate, on[chosen.mesh_index]
+    log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
+                                                                          picked.source))
     log("predicted step time %.6f s, memory %.6f GB per device" % (picked.predicted_time_s,
                                                                     picked.predicted_memory_bytes / 2**30))
     runners = [chosen]
-    more, skipped = baseline_runners(program, devices, seed=seed, log=log, names=baselines)
+    more, skipped = baseline_runners(where.analyzed.program, list(where.mesh.devices.flat), seed=seed, log=log,
+                                     names=baselines)
     runners += more
-    with progress(iterations * run_repeats * len(runners), "searched plan and baselines") as bar:
+    if ilp_named and ilp is not None:
+        runners.append(ilp.runner(where.analyzed.program, seed=seed))
+    with final_run(), progress(iterations * run_repeats * len(runners), "searched plan and baselines") as bar:
         searched, *others = race(runners, iterations=iterations, repeats=run_repeats, progress=bar)
     log("searched training cost: %s" % [round(t, 6) for t in searched.repeat_times_s])
     log("tflops: %s" % [round(t, 6) for t in searched.tflops_per_repeat()])
     runs = {r.name: r for r in others}
     for name, r in runs.items():
         log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device")
-    return Searched(found, picked, candidates, searched, runs, skipped, plan_json(a, picked.assignment), budget,
-                    nearest)
+    return Searched(founds[chosen.mesh_index], picked, candidates, searched, runs, skipped,
+                    plan_json(where.analyzed.analysis, picked.assignment), where, meshes, budget, nearest)
 
 
-def choose(analyzed: Analyzed, mesh: Any, profiles: Any, found: Any, budget: Optional[float], *,
-           verify_top_k: int = 4, verify_nearest: bool = True, baselines: Sequence[str] = BASELINES,
-           iterations: int = 10, repeats: int = 6, seed: int = 0, log: Log = _silent,
-           progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, list[int]]]:
-    """The plan to run: the fastest of the search's shortlist (``verify_top_k``, and with
-    ``verify_nearest`` the plans nearest the baselines) measured on the whole step
-    (``search.measure.pick``); a row per candidate; the nearest plans."""
-    from launcher.cfp.search.dp import shortlist
-    from launcher.cfp.search.measure import pick
-    from launcher.cfp.search.nearest import nearest_plans
+# --- the Alpa-style ILP (launcher/cfp/ilp/), CFP's comparison ---------------------------------
+
+
+
+def ilp_plan(on: Sequence[Any], *, store_dir: str, memory_budget_gb: float = 0.0, repeats: int = 10,
+             time_limit_s: float = 300.0, is_main: bool = True, log: Log = _silent) -> Any:
+    """Alpa's intra-operator ILP over ``on``'s meshes (``OnMesh``es, or ``(Analyzed, mesh)``
+    pairs): the collectives calibrated into the store at ``store_dir`` (once per mesh), the ILP
+    solved under ``memory_budget_gb`` per device (0: unlimited) on each mesh, the plan its cost
+    model predicts fastest kept (``ilp.plan.IlpPlanned``: its ``plan`` for plan.json, its
+    ``runner`` for the race)."""
+    from pathlib import Path
+
+    from launcher.cfp.ilp.plan import ilp_over_meshes
+    from launcher.cfp.profile.store import ProfileStore
+
+    pairs = [(o.analyzed, o.mesh) if isinstance(o, OnMesh) else o for o in on]
+    store = ProfileStore(Path(store_dir).expanduser().resolve())
+    return ilp_over_meshes([(analyzed.analysis, mesh) for analyzed, mesh in pairs], store,
+                           memory_budget_bytes=memory_budget_gb * 2**30 if memory_budget_gb > 0 else None,
+                           repeats=repeats, time_limit_s=time_limit_s, is_main=is_main, log=log)
+
+
+def ilp_search(planned: Any, program: Any, *, baselines: Sequence[str] = BASELINES, iterations: int = 100,
+               run_repeats: int = 3, seed: int = 0, log: Log = _silent, progress: Optional[Progress] = None,
+               final_run: Callable[[], ContextManager] = contextlib.nullcontext
+               ) -> tuple[Any, dict[str, Any], dict[str, str]]:
+    """``mode.algorithm=ilp``: the ILP's plan (``ilp_plan``'s) run beside the built-in
+    ``baselines`` in interleaved rounds, as ``search`` runs CFP's. Returns its ``PlanRun``, the
+    baselines' and the baselines that do not fit (with why)."""
+    from launcher.cfp.search.measure import baseline_runners, race
 
     progress = progress or _no_progress
-    a, program = analyzed.analysis, analyzed.program
-    devices = list(mesh.devices.flat)
-    nearest = nearest_plans(a, program, baselines, devices) if verify_nearest else {}
+    runners = [planned.runner(program, seed=seed)]
+    more, skipped = baseline_runners(program, list(planned.mesh.devices.flat), seed=seed, log=log,
+                                     names=[b for b in baselines if b != ILP_BASELINE])
+    with final_run(), progress(iterations * run_repeats * (1 + len(more)), "ILP plan and baselines") as bar:
+        run, *others = race(runners + more, iterations=iterations, repeats=run_repeats, progress=bar)
+    log("ILP plan: step %.3f ms, %.2f MiB per device (predicted %.3f ms)"
+        % (run.step_time_s * 1e3, run.memory_bytes / 2**20, planned.predicted_step_time_s * 1e3))
+    runs = {r.name: r for r in others}
+    for name, r in runs.items():
+        log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device")
+    return run, runs, skipped
+
+
+def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float], *, verify_top_k: int = 4,
+           verify_nearest: bool = True, baselines: Sequence[str] = BASELINES, iterations: int = 10,
+           repeats: int = 6, seed: int = 0, log: Log = _silent,
+           progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
+    """The plan to run: the fastest of the shortlist measured on the whole step
+    (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
+    nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
+    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``.
+    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
+    plans ({name: (mesh shape, plan per block)})."""
+    from launcher.cfp.search.dp import shortlist
+    from launcher.cfp.search.measure import pick
+    from launcher.cfp.search.meshes import merge_shortlists, nearest_on_meshes
+
+    progress = progress or _no_progress
+    live = [i for i, f in enumerate(founds) if f is not None]
+    program = on[0].analyzed.program
+    devices = list(on[0].mesh.devices.flat)
+    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices) \
+        if verify_nearest else {}
+    nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
     for name in baselines if verify_nearest else ():
-        log("plan nearest %s: %s" % (name, nearest.get(name, "none (it does not fit the model or the mesh)")))
-    short = shortlist(profiles, found, len(a.blocks), max(verify_top_k, 1), budget, nearest)
+        if name in nearest:
+            log("plan nearest %s: %s on mesh %s" % (name, nearest[name][1], on[nearest[name][0]].shape))
+        else:
+            log("plan nearest %s: none (it does not fit the model or the meshes searched)" % name)
+    shorts = []
+    for i in live:
+        mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
+        shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
+                                max(verify_top_k, 1), budget, mine))
+    short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
     bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
     with bar as bar_value:
-        chosen, rows = pick(a, program, mesh, short, iterations=iterations, repeats=repeats, seed=seed,
-                            progress=bar_value)
+        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
+                            iterations=iterations, repeats=repeats, seed=seed, progress=bar_value)
+    chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
-            log("candidate %d (%s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s"
-                % (i, row["source"], row["assignment"], row["predicted_step_time_s"], row["measured_step_time_s"],
-                   row["paired_ratio"], "  <- chosen" if row["chosen"] else ""))
-    return chosen, rows, nearest
+            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s"
+                % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
+                   row["measured_step_time_s"], row["paired_ratio"], "  <- chosen" if row["chosen"] else ""))
+    return chosen, rows, {name: (on[i].shape, plan) for name, (i, plan) in nearest.items()}

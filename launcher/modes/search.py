@@ -8,7 +8,9 @@ whole training step (``mode.iterations`` steps, ``mode.run_repeats`` repeats) ne
 built-in plans, and the run dir gets ``plan.json`` (for ``mode=train mode.plan=...``),
 ``after_ir.txt`` (the compiled program with its shardings), ``comparison.txt`` and
 ``comparison.png``. The passes are ``launcher.cfp.pipeline``'s; ``mode=cfp`` is this mode with
-lighter defaults (``conf/mode/cfp.yaml``).
+lighter defaults (``conf/mode/cfp.yaml``). ``alpa_ilp`` in ``mode.baselines`` races the
+Alpa-style ILP's plan (``launcher/cfp/ilp/``) beside CFP's; ``mode.algorithm=ilp`` runs that ILP
+instead of CFP's search (``_ilp.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from launcher.modes.profile import analyze_and_profile
 @dataclass
 class Config(ProfileConfig):
     name: str = "search"
-    memory_budget_gb: float = 0.0  # per device; 0 = unlimited
+    # Every logical mesh worth searching ([8], [4,2], [2,4] for 8 devices), the fastest plan kept:
+    # the search space then holds every baseline's layout (launcher/cfp/search/meshes.py).
+    mesh_shape: Any = "auto"
     iterations: int = 100          # training steps per repeat of each whole-model run
     run_repeats: int = 3
     baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
@@ -37,36 +41,61 @@ class Config(ProfileConfig):
     # Interleaved rounds; the best few plans are often within a round's noise of each other
     # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
     verify_repeats: int = 6
+    # cfp: CFP's profiling search. ilp: the Alpa-style ILP alone (launcher/cfp/ilp/, nothing
+    # profiled); with cfp, mode.baselines may name alpa_ilp to race the ILP's plan beside CFP's.
+    algorithm: str = "cfp"
+    ilp_time_limit_s: float = 300.0  # HiGHS's limit per mesh; the best plan found by then is kept
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission: the profile's checks, and baselines that are built-in plans."""
+        """Before submission: the profile's checks, a known algorithm, and baselines that are
+        built-in plans or the ILP's (``alpa_ilp``)."""
+        from launcher.cfp.ilp import NAME as ILP_BASELINE
         from launcher.errors import UserError
         from models.plans import BUILTINS
 
         super().check(mode, job)
+        if mode.algorithm not in ("cfp", "ilp"):
+            raise UserError(f"mode.algorithm={mode.algorithm!r}: choose cfp (CFP's profiling search) or ilp (the "
+                            "Alpa-style ILP)")
         for name in mode.baselines:
-            if name not in BUILTINS:
-                raise UserError(f"mode.baselines: {name!r} is not a built-in plan; choose from {', '.join(BUILTINS)}")
+            if name not in BUILTINS and name != ILP_BASELINE:
+                raise UserError(f"mode.baselines: {name!r} is not a built-in plan; choose from "
+                                f"{', '.join([*BUILTINS, ILP_BASELINE])}")
 
 
 def run(ctx: Any) -> dict:
     from launcher.cfp import pipeline
-    from launcher.cfp.search.report import bar_chart, table_text
+    from launcher.cfp.search.report import bar_chart, best_baseline, table_text
+    from launcher.runtime import trace
 
     t0 = time.perf_counter()
     cfg = ctx.mode_cfg
-    analyzed, mesh, profiled = analyze_and_profile(ctx)
-    analysis, profiles = analyzed.analysis, profiled.profiles
-    ctx.log.info("analysis recomputed (it is needed to apply the plan); %d of %d segment combinations reused from "
-                 "the profile store, %d were missing and measured now", profiles.reused, profiles.profiled_configs,
-                 profiles.measured)
-    out = pipeline.search(analyzed, mesh, profiles, memory_budget_gb=cfg.memory_budget_gb,
+    if cfg.algorithm == "ilp":
+        from launcher.modes import _ilp
+
+        return _ilp.run(ctx)
+    on = analyze_and_profile(ctx)
+    # The ILP's plan (alpa_ilp in mode.baselines) on the same meshes, raced with the baselines.
+    ilp = pipeline.ilp_plan(on, store_dir=cfg.store_dir, memory_budget_gb=cfg.memory_budget_gb, repeats=cfg.repeats,
+                            time_limit_s=cfg.ilp_time_limit_s, is_main=ctx.is_main,
+                            log=lambda line: ctx.log.info("%s", line)) \
+        if pipeline.ILP_BASELINE in cfg.baselines else None
+    for o in on:
+        p = o.profiles
+        ctx.log.info("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
+                     "measured now", o.shape, p.reused, p.profiled_configs, p.measured)
+    out = pipeline.search(on, memory_budget_gb=cfg.memory_budget_gb,
                           verify_top_k=cfg.verify_top_k, verify_nearest=cfg.verify_nearest,
                           verify_iterations=cfg.verify_iterations, verify_repeats=cfg.verify_repeats,
                           baselines=list(cfg.baselines), iterations=cfg.iterations, run_repeats=cfg.run_repeats,
-                          seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress)
+                          seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
+                          ilp=ilp, final_run=lambda: trace.recording(ctx, "search"))
     searched, picked, found, runs = out.searched, out.picked, out.found, out.baselines
+    if ilp is not None:
+        ctx.write_text("alpa_ilp_plan.json", ilp.plan.to_json())
+        ctx.write_text("ilp_plan.txt", ilp.describe())
+    analysis = out.on.analyzed.analysis
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
     ctx.write_text("plan.json", out.plan.to_json())
     everything = {"cfp": searched, **runs}
@@ -75,11 +104,15 @@ def run(ctx: Any) -> dict:
     ctx.write_text("comparison.txt", table)
     if ctx.is_main:
         bar_chart(everything, ctx.path("comparison.png"))
+    best = best_baseline(searched, runs)
 
+    profiles = [o.profiles for o in on]
     return {
         **analysis.summary(),
         "mesh_shape": list(analysis.mesh_shape),
-        "plan": {"assignment": picked.assignment, "source": picked.source, "file": str(ctx.path("plan.json"))},
+        "meshes": out.meshes,
+        "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source,
+                 "file": str(ctx.path("plan.json"))},
         "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
         "candidates": out.candidates,
         "predicted_step_time_s": picked.predicted_time_s,
@@ -90,13 +123,17 @@ def run(ctx: Any) -> dict:
         "tflops": searched.tflops,
         "flop_count": searched.flops,
         "losses": searched.losses,
-        "profiled_configs": profiles.profiled_configs,
-        "measured_configs": profiles.measured,
-        "reused_configs": profiles.reused,
-        "search_time_s": found.search_time_s,
-        "profile_time_s": profiles.seconds,
+        **best,
+        "profiled_configs": sum(p.profiled_configs for p in profiles),
+        "measured_configs": sum(p.measured for p in profiles),
+        "reused_configs": sum(p.reused for p in profiles),
+        "search_time_s": sum(m.get("search_time_s", 0.0) for m in out.meshes),
+        "profile_time_s": sum(p.seconds for p in profiles),
         "memory_budget_gb": cfg.memory_budget_gb,
-        "baselines": {name: r.summary() for name, r in runs.items()},
+        "baselines": {name: {**r.summary(), **(ilp.summary() if name == pipeline.ILP_BASELINE else {})}
+                      for name, r in runs.items()},
         "baselines_skipped": out.skipped,
+        "comparison": str(ctx.path("comparison.txt")),
+        "chart": str(ctx.path("comparison.png")),
         "mode_wall_s": time.perf_counter() - t0,
     }

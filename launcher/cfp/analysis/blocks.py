@@ -67,8 +67,10 @@ class Block:
         return sorted(self.roles)
 
 
-def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int]) -> tuple[list[Block], list[int]]:
-    """The blocks in head order, and the owner block of every operator."""
+def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int],
+                 two_axis_only: bool = False) -> tuple[list[Block], list[int]]:
+    """The blocks in head order, and the owner block of every operator (``two_axis_only``:
+    ``strategies.enumerate_strategies``'s)."""
     blocks: list[Block] = []
     owner: list[int | None] = [None] * len(g.ops)
     pending: list[int] = []
@@ -82,7 +84,7 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
         return v is not None and g.producer[v] is not None and g.producer[v] in b.members
 
     def open_block(c: Contraction) -> Block:
-        b = Block(len(blocks), c.op, enumerate_strategies(c, mesh_shape))
+        b = Block(len(blocks), c.op, enumerate_strategies(c, mesh_shape, two_axis_only))
         b.specs = [{} for _ in b.plans]
         blocks.append(b)
         return b

@@ -32,6 +32,7 @@ class Analysis:
     segments: list[Segment]
     templates: list[Template]
     closed_jaxpr: Any = None     # the traced program, when there is one (apply.py re-evaluates it)
+    two_axis_only: bool = False  # 2-D plans split two roles (strategies.py; mode.mesh_shape=auto)
 
     @property
     def exhaustive_space(self) -> int:
@@ -54,7 +55,7 @@ class Analysis:
                  f"# {len(self.contractions)} contractions; notation OUT = LHS x RHS @ {{mesh axis per split dim}}", ""]
         for op in sorted(self.contractions):
             c = self.contractions[op]
-            strategies = enumerate_strategies(c, self.mesh_shape)
+            strategies = enumerate_strategies(c, self.mesh_shape, self.two_axis_only)
             lines.append(f"{self.contraction_line(op)}  ({len(strategies)} strategies)")
             for k, s in enumerate(strategies):
                 coll = collective(c, s)
@@ -108,7 +109,7 @@ class Analysis:
                          "roles": [{"role": d.role, "size": d.size, "lhs": d.lhs, "rhs": d.rhs, "out": d.out}
                                    for d in c.dims],
                          "block": self.owner[op],
-                         "strategies": [notation(c, s) for s in enumerate_strategies(c, self.mesh_shape)]})
+                         "strategies": [notation(c, s) for s in enumerate_strategies(c, self.mesh_shape, self.two_axis_only)]})
         blocks = []
         for b in self.blocks:
             blocks.append({
@@ -156,15 +157,16 @@ def _plan_entry(c: Contraction, s) -> dict:
             "out": [list(a) for a in out]}
 
 
-def analyze(step_fn: Any, args: Sequence[Any], mesh_shape: Sequence[int]) -> Analysis:
-    """Analyses ``step_fn(*args)`` (arrays or ShapeDtypeStructs) for a mesh of ``mesh_shape``."""
+def analyze(step_fn: Any, args: Sequence[Any], mesh_shape: Sequence[int], two_axis_only: bool = False) -> Analysis:
+    """Analyses ``step_fn(*args)`` (arrays or ShapeDtypeStructs) for a mesh of ``mesh_shape``
+    (``two_axis_only``: ``strategies.enumerate_strategies``'s)."""
     closed, g = trace(step_fn, *args)
-    a = analyze_graph(g, mesh_shape)
+    a = analyze_graph(g, mesh_shape, two_axis_only)
     a.closed_jaxpr = closed
     return a
 
 
-def analyze_graph(g: Graph, mesh_shape: Sequence[int]) -> Analysis:
+def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = False) -> Analysis:
     mesh_shape = check_mesh_shape(mesh_shape)
     cons = find_contractions(g)
     if not cons:
@@ -172,10 +174,11 @@ def analyze_graph(g: Graph, mesh_shape: Sequence[int]) -> Analysis:
                         "lookup), so CFP has nothing to partition: check that model._target_ names a model whose "
                         "loss multiplies by its weights, or give mode.hlo_file a module with dot/convolution")
     _check_axes_divide(cons, mesh_shape)
-    blocks, owner = build_blocks(g, cons, mesh_shape)
+    blocks, owner = build_blocks(g, cons, mesh_shape, two_axis_only)
     signatures = [block_signature(g, b) for b in blocks]
     segments, templates = find_segments(signatures, [b.num_plans for b in blocks])
-    return Analysis(g, mesh_shape, cons, blocks, owner, signatures, segments, templates)
+    return Analysis(g, mesh_shape, cons, blocks, owner, signatures, segments, templates,
+                    two_axis_only=two_axis_only and len([n for n in mesh_shape if n > 1]) == 2)
 
 
 def check_mesh_shape(mesh_shape: Sequence[int]) -> tuple[int, ...]:

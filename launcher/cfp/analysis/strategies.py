@@ -17,6 +17,11 @@ Enumeration rule (what ``enumerate_strategies`` offers):
   the other axis replicated. Two axes never split the same role twice;
 - a contraction no axis can split offers the one replicated strategy.
 
+``two_axis_only`` (the 2-D meshes of ``mode.mesh_shape=auto``) keeps only the ordered pairs of
+distinct roles. A role split over both axes at once is a 1-D plan over the same devices in the
+same order, which the auto search's 1-D mesh already offers; a plan leaving an axis unused
+repeats its computation over that axis. A contraction with no such pair keeps the full rule.
+
 Notation: ``OUT = LHS x RHS @ {axes}``: one letter per tensor dimension, ``S`` split and ``R``
 replicated, in each tensor's own dimension order; ``@ {…}`` gives, for each split dimension in
 reading order (lhs dimensions, then rhs dimensions, then output-only ones), its mesh axis
@@ -49,7 +54,7 @@ class Strategy:
         return not any(self.axes)
 
 
-def enumerate_strategies(c: Contraction, mesh_shape: Sequence[int]) -> list[Strategy]:
+def enumerate_strategies(c: Contraction, mesh_shape: Sequence[int], two_axis_only: bool = False) -> list[Strategy]:
     live = [a for a, n in enumerate(mesh_shape) if n > 1]
     out: list[Strategy] = []
     seen: set[Strategy] = set()
@@ -72,6 +77,8 @@ def enumerate_strategies(c: Contraction, mesh_shape: Sequence[int]) -> list[Stra
     elif len(live) >= 2:
         for r0, r1 in itertools.permutations(ROLES, 2):
             add({r0: (live[0],), r1: (live[1],)})
+        if two_axis_only and out:
+            return out
         for role in ROLES:
             add({role: tuple(live)})
         for a in live:

@@ -63,6 +63,7 @@ class Runner(Trainer):
         self.name, self.program = name, program
         self.rounds: list[float] = []
         self.candidate: Any = None  # the search.Candidate it runs, when it runs one
+        self.mesh_index = 0         # which of the searched meshes that candidate is on
 
     def result(self) -> PlanRun:
         return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes,
@@ -121,16 +122,19 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
     return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
 
 
-def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iterations: int, repeats: int = 3,
-         seed: int = 0, progress: Any = None) -> tuple[Runner, list[dict]]:
-    """The fastest of ``shortlist`` (``search.Candidate``s, the search's optimum first) measured
-    on the whole step: ``repeats`` interleaved rounds of ``iterations`` steps each, the one
-    with the least ``paired_ratios`` wins. Every process measures every candidate and the
-    slowest process's round times decide, so all processes pick the same plan. Returns the
-    chosen runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
+def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
+         progress: Any = None) -> tuple[Runner, list[dict]]:
+    """The fastest of a shortlist measured on the whole step. ``entries``: (analysis, program,
+    mesh, ``search.Candidate``) per plan, the search's optimum first; plans of different
+    logical meshes of the same devices race together. ``repeats`` interleaved rounds of
+    ``iterations`` steps each; the one with the least ``paired_ratios`` wins. Every process
+    measures every candidate and the slowest process's round times decide, so all processes
+    pick the same plan. Returns the chosen runner (compiled, rounds cleared, its ``candidate``
+    set) and a row per candidate."""
     from launcher.cfp.profile.timing import slowest_process
 
-    runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed) for c in shortlist]
+    runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
+               for a, program, mesh, c in entries]
     measured: list[float | None] = [None] * len(runners)
     ratios: list[float | None] = [None] * len(runners)
     best = 0
@@ -143,11 +147,11 @@ def pick(a: Analysis, program: Any, mesh: Any, shortlist: Sequence[Any], *, iter
         best = min(range(len(runners)), key=lambda i: ratios[i])
     chosen = runners[best]
     chosen.rounds = []  # the short rounds choose; they are not the searched plan's timing
-    chosen.candidate = shortlist[best]
-    rows = [{"assignment": list(c.assignment), "source": c.source, "predicted_step_time_s": c.predicted_time_s,
-             "predicted_memory_gb": c.predicted_memory_bytes / 2**30, "measured_step_time_s": seconds,
-             "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0}
-            for i, (c, seconds, ratio) in enumerate(zip(shortlist, measured, ratios))]
+    chosen.candidate = entries[best][3]
+    rows = [{"assignment": list(c.assignment), "mesh_shape": list(a.mesh_shape), "source": c.source,
+             "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
+             "measured_step_time_s": seconds, "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0}
+            for i, ((a, _, _, c), seconds, ratio) in enumerate(zip(entries, measured, ratios))]
     return chosen, rows
 
 
@@ -179,27 +183,37 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
     """Every uniform plan (all blocks on plan k, or their last plan) of the whole step: the
     collective volume of its compiled program, the time spent communicating and the step time.
 
-    The CPU backend's profiler trace does not separate collectives from computation, so the
-    communication time is an estimate: collective bytes over the all-reduce bandwidth measured
-    on the same mesh (each row says so)."""
+    The communication time is read from a profiler trace of the plan's run where the backend
+    records device ops (GPU, TPU: ``launcher/runtime/trace_stats.py``). The CPU backend's trace
+    does not separate collectives from computation, so there it is an estimate: collective bytes
+    over the all-reduce bandwidth measured on the same mesh (each row says which)."""
     from launcher.cfp.search.comm import collectives, total_bytes
+    from launcher.runtime import trace_stats
 
     bandwidth = allreduce_bandwidth(mesh)
     log(f"all-reduce bandwidth on the mesh: {bandwidth / 1e9:.3f} GB/s per device")
     rows = []
     for k in range(max(b.num_plans for b in a.blocks)):
         assignment = {b.id: min(k, b.num_plans - 1) for b in a.blocks}
-        r = run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
-                     name=f"uniform{k}")
+        run = lambda: run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
+                               name=f"uniform{k}")
+        # Not traced where the trace could not tell anyway (CPU devices): tracing costs step time.
+        ops, r = trace_stats.timed(run) if mesh.devices.flat[0].platform != "cpu" else (None, run())
         stats = collectives(r.compiled.as_text())
         volume = total_bytes(stats)
-        comm = volume / bandwidth
+        steps = 1 + iterations * repeats  # race's warm-up step, then the rounds
+        if ops is not None:
+            comm, method = ops.collective_s / steps, "trace: device time in collective ops per step"
+        else:
+            comm = volume / bandwidth
+            method = ("estimate: collective bytes / measured all-reduce bandwidth (this backend's trace "
+                      "records no device ops)")
         rows.append({"plan": k, "comm_volume_bytes": volume, "collectives": stats, "step_time_s": r.step_time_s,
                      "comm_time_s": comm, "compute_time_s": max(r.step_time_s - comm, 0.0),
-                     "comm_time_method": "estimate: collective bytes / measured all-reduce bandwidth",
-                     "memory_gb": r.memory_bytes / 2**30})
-        log(f"Uniform plan {k}: Comm Volume: {volume / 1e6:.3f} MB, comm time {comm:.6f} s (estimate), "
-            f"compute {rows[-1]['compute_time_s']:.6f} s, step {r.step_time_s:.6f} s")
+                     "comm_time_method": method, "memory_gb": r.memory_bytes / 2**30})
+        log(f"Uniform plan {k}: Comm Volume: {volume / 1e6:.3f} MB, comm time {comm:.6f} s "
+            f"({'trace' if ops is not None else 'estimate'}), compute {rows[-1]['compute_time_s']:.6f} s, "
+            f"step {r.step_time_s:.6f} s")
     return rows
 
 

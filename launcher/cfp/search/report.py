@@ -9,23 +9,38 @@ from typing import Mapping
 from launcher.cfp.search.measure import PlanRun
 
 
-def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str]) -> str:
+def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun]) -> dict:
+    """The result fields comparing the searched plan with the fastest baseline: the ratio of
+    median step times, and paired (the median over rounds of the ratio within each round; the
+    plans of a round ran together, so the machine's drift between rounds cancels)."""
+    import statistics
+
+    if not baselines:
+        return {}
+    name = min(baselines, key=lambda n: baselines[n].step_time_s)
+    best = baselines[name]
+    paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s))
+    return {"best_baseline": name, "vs_best_baseline": searched.step_time_s / best.step_time_s,
+            "vs_best_baseline_paired": paired}
+
+
+def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
+               title: str = "CFP plan against the baselines (same devices)") -> str:
+    """The plans run, one row each; the baselines that could not run named once below it."""
     from rich.console import Console
     from rich.table import Table
 
     best = min(r.step_time_s for r in runs.values())
-    t = Table(title="CFP plan against the baselines (same devices)")
+    t = Table(title=title)
     for col in ("plan", "step time (ms)", "vs best", "TFLOPS", "memory (MiB/device)"):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for name, r in runs.items():
         t.add_row(name, f"{r.step_time_s * 1e3:.3f}", f"{r.step_time_s / best:.3f}", f"{r.tflops:.4g}",
                   f"{r.memory_bytes / 2**20:.2f}")
-    for name in skipped:
-        t.add_row(name, "-", "-", "-", "-")
     console = Console(width=110, record=True, file=io.StringIO())
     console.print(t)
     for name, why in skipped.items():
-        console.print(f"{name}: not run: {why}")
+        console.print(f"not run: {name}: {why}")
     return console.export_text()
 
 
@@ -36,7 +51,8 @@ def bar_chart(runs: Mapping[str, PlanRun], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     names = list(runs)
-    colors = ["tab:red" if n == "cfp" else "tab:blue" for n in names]
+    # CFP's plan red, the Alpa-style ILP's orange (launcher/cfp/ilp/), built-in plans blue.
+    colors = [{"cfp": "tab:red", "alpa_ilp": "tab:orange"}.get(n, "tab:blue") for n in names]
     metrics = [("step time (ms)", [runs[n].step_time_s * 1e3 for n in names]),
                ("TFLOPS", [runs[n].tflops for n in names]),
                ("memory (MiB / device)", [runs[n].memory_bytes / 2**20 for n in names])]
@@ -45,7 +61,10 @@ def bar_chart(runs: Mapping[str, PlanRun], path: str | Path) -> Path:
         ax.bar(names, values, color=colors)
         ax.set_title(label)
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle("CFP searched plan (red) against built-in plans")
+    title = "CFP searched plan (red)" if "cfp" in names else "Alpa-style ILP plan (orange)"
+    if "cfp" in names and "alpa_ilp" in names:
+        title += " and the Alpa-style ILP's (orange)"
+    fig.suptitle(title + " against built-in plans")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)

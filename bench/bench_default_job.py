@@ -1,0 +1,77 @@
+"""The embedded default job as a new user runs it: ``python -m launcher`` from an empty profile
+store, several times in a row.
+
+    python bench/bench_default_job.py [--runs 3] [-- extra overrides]
+
+Each run gets a fresh store and run dir (nothing reused between them) and is timed from the
+command line to its exit. Reported per run, from its ``result.json``: wall time, the searched
+plan's mesh and source, its step time over the best baseline's (the ratio of median rounds,
+and paired: the median over rounds of the ratio within a round), the profile time and the
+number of profiled combinations per mesh. Goal (issue #16): every run within 5 minutes on a
+2-core machine, and the searched plan at most 1.05x the best baseline of the same run.
+Results go to bench/results/bench_default_job.json, with the machine's load before each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "bench_default_job.json"
+
+
+def one_run(extra: list[str], work: Path, i: int) -> dict:
+    run_dir, store = work / f"run{i}", work / f"store{i}"
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "launcher", f"mode.store_dir={store}", f"hydra.run.dir={run_dir}",
+                           *extra], cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"run": i, "wall_s": wall, "returncode": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+    r = json.loads((run_dir / "result.json").read_text())
+    row = {"run": i, "wall_s": wall, "load_before": load, "mesh_shape": r["mesh_shape"], "source": r["plan"]["source"],
+           "step_time_s": r["step_time_s"], "best_baseline": r.get("best_baseline"),
+           "vs_best_baseline": r.get("vs_best_baseline"), "vs_best_baseline_paired": r.get("vs_best_baseline_paired"),
+           "baselines": {k: v["step_time_s"] for k, v in r["baselines"].items()},
+           "profile_time_s": r["profile_time_s"], "mode_wall_s": r["mode_wall_s"],
+           "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s")}
+                      for m in r.get("meshes", [])]}
+    print(f"run {i}: {wall:.0f} s, plan on mesh {row['mesh_shape']} ({row['source']}), "
+          f"{row['vs_best_baseline']:.3f}x {row['best_baseline']} (paired {row['vs_best_baseline_paired']:.3f})",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="xlaunch-default-") as tmp:
+        rows = [one_run(args.extra, Path(tmp), i) for i in range(args.runs)]
+    ok = [r for r in rows if "returncode" not in r]
+    summary = {
+        "command": "python -m launcher " + " ".join(args.extra), "runs": rows,
+        "max_wall_s": max((r["wall_s"] for r in ok), default=None),
+        "median_wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
+        "max_vs_best_baseline": max((r["vs_best_baseline"] for r in ok), default=None),
+        "max_vs_best_baseline_paired": max((r["vs_best_baseline_paired"] for r in ok), default=None),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Searching several logical meshes of the same devices (``mode.mesh_shape=auto``).
+
+A plan is a layout per block on one logical mesh, and the same 8 devices arranged as [8], [4,2]
+or [2,4] offer different plans: a 1-D mesh cannot split the batch 4 ways and the heads 2 ways,
+which is what dp_tp does. So, as Alpa searches logical mesh shapes, the auto search analyses,
+profiles and searches each mesh on its own, then measures their shortlists together on the whole
+step and keeps the fastest plan, whatever its mesh. On the 2-D meshes only plans that split two
+different roles are searched (``strategies.enumerate_strategies(two_axis_only=True)``): the rest
+are 1-D plans over the same devices, or leave an axis repeating the computation.
+
+The plans nearest the built-in ones (``nearest.py``) are what makes the search never lose to a
+baseline it is compared with: each built-in plan is looked for on the mesh shaped like its own
+(dp_tp's [4,2]), so every baseline has a point of the search space measured beside the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+AUTO = "auto"
+
+
+def is_auto(mesh_shape: Any) -> bool:
+    return isinstance(mesh_shape, str) and mesh_shape == AUTO
+
+
+def auto_shapes(n: int) -> list[list[int]]:
+    """The logical meshes worth searching for ``n`` devices: 1-D, then every 2-D factorisation
+    with both axes longer than one, the longer first axis first (8: [8], [4, 2], [2, 4])."""
+    return [[n]] + [[a, n // a] for a in range(n - 1, 1, -1) if n % a == 0]
+
+
+def mesh_shapes(mesh_shape: Any, n: int) -> list[list[int]]:
+    """``mode.mesh_shape`` as the meshes to search over ``n`` devices: ``auto`` gives
+    ``auto_shapes``; ``[]`` the 1-D mesh; anything else is the one shape given."""
+    if is_auto(mesh_shape):
+        return auto_shapes(n)
+    return [list(mesh_shape) or [n]]
+
+
+def natural_shape(name: str, n: int) -> list[int] | None:
+    """The mesh a built-in plan lays itself out on over ``n`` devices, axes of one left out
+    (dp: [8], dp_tp: [4, 2]); None when it does not fit ``n``."""
+    from launcher.errors import BAD_INPUT
+    from models.plans import builtin
+
+    try:
+        return [s for s in builtin(name).axis_sizes(n).values() if s > 1] or [n]
+    except BAD_INPUT:
+        return None
+
+
+def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
+                      devices: Sequence[Any]) -> dict[str, tuple[int, list[int]]]:
+    """{built-in plan name: (index of the analysis, its nearest plan there)}: each plan on the
+    mesh shaped like its own when one is searched, else on the first mesh it maps onto."""
+    from launcher.cfp.search.nearest import nearest_plans
+
+    out = {}
+    for name in names:
+        natural = natural_shape(name, len(devices))
+        order = sorted(range(len(analyses)), key=lambda i: list(analyses[i].mesh_shape) != natural)
+        for i in order:
+            found = nearest_plans(analyses[i], program, [name], devices)
+            if name in found:
+                out[name] = (i, found[name])
+                break
+    return out
+
+
+def merge_shortlists(shortlists: Sequence[Sequence[Any]], k: int) -> list[tuple[int, Any]]:
+    """One shortlist over several meshes: (mesh index, ``dp.Candidate``) for every mesh's
+    optimum and every nearest-baseline plan, then the other candidates (uniform plans,
+    runners-up) fastest predicted first until ``k`` besides the nearest plans are in. One mesh:
+    its shortlist as it is."""
+    if len(shortlists) == 1:
+        return [(0, c) for c in shortlists[0]]
+    kept = [(i, c) for i, short in enumerate(shortlists) for c in short
+            if c.source == "search optimum" or c.source.startswith("nearest ")]
+    kept.sort(key=lambda ic: (not ic[1].source.startswith("search"), ic[1].predicted_time_s))
+    rest = sorted(((i, c) for i, short in enumerate(shortlists) for c in short
+                   if not (c.source == "search optimum" or c.source.startswith("nearest "))),
+                  key=lambda ic: ic[1].predicted_time_s)
+    room = max(k - len(shortlists), 0)
+    return kept + rest[:room]

@@ -1,0 +1,70 @@
+"""mode.mesh_shape=auto: which logical meshes are searched, which plans they offer, and how
+their shortlists are merged (launcher/cfp/search/meshes.py). The whole path through the CLI is
+in tests/test_cfp_search.py (test_two_processes_agree_and_the_saved_plan_trains)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cfp.analysis.contractions import Contraction, LoopDim as Dim
+from launcher.cfp.analysis.strategies import enumerate_strategies
+from launcher.cfp.search.dp import Candidate
+from launcher.cfp.search.meshes import auto_shapes, merge_shortlists, mesh_shapes, natural_shape
+
+pytestmark = pytest.mark.core
+
+
+def test_auto_searches_the_1d_mesh_and_every_2d_factorisation():
+    assert auto_shapes(8) == [[8], [4, 2], [2, 4]]
+    assert auto_shapes(16) == [[16], [8, 2], [4, 4], [2, 8]]
+    assert auto_shapes(4) == [[4], [2, 2]]
+    assert auto_shapes(7) == [[7]] and auto_shapes(1) == [[1]]
+    assert mesh_shapes("auto", 8) == auto_shapes(8)
+    assert mesh_shapes([], 8) == [[8]] and mesh_shapes([2, 4], 8) == [[2, 4]]
+
+
+def test_each_builtin_plan_has_the_mesh_it_lays_itself_out_on():
+    assert natural_shape("dp", 8) == [8]
+    assert natural_shape("tp", 8) == [8]
+    assert natural_shape("dp_tp", 8) == [4, 2]
+
+
+def _matmul() -> Contraction:
+    # C[i, j] = A[i, k] B[k, j]: one lhs-free, one rhs-free and one contracting dimension
+    dims = (Dim("lhs_free", 8, 0, None, 0), Dim("rhs_free", 8, None, 1, 1), Dim("contracting", 8, 1, 0, None))
+    return Contraction(op=0, kind="dot", lhs=0, rhs=1, out=2, lhs_shape=(8, 8), rhs_shape=(8, 8),
+                       out_shape=(8, 8), dims=dims)
+
+
+def test_auto_2d_meshes_offer_only_plans_that_split_two_roles():
+    c = _matmul()
+    full = enumerate_strategies(c, [4, 2])
+    two = enumerate_strategies(c, [4, 2], two_axis_only=True)
+    # 3 roles: 6 ordered pairs, 3 over both axes (1-D plans of 8), 6 with an axis left repeating
+    assert len(full) == 15 and len(two) == 6
+    for s in two:
+        used = [ax for ax in s.axes if ax]
+        assert sorted(used) == [(0,), (1,)], s
+    assert set(two) <= set(full)
+    # a contraction with one splittable role has no pair: it keeps the full rule
+    only = Contraction(op=0, kind="dot", lhs=0, rhs=1, out=2, lhs_shape=(8, 3), rhs_shape=(3, 3),
+                       out_shape=(8, 3), dims=(Dim("lhs_free", 8, 0, None, 0), Dim("rhs_free", 3, None, 1, 1),
+                                               Dim("contracting", 3, 1, 0, None)))
+    assert enumerate_strategies(only, [4, 2], two_axis_only=True) == enumerate_strategies(only, [4, 2])
+
+
+def _c(t: float, source: str) -> Candidate:
+    return Candidate([0], t, 0, source)
+
+
+def test_merged_shortlist_keeps_every_optimum_and_nearest_plan_then_the_fastest_others():
+    shorts = [[_c(3.0, "search optimum"), _c(2.5, "nearest dp"), _c(1.0, "uniform 0"), _c(4.0, "runner-up")],
+              [_c(2.0, "search optimum"), _c(2.2, "nearest dp_tp"), _c(1.5, "runner-up")],
+              [_c(5.0, "search optimum"), _c(0.5, "uniform 1")]]
+    merged = merge_shortlists(shorts, k=4)
+    got = [(i, c.source, c.predicted_time_s) for i, c in merged]
+    assert got == [(1, "search optimum", 2.0), (0, "search optimum", 3.0), (2, "search optimum", 5.0),
+                   (1, "nearest dp_tp", 2.2), (0, "nearest dp", 2.5),
+                   (2, "uniform 1", 0.5)]  # k=4 less the 3 optima leaves room for one more
+    one = merge_shortlists(shorts[:1], k=2)
+    assert [c for _, c in one] == shorts[0]
