@@ -20,36 +20,12 @@ from typing import Any
 
 
 def analyses(ctx: Any) -> list[tuple[Any, Any]]:
-    """(Analyzed, mesh) for each mesh of ``mode.mesh_shape``; the analysis files written (with
-    ``auto``, into ``mesh_<shape>/`` per mesh)."""
-    import jax
+    """(Analyzed, mesh) for each mesh of ``mode.mesh_shape``, the analysis files written
+    (``launcher.modes.profile.analyses``). The ILP takes every strategy the analysis enumerates
+    and drops those that leave an axis repeating work itself, so 2-D meshes are analysed in full."""
+    from launcher.modes.profile import analyses as mesh_analyses
 
-    from launcher.cfp import pipeline
-    from launcher.cfp.search.meshes import is_auto, mesh_shapes
-    from launcher.errors import UserError
-    from launcher.modes.analysis import write_files
-
-    cfg = ctx.mode_cfg
-    log = lambda line: ctx.log.info("%s", line)
-    auto = is_auto(cfg.mesh_shape)
-    model = ctx.model()
-    out, refused = [], []
-    for shape in mesh_shapes(cfg.mesh_shape, jax.device_count()):
-        mesh = pipeline.make_mesh(shape)
-        try:
-            analyzed = pipeline.analyze(model, mesh_shape=shape, learning_rate=cfg.learning_rate, log=log)
-        except UserError as e:
-            if not auto:
-                raise
-            refused.append(f"{shape}: {e}")
-            log("mesh %s: left out: %s" % (shape, e))
-            continue
-        write_files(ctx, analyzed, f"mesh_{'x'.join(map(str, shape))}/" if auto else "")
-        out.append((analyzed, mesh))
-    if not out:
-        raise UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: %s"
-                        % (jax.device_count(), "; ".join(refused)))
-    return out
+    return [(analyzed, mesh) for analyzed, mesh, _ in mesh_analyses(ctx, two_axis_only=False)]
 
 
 def run(ctx: Any) -> dict:

@@ -63,19 +63,19 @@ class Config(AnalysisConfig):
         super().check(mode, job)
 
 
-def analyze_and_profile(ctx: Any) -> list[Any]:
-    """One ``pipeline.OnMesh`` per logical mesh of ``mode.mesh_shape`` (``auto``: every mesh
-    worth searching, ``launcher/cfp/search/meshes.py``): ``launcher.cfp.pipeline``'s analysis and
-    profile passes with this mode's options. Writes the analysis files and ``profiles.json``
-    (with ``auto``, into ``mesh_<shape>/`` per mesh). With ``auto``, a mesh the model cannot
-    divide is left out (the log says why); with one shape it is refused."""
+def analyses(ctx: Any, two_axis_only: bool = True) -> list[tuple[Any, Any, str]]:
+    """(Analyzed, mesh, folder) per logical mesh of ``mode.mesh_shape`` (``auto``: every mesh
+    worth searching, ``launcher/cfp/search/meshes.py``, analysed with ``two_axis_only``), the
+    analysis files written into the run dir (with ``auto``, into the folder ``mesh_<shape>/`` of
+    each). With ``auto``, a mesh the model cannot divide is left out (the log says why); with one
+    shape it is refused."""
     import jax
 
     from launcher.cfp import pipeline
     from launcher.cfp.search.meshes import is_auto, mesh_shapes
     from launcher.errors import UserError
 
-    cfg = ctx.mode_cfg  # Config.check refused a mode.hlo_file before submission
+    cfg = ctx.mode_cfg
     log = lambda line: ctx.log.info("%s", line)
     auto = is_auto(cfg.mesh_shape)
     shapes = mesh_shapes(cfg.mesh_shape, jax.device_count())
@@ -86,8 +86,8 @@ def analyze_and_profile(ctx: Any) -> list[Any]:
     for shape in shapes:
         mesh = pipeline.make_mesh(shape)  # a mesh that does not fit fails first
         try:
-            analyzed = pipeline.analyze(model, mesh_shape=shape, learning_rate=cfg.learning_rate, two_axis_only=auto,
-                                        log=log)
+            analyzed = pipeline.analyze(model, mesh_shape=shape, learning_rate=cfg.learning_rate,
+                                        two_axis_only=auto and two_axis_only, log=log)
         except UserError as e:
             if not auto:
                 raise
@@ -96,6 +96,23 @@ def analyze_and_profile(ctx: Any) -> list[Any]:
             continue
         folder = f"mesh_{'x'.join(map(str, shape))}/" if auto else ""
         write_files(ctx, analyzed, folder)
+        out.append((analyzed, mesh, folder))
+    if not out:
+        raise UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: %s"
+                        % (jax.device_count(), "; ".join(refused)))
+    return out
+
+
+def analyze_and_profile(ctx: Any) -> list[Any]:
+    """One ``pipeline.OnMesh`` per mesh of ``analyses``: ``launcher.cfp.pipeline``'s profile
+    pass with this mode's options after the analysis; ``profiles.json`` beside each mesh's
+    analysis files."""
+    from launcher.cfp import pipeline
+
+    cfg = ctx.mode_cfg  # Config.check refused a mode.hlo_file before submission
+    log = lambda line: ctx.log.info("%s", line)
+    out = []
+    for analyzed, mesh, folder in analyses(ctx):
         profiled = pipeline.profile(analyzed, mesh, store_dir=cfg.store_dir, repeats=cfg.repeats, warmup=cfg.warmup,
                                     cold_caches=cfg.cold_caches, max_segment_space=cfg.max_segment_space,
                                     overlap_compile=cfg.overlap_compile, memory_budget_gb=cfg.memory_budget_gb,
@@ -103,9 +120,6 @@ def analyze_and_profile(ctx: Any) -> list[Any]:
                                     is_main=ctx.is_main, log=log, progress=ctx.progress)
         ctx.write_json(folder + "profiles.json", profiled.to_json(analyzed.analysis))
         out.append(pipeline.OnMesh(analyzed, mesh, profiled.profiles))
-    if not out:
-        raise UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: %s"
-                        % (jax.device_count(), "; ".join(refused)))
     return out
 
 
