@@ -85,8 +85,10 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     n = expected_ranks(cfg)
     first_seen = None
     attempt = 0
+    clock = status.StallClock()
     with _ProgressView() as view:
         while True:
+            awake_since = clock.tick()
             requeued = status.read_attempt(run_dir)
             if requeued.get("attempt", 0) != attempt:
                 # SLURM requeued the job (runtime/requeue.py): the last attempt's ranks ended on
@@ -98,8 +100,8 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
             now = time.time()
             if statuses and first_seen is None:
                 first_seen = now  # the job is running: queueing time does not count
-            reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s)
-            if not reason and first_seen is not None and now - first_seen > lc.init_timeout_s + 5:
+            reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since)
+            if not reason and first_seen is not None and now - max(first_seen, awake_since) > lc.init_timeout_s + 5:
                 missing = sorted(set(range(n)) - set(statuses))
                 if missing:
                     reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
@@ -107,19 +109,18 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
             if reason:
                 cluster.cancel(job)
                 _raise_refusal(run_dir)
-                raise JobFailed(_with_log_tail(reason, run_dir, statuses))
+                raise JobFailed(_with_log_tail(reason, run_dir))
             view.update(status.read_progress(run_dir))
             if job.done():
                 break
             time.sleep(lc.poll_interval_s)
 
-    statuses = status.read_statuses(run_dir)
     try:
         job.results()
     except Exception as e:  # submitit says the job failed: name the rank if we can
         _raise_refusal(run_dir)
         reason = status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
-        raise JobFailed(_with_log_tail(reason, run_dir, statuses)) from None
+        raise JobFailed(_with_log_tail(reason, run_dir)) from None
     result_path = run_dir / "result.json"
     if not result_path.exists():
         raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
@@ -138,11 +139,17 @@ def expected_ranks(cfg: DictConfig) -> int:
     return cfg.cluster.nodes * cfg.cluster.tasks_per_node
 
 
-def _with_log_tail(reason: str, run_dir: Path, statuses: dict, lines: int = 15) -> str:
+def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
     import re
 
     m = re.search(r"rank (\d+)", reason)
-    log = status.rank_log(run_dir, int(m.group(1))) if m else None
+    named = int(m.group(1)) if m else None
+    # How the other ranks ended: a rank the watchdog stopped says which peer it gave up on.
+    others = [f"rank {r}: {st.state}" + (f" ({st.message})" if st.message else "")
+              for r, (st, _) in sorted(status.read_statuses(run_dir).items()) if r != named and st.state != "done"]
+    if others:
+        reason += "\nthe other ranks: " + "; ".join(others)
+    log = status.rank_log(run_dir, named) if named is not None else None
     if log is None or not log.exists():
         return reason
     tail = log.read_text(errors="replace").splitlines()[-lines:]

@@ -104,8 +104,29 @@ def test_a_crashing_rank_fails_the_job_fast(tmp_path, fault, expected):
     elapsed = time.time() - t0
     assert proc.returncode == 1
     assert expected in proc.stderr and str(run / "logs" / "rank1.log") in proc.stderr
+    assert "the other ranks: rank 0: " in proc.stderr  # how the peer ended, or where it was
     assert elapsed < 30, f"took {elapsed:.1f} s to notice"
     assert not _leftover_tasks(run)
+
+
+def test_a_rank_that_aborted_is_named_before_the_peer_that_lost_its_connection(tmp_path):
+    """An aborting rank writes no status, and its peer's collective fails on the closed socket a
+    moment later; the peer's error is the first written, but the cause is the dead rank."""
+    from launcher.runtime import status
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    peer = status.RankReporter(tmp_path, 0, 2)
+    peer.set("failed", "XlaRuntimeError: FAILED_PRECONDITION: Gloo AllGather failed: [pair.cc:525] Read error "
+                       "[127.0.0.1]:44463: Connection reset by peer")
+    aborted = status.RankReporter(tmp_path, 1, 2)
+    aborted.status.pid = dead
+    aborted.set("joined")
+    reason = status.peer_failure(tmp_path, 15, 60)
+    assert reason.startswith(f"rank 1 (pid {dead}) died") and "; then rank 0 failed" in reason, reason
+    # A rank that failed on its own is the cause, whatever else has died since.
+    peer.set("failed", "RuntimeError: injected crash")
+    assert status.peer_failure(tmp_path, 15, 60).startswith("rank 0 failed")
 
 
 def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
@@ -120,9 +141,37 @@ def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
     assert not _leftover_tasks(run)
 
 
+def test_a_job_frozen_longer_than_the_peer_timeout_goes_on_when_it_wakes(tmp_path):
+    """A paused VM (or a suspended laptop, or `kill -STOP`) freezes every process alike while wall
+    time goes on: on waking, old heartbeats are not silence."""
+    import os
+    import signal
+
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", "mode=train", "model=gpt-tiny", "mode.steps=30",
+            "launcher.peer_timeout_s=4", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    statuses = [run / ".xlaunch" / "ranks" / f"rank{r}.json" for r in (0, 1)]
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(p.exists() and json.loads(p.read_text() or "{}").get("state") == "joined"
+                                             for p in statuses):
+        time.sleep(0.1)
+    ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    pids = [proc.pid] + [int(line.split()[0]) for line in ps if str(run) in line and "submitit" in line]
+    assert len(pids) >= 3, ps
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(10)  # over twice launcher.peer_timeout_s
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert read_result(run)["steps"] == 30
+
+
 def _leftover_tasks(run) -> list[str]:
     time.sleep(2)  # the controller's SIGINT, then SIGKILL a second later
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if str(run) in line and "submitit" in line]
 
 

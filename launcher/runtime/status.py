@@ -116,7 +116,9 @@ class RankReporter:
 
     def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None]) -> None:
         def loop() -> None:
+            clock = StallClock()
             while not self._stop.wait(HEARTBEAT_S):
+                awake_since = clock.tick()
                 try:
                     os.utime(self.path)
                 except OSError:
@@ -125,7 +127,8 @@ class RankReporter:
                     # This attempt is being requeued: its ranks end as SLURM stops them, and
                     # ending one first would fail the job step before the requeue is through.
                     return
-                reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank)
+                reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank,
+                                      awake_since=awake_since)
                 if reason:
                     on_peer_failure(reason)
                     return
@@ -146,19 +149,48 @@ def refusal(run_dir: Path) -> str:
     return ""
 
 
-def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, exclude: int = -1) -> str:
+class StallClock:
+    """When the process watching its peers last woke from a stall.
+
+    A VM its host paused, a suspended laptop or a job stopped and continued freezes every
+    process alike, and wall time goes on: on waking, every peer's heartbeat is old. So a peer's
+    silence counts only from when the watcher itself last ran without a gap of ``stall_s``;
+    call ``tick`` once per watching round (every ``HEARTBEAT_S`` or so)."""
+
+    def __init__(self, stall_s: float = 5.0):
+        self.stall_s = stall_s
+        self.awake_since = self.last = time.time()
+
+    def tick(self) -> float:
+        now = time.time()
+        if abs(now - self.last) > self.stall_s:
+            self.awake_since = now
+        self.last = now
+        return self.awake_since
+
+
+def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, exclude: int = -1,
+                 awake_since: float = 0.0) -> str:
     """Why the job cannot go on ("" if it can): a rank that failed, went silent after joining,
-    or has not joined within the initialisation timeout."""
-    statuses = {r: v for r, v in read_statuses(run_dir).items() if r != exclude}
+    or has not joined within the initialisation timeout. Silence and lateness count from
+    ``awake_since`` at the earliest (``StallClock``)."""
+    since = time.time() - awake_since
+    statuses = {r: (st, min(age, since)) for r, (st, age) in read_statuses(run_dir).items() if r != exclude}
     failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed")
+    here = (socket.gethostname(), _pid_namespace())
+    dead = [st for r, (st, _) in sorted(statuses.items())
+            if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not _alive(st.pid)]
     if failed:
         st = statuses[failed[0][1]][0]
-        return f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
-    here = (socket.gethostname(), _pid_namespace())
+        reason = f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
+        if dead and lost_peer(st.message):
+            # A peer that aborted (XLA ends a process with SIGABRT) writes no status; the rank
+            # that saw its socket close reports first, but the cause is the dead one.
+            return f"{_died(dead[0])}; then {reason}"
+        return reason
+    if dead:
+        return _died(dead[0])
     for r, (st, age) in sorted(statuses.items()):
-        if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not _alive(st.pid):
-            return (f"rank {r} (pid {st.pid}) died on {st.host} without reporting an error "
-                    f"(killed or crashed: see its log {st.log})")
         if st.state == "joined" and age > peer_timeout_s:
             return (f"rank {r} stopped responding on {st.host} (pid {st.pid}, no heartbeat for {age:.0f} s; "
                     f"it probably crashed: see its log {st.log})")
@@ -172,6 +204,21 @@ def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, ex
         return (f"rank {r} on {st.host} {where} within launcher.init_timeout_s={init_timeout_s:g} s "
                 f"(see its log {st.log})")
     return ""
+
+
+# How a collective's transport reports a peer process that went away (gloo over TCP, gRPC).
+_LOST_PEER = ("connection reset by peer", "connection closed by peer", "broken pipe", "socket closed",
+              "connection refused", "end of file")
+
+
+def lost_peer(message: str) -> bool:
+    """Whether ``message`` is a rank's error about a peer that went away, not a fault of its own."""
+    return any(s in message.lower() for s in _LOST_PEER)
+
+
+def _died(st: RankStatus) -> str:
+    return (f"rank {st.rank} (pid {st.pid}) died on {st.host} without reporting an error "
+            f"(killed or crashed: see its log {st.log})")
 
 
 def _pid_namespace() -> str:
