@@ -21,10 +21,13 @@ another) and every built-in plan that fits (dp, tp, fsdp, dp_tp, ep) trained sid
 - profile and search wall time;
 - predicted over measured step time of the searched plan, and of the DP's optimum (goal:
   within 10%);
-- mixed against uniform plans: the ``--uniform`` uniform plans (every block on plan j) the
-  profiles rank fastest, raced in the same rounds; the searched plan over the best of them
-  (paired), and whether a mixed plan (blocks on different plans) beats every one of them beyond
-  the A/A floor below;
+- mixed against uniform plans. Uniform plans keep one strategy throughout: the built-in plans
+  (the baselines; in CFP's space, the plans nearest them) and "every block on plan j", of which
+  the ``--uniform`` the profiles rank fastest race in the same rounds. A plan that is none of
+  these is mixed. Reported: the searched plan and the DP's optimum over the best uniform plan
+  raced (paired), whether each is mixed, whether a mixed plan beats every uniform one beyond
+  the A/A floor below, and what the profiles expected (the DP optimum's predicted step time over
+  the best uniform plan's: where they expect no gain beyond the floor, none can be measured);
 - the noise floor: the searched plan compiled and raced a second time in the same rounds, its
   step time over the first's (an A/A test: any ratio above is only as exact as this one); the
   predicted step time over that second measurement too.
@@ -108,14 +111,19 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     # The DP's own optimum runs in the same rounds, so the search is judged without the shortlist.
     if picked.source != "search optimum":
         runners.insert(2, plan_runner(a, program, dict(enumerate(found.assignment)), mesh, name="search optimum"))
-    # The uniform plans (every block on plan j) the profiles rank fastest, in the same rounds: does
-    # a mixed plan beat every uniform one beyond the A/A floor?
+    # Uniform plans, one strategy throughout: the built-in plans (raced below as the baselines;
+    # their nearest plans in CFP's space are ``nearest``) and "every block on plan j", of which the
+    # ``uniform_k`` the profiles rank fastest race in the same rounds. A plan that is none of
+    # these is mixed: does one beat every uniform plan beyond the A/A floor?
     plan_counts = [b.num_plans for b in a.blocks]
     uniform = {j: [min(j, n - 1) for n in plan_counts] for j in range(max(plan_counts))}
     fastest = sorted(uniform, key=lambda j: predict(prof, uniform[j])[0])[:uniform_k]
     for j in fastest:
         if uniform[j] != picked.assignment:
             runners.append(plan_runner(a, program, dict(enumerate(uniform[j])), mesh, name=f"uniform {j}"))
+    uniform_plans = {**{f"uniform {j}": uniform[j] for j in uniform},
+                     **{f"nearest {k}": list(plan) for k, (_, plan) in nearest.items()}}
+    is_mixed = lambda assignment: list(assignment) not in uniform_plans.values()
     searched, *others = race(runners, iterations=iterations, repeats=repeats)
     runs = {r.name: r for r in others}
     again = runs.pop("searched again")
@@ -123,8 +131,13 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     uniform_runs = {k: runs.pop(k) for k in [k for k in runs if k.startswith("uniform ")]}
     if picked.assignment in uniform.values():
         uniform_runs[f"uniform {next(j for j, u in uniform.items() if u == picked.assignment)}"] = searched
-    best_uniform = min(uniform_runs, key=lambda k: paired(uniform_runs[k], searched))
+    contenders = {**runs, **uniform_runs}   # every uniform plan raced: the baselines and "uniform j"
+    best_uniform = min(contenders, key=lambda k: paired(contenders[k], searched))
     floor = abs(paired(again, searched) - 1)
+    # What the profiles expected from mixing: the DP optimum's predicted step over the best
+    # uniform plan's (each built-in plan by its nearest plan), the search's own measure.
+    predicted_uniform = {k: predict(prof, plan)[0] for k, plan in uniform_plans.items()}
+    best_predicted_uniform = min(predicted_uniform, key=predicted_uniform.get)
     best_name = min(runs, key=lambda k: runs[k].step_time_s)
     best = runs[best_name].step_time_s
     return {
@@ -165,13 +178,18 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "search_optimum_over_best_baseline_paired": paired(optimum, runs[best_name]),
         "search_optimum_predicted_over_measured": found.predicted_time_s / optimum.step_time_s,
         "timings_retaken": counts,   # measurements the hypervisor interrupted, taken again (quiet.py)
-        "mixed_plan": len(set(picked.assignment)) > 1 and picked.assignment not in uniform.values(),
-        "uniform_plans_raced": sorted(uniform_runs),
+        "mixed_plan": is_mixed(picked.assignment),
+        "search_optimum_mixed": is_mixed(found.assignment),
+        "uniform_plans_raced": sorted(contenders),
         "best_uniform": best_uniform,
-        "searched_over_best_uniform_paired": paired(searched, uniform_runs[best_uniform]),
+        "searched_over_best_uniform_paired": paired(searched, contenders[best_uniform]),
+        "search_optimum_over_best_uniform_paired": paired(optimum, contenders[best_uniform]),
         "aa_floor": floor,
-        "mixed_beats_every_uniform_beyond_floor": (len(set(picked.assignment)) > 1 and
-                                                   paired(searched, uniform_runs[best_uniform]) < 1 - floor),
+        "mixed_beats_every_uniform_beyond_floor": (is_mixed(picked.assignment) and
+                                                   paired(searched, contenders[best_uniform]) < 1 - floor),
+        "predicted_uniform_step_time_s": predicted_uniform,
+        "best_predicted_uniform": best_predicted_uniform,
+        "predicted_optimum_over_best_uniform": found.predicted_time_s / predicted_uniform[best_predicted_uniform],
     }
 
 
@@ -371,9 +389,12 @@ def main() -> None:
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["wall_s"] = time.perf_counter() - t
         rows.append(row)
-        print(f"{row['model']:>12}: searched/best uniform ({row['best_uniform']}) "
-              f"{row['searched_over_best_uniform_paired']:.3f} paired, A/A floor {row['aa_floor']:.3f}, mixed plan "
-              f"beats every uniform one beyond it: {row['mixed_beats_every_uniform_beyond_floor']}", file=sys.stderr)
+        print(f"{row['model']:>12}: searched ({'mixed' if row['mixed_plan'] else 'uniform'})/best uniform "
+              f"({row['best_uniform']}) {row['searched_over_best_uniform_paired']:.3f} paired, DP optimum "
+              f"({'mixed' if row['search_optimum_mixed'] else 'uniform'}) "
+              f"{row['search_optimum_over_best_uniform_paired']:.3f}, predicted by the profiles "
+              f"{row['predicted_optimum_over_best_uniform']:.3f}; A/A floor {row['aa_floor']:.3f}; a mixed plan "
+              f"beats every uniform one beyond it: {row['mixed_beats_every_uniform_beyond_floor']}", flush=True)
         print(f"{row['model']:>12}: searched ({row['source']})/best baseline ({row['best_baseline']}) "
               f"{row['searched_over_best_baseline_paired']:.3f} paired, {row['searched_over_best_baseline']:.3f} "
               f"medians; DP optimum/best baseline {row['search_optimum_over_best_baseline_paired']:.3f} paired; "
@@ -384,12 +405,13 @@ def main() -> None:
               f"{row['search_optimum_predicted_over_measured']:.3f}); the searched plan again/itself "
               f"{row['searched_again_over_searched_paired']:.3f} paired, {row['searched_again_over_searched']:.3f} "
               "medians", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,
-                               "iterations": args.iterations, "repeats": args.repeats, "models": rows},
-                              indent=2) + "\n")
-    print(f"wrote {out}")
+        # after every model: a run stopped or failed later keeps what it measured
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"machine": platform.platform(), "devices": args.devices, "mesh_shape": args.mesh,
+                                   "iterations": args.iterations, "repeats": args.repeats, "models": rows},
+                                  indent=2) + "\n")
+        print(f"wrote {out} ({len(rows)} of {len(args.models)} models)", flush=True)
 
 
 if __name__ == "__main__":
