@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -108,7 +109,13 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypatch, request, sigint):
+    if sigint == "ignored":
+        # As in a launcher started by `nohup ... &` from a script: its children inherit SIGINT
+        # ignored, and bash cannot trap a signal ignored on entry.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     pod, run = tmp_path / "pod", tmp_path / "run"
     monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
     monkeypatch.setenv("XLAUNCH_STANDIN_TPU_ROOT", str(pod))

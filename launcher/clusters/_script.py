@@ -7,6 +7,7 @@ that process the way submitit's LocalJob polls its controller. The script text i
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import typing as tp
 import uuid
@@ -17,7 +18,14 @@ from submitit.local.local import LocalJob
 
 
 class ScriptJob(LocalJob):
-    """A job whose state is its script's process; cancelling sends SIGINT to the script."""
+    """A job whose state is its script's process; cancelling sends SIGTERM to the script."""
+
+    def cancel(self, check: bool = True) -> None:  # noqa: ARG002 - submitit's signature
+        # Not SIGINT, submitit's local choice: a launcher started in the background by a
+        # non-interactive shell (`nohup python -m launcher ... &`) hands its children SIGINT
+        # ignored, and bash cannot trap a signal ignored on entry, so the script would go on.
+        if self._process is not None:
+            self._process.send_signal(signal.SIGTERM)
 
 
 class ScriptExecutor(core.PicklingExecutor):
