@@ -141,6 +141,26 @@ def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
     assert not _leftover_tasks(run)
 
 
+def test_stopping_the_launcher_at_once_stops_ranks_that_have_not_reported_yet(tmp_path, request):
+    """Stopped before its ranks wrote their status files, in a launcher started as `nohup ... &`
+    starts it (SIGINT ignored, inherited by every child): the ranks must end all the same."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", "mode=check", "launcher.fault=hang:1", "launcher.init_timeout_s=120",
+            f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # (a warning may come first)
+        if "submitted job" in line:
+            break
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "cancelled" in err
+    assert not _leftover_tasks(run)
+
+
 def test_a_job_frozen_longer_than_the_peer_timeout_goes_on_when_it_wakes(tmp_path):
     """A paused VM (or a suspended laptop, or `kill -STOP`) freezes every process alike while wall
     time goes on: on waking, old heartbeats are not silence."""

@@ -9,8 +9,8 @@ import signal
 import socket
 import sys
 import time
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import submitit
 
@@ -50,21 +50,35 @@ class LocalCluster(Cluster):
         """Stops the tasks themselves: the controller then exits as after any ending.
 
         submitit's own cancel interrupts the controller, which prints a KeyboardInterrupt
-        traceback on the user's console; the ranks' pids are in their status files.
+        traceback on the user's console, and does nothing where SIGINT is ignored (a launcher
+        started by `nohup ... &`). The ranks' pids are in their status files; a task that has
+        not written one yet is the controller's child.
         """
-        pids = [st.pid for st, _ in status.read_statuses(self.run_dir).values()
-                if st.host == socket.gethostname()]
+        controller = getattr(job, "_process", None)
+
+        def tasks() -> set[int]:
+            pids = {st.pid for st, _ in status.read_statuses(self.run_dir).values()
+                    if st.host == socket.gethostname()}
+            return pids | (set(_children(controller.pid)) if controller is not None else set())
+
         # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL.
         for sig in (signal.SIGINT, signal.SIGKILL):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
+            _signal(tasks(), sig)
             deadline = time.time() + 1
             while time.time() < deadline and not job.done():
                 time.sleep(0.05)
             if job.done():
                 return
-        job.cancel(check=False)  # a task that never wrote its status: the controller's way
+        if controller is None:
+            job.cancel(check=False)
+            return
+        # Still running: the controller started tasks after we looked. Stopped, it starts no
+        # more; left alive, it would keep the launcher's stderr (which it holds) open.
+        _signal({controller.pid}, signal.SIGSTOP)
+        _signal(tasks(), signal.SIGKILL)
+        _signal({controller.pid}, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            controller.wait(timeout=10)
 
     def submission_text(self, executor: submitit.LocalExecutor) -> str:
         c = self.cfg.cluster
@@ -80,3 +94,20 @@ class LocalCluster(Cluster):
             f"# each task runs: {executor._submitit_command_str}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc; none elsewhere)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)

@@ -96,6 +96,8 @@ class Timer:
         come) ``stop(times)`` decides whether to end there: the lists are then that short."""
         import jax
 
+        from launcher import jaxcompat
+
         def run(program: Any) -> float:
             if self.flush is not None:
                 self.flush()
@@ -103,7 +105,13 @@ class Timer:
             # Every output: one that merely forwards an input is ready at once, while the rest
             # of the program (and its collectives) may still run.
             jax.block_until_ready(program(*args))
-            return time.perf_counter() - t
+            seconds = time.perf_counter() - t
+            # Outside the timed span: before JAX 0.5, a process that starts the next run while
+            # a peer still finishes this one can have its gloo messages answer the peer's (an
+            # abort, "op.preamble.length <= op.nbytes 32 vs 4", seen in CI in the two-process
+            # profile tests on 0.4.35: a sub-millisecond program's runs follow each other closest).
+            jaxcompat.settle_programs()
+            return seconds
 
         def measure() -> list[list[float]]:
             times: list[list[float]] = [[] for _ in programs]
@@ -119,9 +127,7 @@ class Timer:
 
         for _ in range(self.warmup):
             for program in programs:
-                if self.flush is not None:
-                    self.flush()
-                jax.block_until_ready(program(*args))
+                run(program)
         return quiet(measure)
 
     def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
