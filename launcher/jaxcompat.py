@@ -124,6 +124,22 @@ def settle_programs(timeout_s: int = 600) -> None:
     distributed.global_state.client.wait_at_barrier(f"xlaunch-settle-{next(_settle_count)}", timeout_s * 1000)
 
 
+def exchange_client() -> Any:
+    """The coordination service's client where host-to-host exchanges must go through it (gRPC)
+    instead of a collective program, else None: before 0.5 on CPU with several processes. There
+    ``multihost_utils`` returns as soon as the first local device has its result, while the
+    process's other devices may still be sending, and gloo matched such a late message with the
+    next program's (``op.preamble.length <= op.nbytes. 32 vs 4``: a gather's 32 bytes arriving
+    at a 4-byte broadcast, in CI's two-process profiles on 0.4.35), which no barrier prevents."""
+    import jax
+
+    if jax.process_count() == 1 or not _gloo_messages_cross_programs() or jax.devices()[0].platform != "cpu":
+        return None
+    from jax._src import distributed  # no public API before 0.5
+
+    return distributed.global_state.client
+
+
 def distributed_initialize(*, coordinator_address: str, num_processes: int, process_id: int,
                            local_device_ids: list[int] | None, initialization_timeout: int,
                            heartbeat_timeout_seconds: int) -> None:
