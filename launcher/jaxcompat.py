@@ -105,7 +105,7 @@ def _gloo_messages_cross_programs() -> bool:
 
 def settle_programs(timeout_s: int = 600) -> None:
     """Waits until every process has finished the programs it ran so far; call between two
-    different multi-process programs (and around host-to-host exchanges) that run back to back.
+    different multi-process programs that run back to back.
 
     Before 0.5.0, gloo on CPU matched messages by the collective's number within its program,
     so a process that had finished program A could start B while a peer still waited for A's
@@ -115,27 +115,24 @@ def settle_programs(timeout_s: int = 600) -> None:
     coordination service (gRPC, no gloo) keeps them apart. A no-op on newer releases, with one
     process, and on accelerators (whose collectives are not gloo's).
     """
-    import jax
-
-    if jax.process_count() == 1 or not _gloo_messages_cross_programs() or jax.devices()[0].platform != "cpu":
-        return
-    from jax._src import distributed  # the coordination service's client: no public API before 0.5
-
-    distributed.global_state.client.wait_at_barrier(f"xlaunch-settle-{next(_settle_count)}", timeout_s * 1000)
+    client = exchange_client()
+    if client is not None:
+        client.wait_at_barrier(f"xlaunch-settle-{next(_settle_count)}", timeout_s * 1000)
 
 
 def exchange_client() -> Any:
-    """The coordination service's client where host-to-host exchanges must go through it (gRPC)
-    instead of a collective program, else None: before 0.5 on CPU with several processes. There
-    ``multihost_utils`` returns as soon as the first local device has its result, while the
-    process's other devices may still be sending, and gloo matched such a late message with the
-    next program's (``op.preamble.length <= op.nbytes. 32 vs 4``: a gather's 32 bytes arriving
-    at a 4-byte broadcast, in CI's two-process profiles on 0.4.35), which no barrier prevents."""
+    """The coordination service's client where programs must be fenced apart (``settle_programs``)
+    and host-to-host exchanges must go through it (gRPC) instead of a collective program, else
+    None: before 0.5 on CPU with several processes. There ``multihost_utils`` returns as soon as
+    the first local device has its result, while the process's other devices may still be
+    sending, and gloo matched such a late message with the next program's (``op.preamble.length
+    <= op.nbytes. 32 vs 4``: a gather's 32 bytes arriving at a 4-byte broadcast, in CI's
+    two-process profiles on 0.4.35), which no barrier prevents."""
     import jax
 
     if jax.process_count() == 1 or not _gloo_messages_cross_programs() or jax.devices()[0].platform != "cpu":
         return None
-    from jax._src import distributed  # no public API before 0.5
+    from jax._src import distributed  # the coordination service's client: no public API before 0.5
 
     return distributed.global_state.client
 

@@ -123,7 +123,7 @@ class Checkpoints:
 
 def _fenced(call: Any) -> Any:
     # orbax's barriers between processes are collective programs (multihost_utils): fenced off
-    # from the training step's as hosts.py fences its exchanges (jaxcompat.settle_programs).
+    # from the training step's (jaxcompat.settle_programs).
     jaxcompat.settle_programs()
     out = call()
     jaxcompat.settle_programs()

@@ -1,23 +1,21 @@
 """Agreement between the job's processes: every host-to-host exchange goes through here.
 
-Each is a collective program of its own (``jax.experimental.multihost_utils``), so on JAX
-releases whose CPU collectives let consecutive programs' messages cross, it is fenced off from
-the programs around it (``jaxcompat.settle_programs``), and there, where a late device's message
-can still cross (``jaxcompat.exchange_client``), the values go through the coordination
-service's key-value store instead. With one process each is the identity.
+Each is a collective program of its own (``jax.experimental.multihost_utils``), except on JAX
+releases whose CPU collectives let one program's messages cross into the next: there a late
+device's message crosses whatever fences it (``jaxcompat.exchange_client``), so the values go
+through the coordination service's key-value store instead. With one process each is the identity.
 """
 
 from __future__ import annotations
 
 import itertools
 import pickle
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import numpy as np
 
 from launcher import jaxcompat
 
-T = TypeVar("T")
 _KV_TIMEOUT_MS = 600_000
 _kv_count = itertools.count()
 
@@ -35,14 +33,6 @@ def _kv_all(client: Any, value: Any, only: int | None = None) -> list[Any]:
     return [pickle.loads(client.blocking_key_value_get_bytes(f"{key}/{r}", _KV_TIMEOUT_MS)) for r in ranks]
 
 
-def _exchange(exchange: Callable[[], T]) -> T:
-    """``exchange()`` (a multihost_utils call), fenced off from the programs before and after it."""
-    jaxcompat.settle_programs()
-    out = exchange()
-    jaxcompat.settle_programs()
-    return out
-
-
 def _multi_process() -> bool:
     import jax
 
@@ -58,7 +48,7 @@ def gather(x: np.ndarray) -> np.ndarray:
         return np.stack(_kv_all(client, np.asarray(x)))
     from jax.experimental import multihost_utils
 
-    return np.asarray(_exchange(lambda: multihost_utils.process_allgather(np.asarray(x))))
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 
 def fetch(x: Any) -> np.ndarray:
@@ -74,7 +64,7 @@ def fetch(x: Any) -> np.ndarray:
         return whole
     from jax.experimental import multihost_utils
 
-    return np.asarray(_exchange(lambda: multihost_utils.process_allgather(x, tiled=True)))
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def broadcast(x: Any) -> Any:
@@ -86,7 +76,7 @@ def broadcast(x: Any) -> Any:
         return _kv_all(client, x, only=0)[0]
     from jax.experimental import multihost_utils
 
-    return _exchange(lambda: multihost_utils.broadcast_one_to_all(x))
+    return multihost_utils.broadcast_one_to_all(x)
 
 
 def barrier(name: str) -> None:
@@ -99,4 +89,4 @@ def barrier(name: str) -> None:
         return
     from jax.experimental import multihost_utils
 
-    _exchange(lambda: multihost_utils.sync_global_devices(name))
+    multihost_utils.sync_global_devices(name)

@@ -106,10 +106,9 @@ class Timer:
             # of the program (and its collectives) may still run.
             jax.block_until_ready(program(*args))
             seconds = time.perf_counter() - t
-            # Outside the timed span: before JAX 0.5, a process that starts the next run while
-            # a peer still finishes this one can have its gloo messages answer the peer's (an
-            # abort, "op.preamble.length <= op.nbytes 32 vs 4", seen in CI in the two-process
-            # profile tests on 0.4.35: a sub-millisecond program's runs follow each other closest).
+            # Outside the timed span: before JAX 0.5, runs of multi-process programs are fenced
+            # apart as measure.race fences its runners. (A precaution: the gloo abort CI showed
+            # in two-process profiles on 0.4.35 came from host exchanges, see hosts.py.)
             jaxcompat.settle_programs()
             return seconds
 
