@@ -99,7 +99,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
                                                   verify_top_k=top_k,
                                                   baselines=pipeline.BASELINES,
                                                   iterations=SearchConfig.verify_iterations,
-                                                  repeats=SearchConfig.verify_repeats)
+                                                  repeats=SearchConfig.verify_repeats,
+                                                  margin=SearchConfig.verify_margin)
     picked = chosen.candidate
     log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
         f"({picked.source})")

@@ -43,6 +43,14 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
            "step_time_s": r["step_time_s"], "best_baseline": r.get("best_baseline"),
            "vs_best_baseline": r.get("vs_best_baseline"), "vs_best_baseline_paired": r.get("vs_best_baseline_paired"),
            "baselines": {k: v["step_time_s"] for k, v in r["baselines"].items()},
+           # Every round, so a ratio can be taken apart: the searched plan's, each baseline's, and
+           # what the shortlist's short race measured of each candidate.
+           "repeat_times_s": r["repeat_times_s"],
+           "baseline_repeat_times_s": {k: v["repeat_times_s"] for k, v in r["baselines"].items()},
+           "candidates": [{k: c.get(k) for k in ("mesh_shape", "assignment", "source", "incumbent", "chosen",
+                                                 "measured_step_time_s", "paired_ratio", "over_incumbent_paired",
+                                                 "duel_over_incumbent_paired")}
+                          for c in r.get("candidates", [])],
            "profile_time_s": r["profile_time_s"], "mode_wall_s": r["mode_wall_s"],
            "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s")}
                       for m in r.get("meshes", [])]}

@@ -237,6 +237,47 @@ def test_plans_are_compared_round_by_round():
     assert paired_ratios([[t * k for t, k in zip(x, (1, 2, 4))] for x in (a, b)]) == pytest.approx([ra, rb])
 
 
+def test_every_other_round_runs_the_plans_in_reverse():
+    from launcher.cfp.search.measure import race
+
+    ran = []
+
+    class Plan:   # race's side of a Runner: steps to run, rounds to keep
+        def __init__(self, name):
+            self.name, self.step_no, self.rounds = name, 0, []
+
+        def steps(self, n, progress=None):
+            ran.append(self.name)
+            self.step_no += n
+            return [float(len(ran))] * n   # a drifting machine: every run slower than the one before
+
+        def result(self):
+            return self.rounds
+
+    a, b, c = Plan("a"), Plan("b"), Plan("c")
+    race([a, b, c], iterations=2, repeats=4)
+    assert ran[3:] == list("abc" "cba" "abc" "cba")   # after one warm-up step each
+    # The drift counts against each plan in turn: over the rounds, every plan's mean is the same.
+    assert sum(a.rounds) == sum(b.rounds) == sum(c.rounds)
+
+
+def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
+    from launcher.cfp.search.measure import winner
+
+    # Plan 0 the DP's optimum, 1 and 2 nearest two baselines (1 the faster), 3 a runner-up.
+    near = [1.0, 1.1, 0.9, 1.05]   # its time in each round (the machine drifts between rounds)
+    rounds = lambda optimum: [[f * k for k in near] for f in (optimum, 1.0, 1.3, 1.2)]   # per plan
+    assert winner(rounds(0.99), incumbents=[1, 2], margin=0.02) == 1    # 1% ahead: within the noise
+    assert winner(rounds(0.99), incumbents=[1, 2], margin=0.0) == 0     # no margin: the fastest
+    assert winner(rounds(0.95), incumbents=[1, 2], margin=0.02) == 0    # 5% ahead: it replaces it
+    assert winner(rounds(1.01), incumbents=[1, 2], margin=0.02) == 1    # an incumbent that wins stays
+    assert winner(rounds(0.99), margin=0.02) == 0                       # none nearest a baseline measured
+    # Round by round: a plan ahead in every round but with one slow round among few is still ahead.
+    hiccup = rounds(0.95)
+    hiccup[0][2] *= 1.5
+    assert winner(hiccup, incumbents=[1, 2], margin=0.02) == 0
+
+
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
     store = ProfileStore(tmp_path)
     key = {"model": "m", "combination": [0, 1]}
@@ -403,6 +444,12 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     assert result["profiled_configs"] == sum(m["profiled_configs"] for m in meshes)
     assert result["plan"]["mesh_shape"] in [m["mesh_shape"] for m in meshes]
     assert {tuple(c["mesh_shape"]) for c in result["candidates"]} == {(8,), (4, 2), (2, 4)}
+    # The plan nearest dp was raced, and only a plan clearly faster than it round by round (by
+    # mode.verify_margin, 0.02), in the shortlist's rounds and then alone against it, could be kept instead.
+    chosen = next(c for c in result["candidates"] if c["chosen"])
+    assert sum(c["incumbent"] for c in result["candidates"]) == 1   # ep does not apply to GPT
+    assert chosen["incumbent"] or (chosen["over_incumbent_paired"] < 0.98 and
+                                   chosen["duel_over_incumbent_paired"] < 0.98), result["candidates"]
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}
     for name in ("plan.json", "after_ir.txt", "comparison.png", "comparison.txt", "mesh_8/parallel_blocks.txt",
                  "mesh_4x2/profiles.json", "mesh_2x4/segments.txt"):
@@ -429,6 +476,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     ("mode.verify_top_k=0", "mode.verify_top_k=0: must be at least 1"),
     ("mode.repeats=0", "mode.repeats=0: must be at least 1"),
     ("mode.memory_budget_gb=-1", "mode.memory_budget_gb=-1.0: must be 0 or more"),
+    ("mode.verify_margin=1.5", "mode.verify_margin=1.5: must be a fraction from 0"),
     ("mode.mesh_shape=[3,3]", "mode.mesh_shape=[3, 3] has 9 devices but the job has 8"),
 ])
 def test_bad_search_settings_fail_with_one_clear_message(tmp_path, override, message):

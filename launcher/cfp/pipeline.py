@@ -210,6 +210,7 @@ def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
 
 def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k: int = 4,
            verify_nearest: bool = True, verify_iterations: int = 10, verify_repeats: int = 6,
+           verify_margin: float = 0.02,
            baselines: Sequence[str] = BASELINES, iterations: int = 100, run_repeats: int = 3, seed: int = 0,
            log: Log = _silent, progress: Optional[Progress] = None, ilp: Any = None,
            final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
@@ -253,7 +254,8 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
         raise UserError("no plan fits on any mesh searched: " + "; ".join(refusals))
     chosen, candidates, nearest = choose(on, founds, budget, verify_top_k=verify_top_k,
                                          verify_nearest=verify_nearest, baselines=baselines,
-                                         iterations=verify_iterations, repeats=verify_repeats, seed=seed, log=log,
+                                         iterations=verify_iterations, repeats=verify_repeats,
+                                         margin=verify_margin, seed=seed, log=log,
                                          progress=progress)
     picked, where = chosen.candidate, on[chosen.mesh_index]
     log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
@@ -325,14 +327,15 @@ def ilp_search(planned: Any, program: Any, *, baselines: Sequence[str] = BASELIN
 
 def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float], *, verify_top_k: int = 4,
            verify_nearest: bool = True, baselines: Sequence[str] = BASELINES, iterations: int = 10,
-           repeats: int = 6, seed: int = 0, log: Log = _silent,
+           repeats: int = 6, margin: float = 0.02, seed: int = 0, log: Log = _silent,
            progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
     """The plan to run: the fastest of the shortlist measured on the whole step
     (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
     nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
     like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``.
-    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
-    plans ({name: (mesh shape, plan per block)})."""
+    The fastest plan nearest a baseline is kept unless another is faster by ``margin`` (a
+    fraction; ``search.measure.winner``). Returns the chosen runner (its ``mesh_index`` set), a
+    row per candidate, and the nearest plans ({name: (mesh shape, plan per block)})."""
     from launcher.cfp.search.dp import shortlist
     from launcher.cfp.search.measure import pick
     from launcher.cfp.search.meshes import merge_shortlists, nearest_on_meshes
@@ -357,13 +360,30 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float],
     short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
     bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
+    near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
+    incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
     with bar as bar_value:
         chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
-                            iterations=iterations, repeats=repeats, seed=seed, progress=bar_value)
+                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
+                            progress=bar_value)
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
             log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s"
                 % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
                    row["measured_step_time_s"], row["paired_ratio"], "  <- chosen" if row["chosen"] else ""))
+    kept = next(r for r in rows if r["chosen"])
+    for row in rows:
+        if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
+            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
+                "round by round; %s (mode.verify_margin=%g)"
+                % (row["source"], row["assignment"], 2 * repeats, iterations, row["duel_over_incumbent_paired"],
+                   "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
+    fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
+                  default=None)
+    if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:
+        log("kept %s (%s): %s measured %.3f of its time round by round, not the %.3f (mode.verify_margin=%g) "
+            "needed to replace a plan nearest a baseline"
+            % (kept["source"], kept["assignment"], fastest["source"], fastest["over_incumbent_paired"], 1 - margin,
+               margin))
     return chosen, rows, {name: (on[i].shape, plan) for name, (i, plan) in nearest.items()}

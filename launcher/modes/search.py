@@ -41,6 +41,10 @@ class Config(ProfileConfig):
     # Interleaved rounds; the best few plans are often within a round's noise of each other
     # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
     verify_repeats: int = 6
+    # A plan replaces the fastest plan nearest a baseline only when faster by this fraction,
+    # round by round: short rounds cannot tell plans apart within their noise (the bench's A/A
+    # floor, 0.01-0.07 on the tiny models), and there the baseline-like plan is the safe one.
+    verify_margin: float = 0.02
     # cfp: CFP's profiling search. ilp: the Alpa-style ILP alone (launcher/cfp/ilp/, nothing
     # profiled); with cfp, mode.baselines may name alpa_ilp to race the ILP's plan beside CFP's.
     algorithm: str = "cfp"
@@ -55,6 +59,9 @@ class Config(ProfileConfig):
         from models.plans import BUILTINS
 
         super().check(mode, job)
+        if not 0 <= mode.verify_margin < 1:
+            raise UserError(f"mode.verify_margin={mode.verify_margin}: must be a fraction from 0 (the fastest "
+                            "measured plan wins) to below 1, e.g. 0.02")
         if mode.algorithm not in ("cfp", "ilp"):
             raise UserError(f"mode.algorithm={mode.algorithm!r}: choose cfp (CFP's profiling search) or ilp (the "
                             "Alpa-style ILP)")
@@ -88,6 +95,7 @@ def run(ctx: Any) -> dict:
     out = pipeline.search(on, memory_budget_gb=cfg.memory_budget_gb,
                           verify_top_k=cfg.verify_top_k, verify_nearest=cfg.verify_nearest,
                           verify_iterations=cfg.verify_iterations, verify_repeats=cfg.verify_repeats,
+                          verify_margin=cfg.verify_margin,
                           baselines=list(cfg.baselines), iterations=cfg.iterations, run_repeats=cfg.run_repeats,
                           seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
                           ilp=ilp, final_run=lambda: trace.recording(ctx, "search"))

@@ -84,6 +84,7 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
         _, g2 = trace(make_train_step(program.model, program.optimizer), *program.args)
     same: dict[int | None, int | None] = dict(zip(g2.inputs, g.inputs))
     ops = iter(g.ops)
+    forward_done = False   # an add_any (cotangents meeting) has lined up: the backward pass began
     for op2 in g2.ops:
         if op2.prim in _ADDED:
             v = same.get(op2.inputs[0])
@@ -93,7 +94,11 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
             continue
         op = next(ops, None)
         if op is None or op.prim != op2.prim or len(op.outputs) != len(op2.outputs):
-            return None
+            # The traces part where the backward pass accumulates cotangents in another order
+            # (cfp-moe's gating: a constraint's transpose moves an add_any). The forward pass,
+            # where the plan's constraints and the inputs' layouts are, has lined up by then.
+            return known if forward_done else None
+        forward_done = forward_done or op2.prim == "add_any"
         same.update(zip(op2.outputs, op.outputs))
     return known if next(ops, None) is None else None
 
