@@ -261,6 +261,47 @@ def test_every_other_round_runs_the_plans_in_reverse():
     assert sum(a.rounds) == sum(b.rounds) == sum(c.rounds)
 
 
+def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
+    from launcher.cfp.search.measure import Cut, race
+
+    class Plan:   # a plan that takes `cost` a step, `slow` in the rounds listed
+        def __init__(self, cost, slow=(), slow_cost=0.0):
+            self.cost, self.slow, self.slow_cost = cost, slow, slow_cost
+            self.step_no, self.rounds, self.ran = 0, [], 0
+
+        def steps(self, n, progress=None):
+            k = len(self.rounds)
+            self.step_no += n
+            self.ran += n
+            if progress is not None:
+                for _ in range(n):
+                    progress.advance()
+            return [self.slow_cost if k in self.slow else self.cost] * n
+
+        def result(self):
+            return self.rounds
+
+    class Bar:
+        completed = 0
+
+        def advance(self, n=1):
+            self.completed += n
+
+    # 0: the searched plan (never dropped, however slow); 1: the fastest baseline; 2: 1.3x it in
+    # every round; 3: 1.3x it except in round 2, where it came within 1.25x; 4: 1.2x it.
+    searched, best, far, once_close, close = (Plan(2.0), Plan(1.0), Plan(1.3), Plan(1.3, (2,), 1.2), Plan(1.2))
+    plans = [searched, best, far, once_close, close]
+    bar = Bar()
+    race(plans, iterations=2, repeats=10, progress=bar, cut=Cut(frozenset({1, 2, 3, 4}), after=4, factor=1.25))
+    assert [len(p.rounds) for p in plans] == [10, 10, 4, 10, 10]
+    assert far.ran == 1 + 4 * 2                    # its warm-up step and four rounds, nothing after
+    assert bar.completed == 5 * 10 * 2             # the rounds it skipped still count on the bar
+    # Without a cut, or before its round, every plan runs every round.
+    plans = [Plan(2.0), Plan(1.0), Plan(1.3)]
+    race(plans, iterations=1, repeats=4, cut=Cut(frozenset({1, 2}), after=4, factor=1.25))
+    assert [len(p.rounds) for p in plans] == [4, 4, 4]
+
+
 def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
     from launcher.cfp.search.measure import winner
 
@@ -423,16 +464,27 @@ def test_memory_budget_excludes_the_data_parallel_plan(small_search):
 def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
     cluster = ["cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4"]
-    proc = run_cli("mode=cfp", *model, *cluster, "mode.iterations=2", "mode.run_repeats=1", "mode.repeats=2",
-                   "mode.baselines=[dp,ep]", f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp",
-                   timeout=900)
+    # A baseline 1% behind the fastest one in the first round races no more (mode.drop_*).
+    proc = run_cli("mode=cfp", *model, *cluster, "mode.iterations=2", "mode.run_repeats=2", "mode.repeats=2",
+                   "mode.drop_after=1", "mode.drop_slower_than=1.01", "mode.baselines=[dp,dp_tp,ep]",
+                   f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900)
     result = read_result(tmp_path / "cfp")
     # The console ends with the answer, without a terminal too: the comparison table (a row per
     # plan run; a baseline that cannot apply, ep without experts, named once below it) and the chart.
     table = proc.stdout[proc.stdout.index("CFP plan against the baselines"):]
-    assert [line.split()[1] for line in table.splitlines() if line.startswith("│")] == ["cfp", "dp"]
+    assert [line.split()[1] for line in table.splitlines() if line.startswith("│")] == ["cfp", "dp", "dp_tp"]
     assert "not run: ep: " in table and f"chart: {tmp_path / 'cfp' / 'comparison.png'}" in table
-    assert result["best_baseline"] == "dp" and result["vs_best_baseline"] > 0
+    assert result["best_baseline"] in ("dp", "dp_tp") and result["vs_best_baseline"] > 0
+    # The searched plan and the fastest baseline ran every round; a baseline that stopped is named
+    # under the table with the rounds it ran, and both processes stopped it at the same round.
+    rounds = {name: len(b["repeat_times_s"]) for name, b in result["baselines"].items()}
+    assert len(result["repeat_times_s"]) == 2 and rounds[result["best_baseline"]] == 2
+    fewer = [f"{name} (1)" for name, n in rounds.items() if n == 1]
+    assert ("fewer of the 2 rounds: " + ", ".join(fewer) in table) == bool(fewer), table
+    stopped = [[line.split("INFO ", 1)[1] for line in (tmp_path / "cfp" / "logs" / f"rank{r}.log").read_text()
+                .splitlines() if "of 2 rounds: over 1.01x" in line] for r in (0, 1)]
+    assert len(stopped[0]) == len(fewer) and [s.split(":")[0] for s in stopped[0]] == \
+        [s.split(":")[0] for s in stopped[1]]
     for key in ("plan", "predicted_step_time_s", "step_time_s", "memory_gb", "tflops", "flop_count",
                 "profiled_configs", "exhaustive_space", "search_time_s", "profile_time_s", "baselines"):
         assert key in result, key
@@ -444,10 +496,10 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     assert result["profiled_configs"] == sum(m["profiled_configs"] for m in meshes)
     assert result["plan"]["mesh_shape"] in [m["mesh_shape"] for m in meshes]
     assert {tuple(c["mesh_shape"]) for c in result["candidates"]} == {(8,), (4, 2), (2, 4)}
-    # The plan nearest dp was raced, and only a plan clearly faster than it round by round (by
+    # The plans nearest dp and dp_tp were raced, and only a plan clearly faster than it round by round (by
     # mode.verify_margin, 0.02), in the shortlist's rounds and then alone against it, could be kept instead.
     chosen = next(c for c in result["candidates"] if c["chosen"])
-    assert sum(c["incumbent"] for c in result["candidates"]) == 1   # ep does not apply to GPT
+    assert sum(c["incumbent"] for c in result["candidates"]) == 2   # dp, dp_tp; ep does not apply to GPT
     assert chosen["incumbent"] or (chosen["over_incumbent_paired"] < 0.98 and
                                    chosen["duel_over_incumbent_paired"] < 0.98), result["candidates"]
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}
@@ -477,6 +529,8 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     ("mode.repeats=0", "mode.repeats=0: must be at least 1"),
     ("mode.memory_budget_gb=-1", "mode.memory_budget_gb=-1.0: must be 0 or more"),
     ("mode.verify_margin=1.5", "mode.verify_margin=1.5: must be a fraction from 0"),
+    ("mode.drop_slower_than=0.9", "mode.drop_slower_than=0.9: must be a factor above 1"),
+    ("mode.drop_after=0", "mode.drop_after=0: must be a number of rounds, at least 1"),
     ("mode.mesh_shape=[3,3]", "mode.mesh_shape=[3, 3] has 9 devices but the job has 8"),
 ])
 def test_bad_search_settings_fail_with_one_clear_message(tmp_path, override, message):

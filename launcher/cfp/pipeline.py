@@ -212,16 +212,18 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
            verify_nearest: bool = True, verify_iterations: int = 10, verify_repeats: int = 6,
            verify_margin: float = 0.02,
            baselines: Sequence[str] = BASELINES, iterations: int = 100, run_repeats: int = 3, seed: int = 0,
-           log: Log = _silent, progress: Optional[Progress] = None, ilp: Any = None,
+           drop_after: int = 4, drop_slower_than: float = 1.25, log: Log = _silent, progress: Optional[Progress] = None, ilp: Any = None,
            final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
     """The search pass over one or more logical meshes of the same devices (``on``): the DP's
     optimum on each under ``memory_budget_gb`` per device (0: unlimited), the fastest of their
     shortlists measured on the whole step (``choose``), then that plan run beside ``baselines``
-    (``iterations`` steps, ``run_repeats`` interleaved rounds). ``ilp`` (``ilp_plan``'s, when
+    (``iterations`` steps, ``run_repeats`` interleaved rounds; after ``drop_after`` rounds a
+    built-in baseline slower than ``drop_slower_than`` times the fastest one in each of them
+    stops, ``measure.Cut``, 0 keeps every one). ``ilp`` (``ilp_plan``'s, when
     ``baselines`` names ``alpa_ilp``): the ILP's plan, raced as that baseline. ``final_run``: a
     context around that race (the run's profiler trace, ``launcher/runtime/trace.py``)."""
     from launcher.cfp.search.dp import search as dp_search
-    from launcher.cfp.search.measure import baseline_runners, race
+    from launcher.cfp.search.measure import Cut, baseline_runners, race
     from launcher.errors import UserError
 
     progress = progress or _no_progress
@@ -268,13 +270,16 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
     runners += more
     if ilp_named and ilp is not None:
         runners.append(ilp.runner(where.analyzed.program, seed=seed))
+    cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
     with final_run(), progress(iterations * run_repeats * len(runners), "searched plan and baselines") as bar:
-        searched, *others = race(runners, iterations=iterations, repeats=run_repeats, progress=bar)
+        searched, *others = race(runners, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut)
     log("searched training cost: %s" % [round(t, 6) for t in searched.repeat_times_s])
     log("tflops: %s" % [round(t, 6) for t in searched.tflops_per_repeat()])
     runs = {r.name: r for r in others}
     for name, r in runs.items():
-        log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device")
+        log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device"
+            + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
+               f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     return Searched(founds[chosen.mesh_index], picked, candidates, searched, runs, skipped,
                     plan_json(where.analyzed.analysis, picked.assignment), where, meshes, budget, nearest)
 

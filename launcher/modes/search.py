@@ -31,6 +31,12 @@ class Config(ProfileConfig):
     mesh_shape: Any = "auto"
     iterations: int = 100          # training steps per repeat of each whole-model run
     run_repeats: int = 3
+    # After drop_after rounds, a built-in baseline over drop_slower_than times the fastest one in
+    # every round so far runs no more (0: every baseline runs every round). What decides the
+    # result is the searched plan over the fastest baseline; rounds spent on a plan twice as slow
+    # do not narrow it (launcher/cfp/search/measure.py, Cut).
+    drop_after: int = 4
+    drop_slower_than: float = 1.25
     baselines: List[str] = field(default_factory=lambda: ["dp", "tp", "fsdp", "dp_tp", "ep"])
     # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
     # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
@@ -62,6 +68,12 @@ class Config(ProfileConfig):
         if not 0 <= mode.verify_margin < 1:
             raise UserError(f"mode.verify_margin={mode.verify_margin}: must be a fraction from 0 (the fastest "
                             "measured plan wins) to below 1, e.g. 0.02")
+        if mode.drop_slower_than != 0 and not mode.drop_slower_than > 1:
+            raise UserError(f"mode.drop_slower_than={mode.drop_slower_than}: must be a factor above 1 (a baseline "
+                            "that much slower than the fastest in every round stops racing), e.g. 1.25, or 0 to "
+                            "race every baseline every round")
+        if mode.drop_after < 1:
+            raise UserError(f"mode.drop_after={mode.drop_after}: must be a number of rounds, at least 1, e.g. 4")
         if mode.algorithm not in ("cfp", "ilp"):
             raise UserError(f"mode.algorithm={mode.algorithm!r}: choose cfp (CFP's profiling search) or ilp (the "
                             "Alpa-style ILP)")
@@ -97,7 +109,7 @@ def run(ctx: Any) -> dict:
                           verify_iterations=cfg.verify_iterations, verify_repeats=cfg.verify_repeats,
                           verify_margin=cfg.verify_margin,
                           baselines=list(cfg.baselines), iterations=cfg.iterations, run_repeats=cfg.run_repeats,
-                          seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
+                          drop_after=cfg.drop_after, drop_slower_than=cfg.drop_slower_than, seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
                           ilp=ilp, final_run=lambda: trace.recording(ctx, "search"))
     searched, picked, found, runs = out.searched, out.picked, out.found, out.baselines
     if ilp is not None:
@@ -107,7 +119,8 @@ def run(ctx: Any) -> dict:
     ctx.write_text("after_ir.txt", searched.compiled.as_text())
     ctx.write_text("plan.json", out.plan.to_json())
     everything = {"cfp": searched, **runs}
-    table = table_text(everything, out.skipped)
+    table = table_text(everything, out.skipped, rounds=cfg.run_repeats,
+                       why_fewer=f"over {cfg.drop_slower_than:g}x the fastest baseline in each, mode.drop_slower_than")
     ctx.log.info("\n%s", table)
     ctx.write_text("comparison.txt", table)
     if ctx.is_main:

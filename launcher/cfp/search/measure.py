@@ -90,36 +90,66 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
     return runner
 
 
-def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None) -> list[PlanRun]:
+@dataclass(frozen=True)
+class Cut:
+    """Which plans stop racing early, as racing algorithms drop configurations (F-Race,
+    successive halving): after ``after`` rounds, each plan of ``among`` (indices into the race's
+    runners) whose every round took over ``factor`` times the fastest of ``among`` in the same
+    round runs no more rounds; its time stays the median of those it ran. The rounds it no
+    longer takes go to the plans still close, where more rounds narrow the ratio that matters."""
+    among: frozenset
+    after: int = 4
+    factor: float = 1.25
+
+    def out(self, rounds: Sequence[Sequence[float]]) -> set[int]:
+        """The plans to drop, given every plan's time in each round so far (the same on every
+        process: the slowest process's, ``slowest_process``)."""
+        among = sorted(self.among)
+        fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
+        return {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest))}
+
+
+def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None,
+         cut: Cut | None = None) -> list[PlanRun]:
     """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
     round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
-    the losses stay those of consecutive steps).
+    the losses stay those of consecutive steps). ``cut``: plans clearly behind stop early.
 
     Every other round runs the plans in reverse order. The machine's speed drifts within a round
     too: in the default job (2 processes on 2 cores) the time of the plan run first over that of
     the plan run last, seconds later, went from 0.66 to 1.57 over 10 rounds. In a fixed order the
     plans run first and last always meet different moments; reversed, a drift counts against
     each in turn."""
+    from launcher.cfp.profile.timing import slowest_process
+
     for r in runners:
         if r.step_no == 0:
             r.steps(1)
             jaxcompat.settle_programs()
+    live = list(range(len(runners)))
     for k in range(repeats):
+        if cut is not None and k == cut.after > 0 and cut.among:
+            # Every process drops the same plans: each runs every plan's collectives.
+            slowest = slowest_process([t for r in runners for t in r.rounds[-k:]])  # this race's rounds
+            dropped = cut.out([slowest[i * k:(i + 1) * k] for i in range(len(runners))])
+            live = [i for i in live if i not in dropped]
+            if progress is not None:
+                progress.advance(len(dropped) * iterations * (repeats - k))
         attempts = 0
-        order = range(len(runners)) if k % 2 == 0 else range(len(runners) - 1, -1, -1)
+        order = live if k % 2 == 0 else live[::-1]
 
         def one_round() -> list[float]:
             nonlocal attempts
             attempts += 1
             bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
-            means = [0.0] * len(runners)
-            for i in order:
-                means[i] = statistics.mean(runners[i].steps(iterations, bar))
+            means = [0.0] * len(order)
+            for j, i in enumerate(order):
+                means[j] = statistics.mean(runners[i].steps(iterations, bar))
                 jaxcompat.settle_programs()  # the next runner's step is another program
             return means
 
-        for r, seconds in zip(runners, quiet(one_round)):
-            r.rounds.append(seconds)
+        for i, seconds in zip(order, quiet(one_round)):
+            runners[i].rounds.append(seconds)
     return [r.result() for r in runners]
 
 

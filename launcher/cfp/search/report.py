@@ -25,8 +25,10 @@ def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun]) -> dict:
 
 
 def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
-               title: str = "CFP plan against the baselines (same devices)") -> str:
-    """The plans run, one row each; the baselines that could not run named once below it."""
+               title: str = "CFP plan against the baselines (same devices)", rounds: int = 0,
+               why_fewer: str = "") -> str:
+    """The plans run, one row each; below it, the plans that ran fewer than ``rounds`` rounds
+    (``why_fewer``) and the baselines that could not run, each named once."""
     from rich.console import Console
     from rich.table import Table
 
@@ -39,6 +41,9 @@ def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
                   f"{r.memory_bytes / 2**20:.2f}")
     console = Console(width=110, record=True, file=io.StringIO())
     console.print(t)
+    fewer = [f"{name} ({len(r.repeat_times_s)})" for name, r in runs.items() if len(r.repeat_times_s) < rounds]
+    if fewer:
+        console.print(f"fewer of the {rounds} rounds: {', '.join(fewer)}: {why_fewer}")
     for name, why in skipped.items():
         console.print(f"not run: {name}: {why}")
     return console.export_text()
