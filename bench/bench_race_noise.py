@@ -13,7 +13,8 @@ Reported: a round's spread (its standard deviation over the median round, per pl
 whole race's ratios (second dp_tp and nearest plan over dp_tp; paired: the median over rounds of
 the ratio within a round; medians: the ratio of median rounds); and, resampling the A/A race's
 rounds (bootstrap, 4000 draws), the standard deviation of each ratio over a race of 10 and of
-20 rounds: how far from 1 a race of that many rounds may put two identical plans. Results go to bench/results/bench_race_noise.json.
+20 rounds: how far from 1 a race of that many rounds may put two identical plans. Results go to
+bench/results/bench_race_noise.json.
 """
 
 from __future__ import annotations
@@ -62,10 +63,6 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({"nearest_dp_tp": near, "rounds_s": rounds}))
 
 
-def paired(x, y) -> float:
-    return statistics.median(a / b for a, b in zip(x, y))
-
-
 def medians(x, y) -> float:
     return statistics.median(x) / statistics.median(y)
 
@@ -84,6 +81,7 @@ def main() -> None:
 
     import numpy as np
 
+    from launcher.cfp.search.measure import paired_over as paired
     from launcher.clusters.base import free_port
 
     out = RESULTS.with_suffix(".tmp")

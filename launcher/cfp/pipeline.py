@@ -212,7 +212,8 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
            verify_nearest: bool = True, verify_iterations: int = 10, verify_repeats: int = 6,
            verify_margin: float = 0.02,
            baselines: Sequence[str] = BASELINES, iterations: int = 100, run_repeats: int = 3, seed: int = 0,
-           drop_after: int = 4, drop_slower_than: float = 1.25, log: Log = _silent, progress: Optional[Progress] = None, ilp: Any = None,
+           drop_after: int = 4, drop_slower_than: float = 1.25, log: Log = _silent,
+           progress: Optional[Progress] = None, ilp: Any = None,
            final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
     """The search pass over one or more logical meshes of the same devices (``on``): the DP's
     optimum on each under ``memory_budget_gb`` per device (0: unlimited), the fastest of their

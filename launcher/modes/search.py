@@ -109,7 +109,8 @@ def run(ctx: Any) -> dict:
                           verify_iterations=cfg.verify_iterations, verify_repeats=cfg.verify_repeats,
                           verify_margin=cfg.verify_margin,
                           baselines=list(cfg.baselines), iterations=cfg.iterations, run_repeats=cfg.run_repeats,
-                          drop_after=cfg.drop_after, drop_slower_than=cfg.drop_slower_than, seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
+                          drop_after=cfg.drop_after, drop_slower_than=cfg.drop_slower_than,
+                          seed=ctx.cfg.seed, log=lambda line: ctx.log.info("%s", line), progress=ctx.progress,
                           ilp=ilp, final_run=lambda: trace.recording(ctx, "search"))
     searched, picked, found, runs = out.searched, out.picked, out.found, out.baselines
     if ilp is not None:
