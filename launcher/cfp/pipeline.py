@@ -340,8 +340,9 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float],
     nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
     like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``.
     The fastest plan nearest a baseline is kept unless another is faster by ``margin`` (a
-    fraction) in the shortlist's rounds and then alone against it (``search.measure.pick``). Returns the chosen runner (its ``mesh_index`` set), a
-    row per candidate, and the nearest plans ({name: (mesh shape, plan per block)})."""
+    fraction) in the shortlist's rounds and then alone against it (``search.measure.pick``).
+    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
+    plans ({name: (mesh shape, plan per block)})."""
     from launcher.cfp.search.dp import shortlist
     from launcher.cfp.search.measure import pick
     from launcher.cfp.search.meshes import merge_shortlists, nearest_on_meshes
