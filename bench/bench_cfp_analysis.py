@@ -32,7 +32,7 @@ def tiny_model(name: str, **overrides):
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
-    from models.configs import SCHEMAS
+    from launcher.models.configs import SCHEMAS
 
     cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}-tiny.yaml"))
     cfg.pop("defaults", None)

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def tiny_models() -> list[str]:
     """Every model with a schema and a ``-tiny`` preset."""
-    from models.configs import SCHEMAS
+    from launcher.models.configs import SCHEMAS
 
     return [name for name in SCHEMAS if (REPO / "conf" / "model" / f"{name}-tiny.yaml").exists()]
 

@@ -60,9 +60,9 @@ def original_step(model, plan_name: str, devices):
     """The jitted training step with its plan's shardings, and its inputs placed accordingly."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from models.plans import builtin
-    from models.sharding import use_rules
-    from models.train import data_key, init_state, make_optimizer, make_train_step
+    from launcher.models.plans import builtin
+    from launcher.models.sharding import use_rules
+    from launcher.models.train import data_key, init_state, make_optimizer, make_train_step
 
     plan = builtin(plan_name)
     optimizer = make_optimizer(1e-3)

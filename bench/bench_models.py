@@ -81,8 +81,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "bench_models.json"))
     args = ap.parse_args()
 
-    from models.plans import builtin
-    from models.train import run_training
+    from launcher.models.plans import builtin
+    from launcher.models.train import run_training
 
     # Probed before and after the models, keeping the better: on a shared machine, a probe
     # that lands in a busy moment would otherwise flatter the models' fraction of peak.

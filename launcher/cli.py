@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 from launcher import schema
 from launcher.errors import BAD_INPUT
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The config groups travel inside the package (launcher/conf; in the repository a link to conf/).
+CONF_DIR = str(schema.CONF_DIR)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

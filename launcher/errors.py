@@ -5,7 +5,7 @@ launcher, so they raise ``models.errors.ModelError`` instead; ``BAD_INPUT`` name
 the launcher tells bad input from a failure.
 """
 
-from models.errors import ModelError
+from launcher.models.errors import ModelError
 
 
 class UserError(Exception):

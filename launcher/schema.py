@@ -175,14 +175,16 @@ def register() -> None:
     for name, schema in mode_schemas().items():
         cs.store(name=schema_name("mode", name), node=schema)
     try:
-        from models.configs import SCHEMAS
+        from launcher.models.configs import SCHEMAS
     except ImportError:  # models not installed: user models still work through _target_
         SCHEMAS = {}
     for name, schema in SCHEMAS.items():
         cs.store(name=schema_name("model", name), node=schema)
 
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# conf/ at the repository's top, reached through the link launcher/conf so that an installed
+# package carries it (pyproject.toml: package-data).
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 # --- the composed config against its schemas --------------------------------------------------

@@ -1,4 +1,7 @@
-"""Plain-JAX models behind one protocol (``models.base.Model``), and how to train and shard them.
+"""Plain-JAX models behind one protocol (``base.Model``), and how to train and shard them.
+
+Installed as ``launcher.models`` (pyproject.toml says why); it imports nothing else of the
+launcher, only itself, relatively.
 
     configs.py   the Hydra schemas of the ``model`` group (no JAX import)
     base.py      the protocol every mode relies on; the shared language-model base class
@@ -12,5 +15,5 @@
     train.py     the trainer (compile once, run and time steps) of mode=train and the CFP search
     errors.py    ModelError, the one exception for bad input
 
-This package must stay importable without JAX: the CLI imports ``models.configs``.
+This package must stay importable without JAX: the CLI imports ``launcher.models.configs``.
 """

@@ -17,10 +17,10 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from models.errors import ModelError
-from models import data
-from models.configs import DTYPES
-from models.layers import axes_of, init_params, is_spec
+from .errors import ModelError
+from . import data
+from .configs import DTYPES
+from .layers import axes_of, init_params, is_spec
 
 
 @runtime_checkable

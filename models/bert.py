@@ -14,12 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models.errors import ModelError
-from models import data
-from models import layers as L
-from models.base import LanguageModel
-from models.configs import BERTConfig
-from models.layers import ParamSpec
+from .errors import ModelError
+from . import data
+from . import layers as L
+from .base import LanguageModel
+from .configs import BERTConfig
+from .layers import ParamSpec
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon
 

@@ -56,14 +56,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models import layers as L
-from models import rng
-from models.base import cross_entropy
-from models.configs import DTYPES, CFPGPTConfig, CFPLLaMAConfig, CFPMoEConfig
-from models.errors import ModelError
-from models.layers import ParamSpec, axes_of, init_params, is_spec
-from models.moe import top2_gating
-from models.sharding import constrain
+from . import layers as L
+from . import rng
+from .base import cross_entropy
+from .configs import DTYPES, CFPGPTConfig, CFPLLaMAConfig, CFPMoEConfig
+from .errors import ModelError
+from .layers import ParamSpec, axes_of, init_params, is_spec
+from .moe import top2_gating
+from .sharding import constrain
 
 BERT_LN_EPS = 1e-12  # Alpa's BertConfig.layer_norm_eps, which the GPT and MoE stacks keep
 

@@ -21,7 +21,7 @@ class GPTConfig:
     """Decoder-only transformer as in GPT-2 / Megatron: learned positions, pre-LN, GELU MLP,
     output head tied to the token embedding."""
 
-    _target_: str = "models.gpt.GPT"
+    _target_: str = "launcher.models.gpt.GPT"
     batch_size: int = 8
     seq_len: int = 1024
     num_layers: int = 2
@@ -37,7 +37,7 @@ class BERTConfig:
     """Encoder-only transformer as in BERT: learned positions, post-LN, GELU MLP, masked-LM head
     (dense + GELU + LayerNorm, decoder tied to the token embedding)."""
 
-    _target_: str = "models.bert.BERT"
+    _target_: str = "launcher.models.bert.BERT"
     batch_size: int = 8
     seq_len: int = 512
     num_layers: int = 24
@@ -53,7 +53,7 @@ class BERTConfig:
 class LLaMA2Config:
     """LLaMA 2: RMSNorm, rotary position embeddings, SwiGLU MLP, no biases, untied output head."""
 
-    _target_: str = "models.llama2.LLaMA2"
+    _target_: str = "launcher.models.llama2.LLaMA2"
     batch_size: int = 8
     seq_len: int = 4096
     num_layers: int = 32
@@ -71,7 +71,7 @@ class MoEConfig:
     """GShard-style mixture of experts: a GPT-style decoder in which every other layer (layers
     0, 2, 4, ...) replaces its MLP with top-2-gated experts over groups of tokens."""
 
-    _target_: str = "models.moe.MoE"
+    _target_: str = "launcher.models.moe.MoE"
     batch_size: int = 32
     seq_len: int = 1024
     num_layers: int = 16
@@ -98,7 +98,7 @@ class CFPGPTConfig:
     projection, bidirectional attention, GELU MLP of 4 * hidden), mean squared error against
     target hidden states."""
 
-    _target_: str = "models.cfp_workloads.CFPGPT"
+    _target_: str = "launcher.models.cfp_workloads.CFPGPT"
     batch_size: int = 24
     seq_len: int = 1024
     num_layers: int = 2
@@ -113,7 +113,7 @@ class CFPLLaMAConfig:
     """CFP's LLaMA 2 (cfp_test/llama2/): LLaMA 2 7B decoder blocks on 128-token sequences,
     cross-entropy of the last hidden state read as logits over the hidden dimension."""
 
-    _target_: str = "models.cfp_workloads.CFPLLaMA"
+    _target_: str = "launcher.models.cfp_workloads.CFPLLaMA"
     batch_size: int = 80
     seq_len: int = 128
     num_layers: int = 4
@@ -131,7 +131,7 @@ class CFPMoEConfig:
     with experts (ReLU FFN of 4 * hidden, capacity 2S/E) and the others dense BERT layers, mean
     squared error against target hidden states."""
 
-    _target_: str = "models.cfp_workloads.CFPMoE"
+    _target_: str = "launcher.models.cfp_workloads.CFPMoE"
     batch_size: int = 64
     seq_len: int = 1024
     num_layers: int = 4

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models import rng
+from . import rng
 
 STRIDE = 7
 WALK = 64  # the walk visits tokens 1..WALK; the rest of the vocabulary appears only as noise

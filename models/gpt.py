@@ -13,10 +13,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models import layers as L
-from models.base import LanguageModel
-from models.configs import GPTConfig
-from models.layers import ParamSpec
+from . import layers as L
+from .base import LanguageModel
+from .configs import GPTConfig
+from .layers import ParamSpec
 
 
 class GPT(LanguageModel):

@@ -20,8 +20,8 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from models import rng
-from models.sharding import constrain
+from . import rng
+from .sharding import constrain
 
 Params = dict[str, Any]
 INIT_STD = 0.02  # GPT-2 / BERT / LLaMA all initialise weights from N(0, 0.02^2)

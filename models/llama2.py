@@ -13,11 +13,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models.errors import ModelError
-from models import layers as L
-from models.base import LanguageModel
-from models.configs import LLaMA2Config
-from models.layers import ParamSpec
+from .errors import ModelError
+from . import layers as L
+from .base import LanguageModel
+from .configs import LLaMA2Config
+from .layers import ParamSpec
 
 
 class LLaMA2(LanguageModel):

@@ -27,12 +27,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from models.errors import ModelError
-from models import layers as L
-from models.base import LanguageModel
-from models.configs import MoEConfig
-from models.layers import ParamSpec
-from models.sharding import constrain
+from .errors import ModelError
+from . import layers as L
+from .base import LanguageModel
+from .configs import MoEConfig
+from .layers import ParamSpec
+from .sharding import constrain
 
 
 def top2_gating(probs: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array, jax.Array]:

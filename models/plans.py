@@ -35,9 +35,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.errors import ModelError
-from models.sharding import Rules, mesh_axes_of, spec_for
-from models.step import init_state, make_optimizer
+from .errors import ModelError
+from .sharding import Rules, mesh_axes_of, spec_for
+from .step import init_state, make_optimizer
 
 RULE_KINDS = ("params", "activations", "inputs")
 _KEYS = {"name", "mesh_axes", "rules", "constraints"}

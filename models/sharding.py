@@ -23,7 +23,7 @@ from typing import Iterator, Mapping, Optional, Sequence, Union
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.errors import ModelError
+from .errors import ModelError
 
 Axes = Optional[Sequence[Optional[str]]]  # one logical name (or None) per dimension
 Rule = Union[None, str, Sequence[str]]

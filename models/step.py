@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models.errors import ModelError
+from .errors import ModelError
 
 DEFAULTS = {"learning_rate": 1e-3, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95, "grad_clip": 1.0}
 

@@ -26,11 +26,11 @@ import jax
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from models.base import check_model
-from models.errors import ModelError
-from models.plans import Plan, Shardings
-from models.sharding import use_rules
-from models.step import data_key, init_state, make_optimizer, make_train_step
+from .base import check_model
+from .errors import ModelError
+from .plans import Plan, Shardings
+from .sharding import use_rules
+from .step import data_key, init_state, make_optimizer, make_train_step
 
 # (step, (state_shapes, batch_shapes), mesh) -> (step, (state_shardings, batch_shardings), out_shardings)
 StepTransform = Callable[[Callable, tuple, Any], tuple[Callable, tuple, Any]]

@@ -85,7 +85,7 @@ def layer_program():
 
 
 def gpt(num_layers: int, **kw):
-    from models.gpt import GPT
+    from launcher.models.gpt import GPT
 
     shape = dict(num_layers=num_layers, hidden=64, heads=4, seq_len=16, vocab_size=128, batch_size=8)
     return GPT(**{**shape, **kw})
@@ -184,7 +184,7 @@ def test_gpt_layers_map_to_one_template(n):
 
 
 def test_moe_splits_experts_and_alternates_two_templates():
-    from models.moe import MoE
+    from launcher.models.moe import MoE
 
     model = MoE(num_layers=4, hidden=32, heads=4, seq_len=16, vocab_size=128, batch_size=4,
                 num_experts=4, expert_group_size=16)
@@ -322,7 +322,7 @@ def test_analysis_mode_through_the_cli(tmp_path):
     """Two processes x 2 devices: the mode writes the four files, byte for byte what the same
     analysis gives in this process on a 1-D mesh of the 4 global devices."""
     shape = dict(num_layers=2, hidden=64, heads=4, seq_len=16, vocab_size=128, batch_size=8)
-    run_cli("mode=analysis", "model._target_=models.gpt.GPT", *[f"++model.{k}={v}" for k, v in shape.items()],
+    run_cli("mode=analysis", "model._target_=launcher.models.gpt.GPT", *[f"++model.{k}={v}" for k, v in shape.items()],
             "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2", run_dir=tmp_path)
     result = read_result(tmp_path)
     for key in ("num_contractions", "num_blocks", "segments", "templates", "exhaustive_space", "segment_space",

@@ -73,7 +73,7 @@ from launcher.cfp.analysis.core import analyze
 from launcher.cfp.apply import make_mesh
 from launcher.cfp.search.measure import communication_study
 from launcher.cfp.program import training_program
-from models.gpt import GPT
+from launcher.models.gpt import GPT
 p = training_program(GPT(**json.loads(sys.argv[1])))
 a = analyze(p.step, p.args, [4])
 rows = communication_study(a, p, make_mesh([4]), iterations=2, repeats=1, seed=0, log=lambda s: None)
@@ -104,7 +104,7 @@ def _searched_plan(model, assignment_of):
     from launcher.cfp.analysis.core import analyze
     from launcher.cfp.program import training_program
     from launcher.cfp.pipeline import plan_json
-    from models.plans import Plan
+    from launcher.models.plans import Plan
 
     program = training_program(model)
     a = analyze(program.step, program.args, [4, 2])
@@ -118,9 +118,9 @@ def test_run_training_applies_the_searched_layouts():
     from launcher.cfp.apply import constraints_transform, make_mesh, spec_from_json
     from launcher.cfp.search.comm import collectives
     from launcher.cfp.search.measure import plan_runner
-    from models.gpt import GPT
-    from models.plans import builtin
-    from models.train import run_training
+    from launcher.models.gpt import GPT
+    from launcher.models.plans import builtin
+    from launcher.models.train import run_training
 
     model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
     a, program, plan = _searched_plan(model, lambda b: b.num_plans - 1)  # the last plan: splits over both axes
@@ -150,8 +150,8 @@ def test_run_training_applies_the_searched_layouts():
 def test_a_plan_searched_for_another_program_is_refused():
     from launcher.cfp.apply import constraints_transform
     from launcher.errors import UserError
-    from models.gpt import GPT
-    from models.train import run_training
+    from launcher.models.gpt import GPT
+    from launcher.models.train import run_training
 
     small = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
     _, program, plan = _searched_plan(small, lambda b: 0)

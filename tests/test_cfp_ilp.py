@@ -192,9 +192,9 @@ from launcher.cfp.apply import constraints_transform
 from launcher.cfp.ilp.plan import ilp_plan
 from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.search.measure import plan_runner
-from models.gpt import GPT
-from models.plans import Plan, builtin
-from models.train import run_training
+from launcher.models.gpt import GPT
+from launcher.models.plans import Plan, builtin
+from launcher.models.train import run_training
 
 model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
 analyzed = pipeline.analyze(model, mesh_shape=[2, 2])

@@ -405,7 +405,7 @@ from launcher.cfp.program import training_program
 from launcher.cfp.search.dp import predict, search
 from launcher.cfp.profile.store import ProfileStore
 from launcher.errors import UserError
-from models.gpt import GPT
+from launcher.models.gpt import GPT
 
 model = GPT(**json.loads(sys.argv[2]))
 p = training_program(model)

@@ -176,7 +176,7 @@ def small_gpt(devices: int):
     from launcher.cfp.analysis.core import analyze
     from launcher.cfp.apply import make_mesh
     from launcher.cfp.program import training_program
-    from models.gpt import GPT
+    from launcher.models.gpt import GPT
 
     p = training_program(GPT(**SMALL_GPT))
     return analyze(p.step, p.args, [devices]), make_mesh([devices], jax.devices()[:devices])

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from launcher.cfp.pipeline import analyze
-from models.plans import builtin
-from models.train import run_training
+from launcher.models.plans import builtin
+from launcher.models.train import run_training
 from tests.test_models import load_preset
 
 pytestmark = pytest.mark.core

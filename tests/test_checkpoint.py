@@ -23,8 +23,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.runtime.checkpoint import Checkpoints
-from models.plans import builtin
-from models.train import Trainer
+from launcher.models.plans import builtin
+from launcher.models.train import Trainer
 from tests.launch import read_result, run_cli
 from tests.test_models import load_preset
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted

@@ -70,7 +70,7 @@ def test_cfg_job_and_info_behave_as_in_hydra():
     assert cfg["cluster"]["tasks_per_node"] == 5
     # The embedded default's main job is the CFP pipeline on the tiny GPT (run end to end, on
     # 2 processes x 4 devices, by tests/test_cfp_search.py).
-    assert (cfg["mode"]["name"], cfg["cluster"]["name"], cfg["model"]["_target_"]) == ("cfp", "local", "models.gpt.GPT")
+    assert (cfg["mode"]["name"], cfg["cluster"]["name"], cfg["model"]["_target_"]) == ("cfp", "local", "launcher.models.gpt.GPT")
     info = run_cli("--info", "defaults")
     assert "cluster/local" in info.stdout and "container/none" in info.stdout
 

@@ -18,10 +18,10 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from launcher import jaxcompat
-from models.errors import ModelError
-from models.configs import SCHEMAS
-from models.moe import MoE, top2_gating
-from models.train import init_state, make_optimizer, make_train_step
+from launcher.models.errors import ModelError
+from launcher.models.configs import SCHEMAS
+from launcher.models.moe import MoE, top2_gating
+from launcher.models.train import init_state, make_optimizer, make_train_step
 
 pytestmark = pytest.mark.core
 
@@ -86,7 +86,7 @@ def test_protocol_axes_match_params_and_batch(family):
 
 
 def test_counter_based_normals_look_normal_and_streams_are_independent():
-    from models import rng
+    from launcher.models import rng
 
     key = jax.random.key(3)
     z = np.asarray(jax.jit(lambda k: jnp.stack([rng.normal(k, (200_000,), s) for s in (0, 1)]))(key))
@@ -197,8 +197,8 @@ class Regression:
 
 
 def test_a_user_model_with_the_protocol_trains_like_the_builtins():
-    from models.plans import builtin
-    from models.train import run_training
+    from launcher.models.plans import builtin
+    from launcher.models.train import run_training
 
     r = run_training(Regression(), builtin("fsdp"), 30, jax.devices()[:1], learning_rate=0.3)
     assert r.losses[-1] < 0.2 * r.losses[0]

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.errors import ModelError
-from models.plans import BUILTINS, Plan, builtin, load_plan
+from launcher.models.errors import ModelError
+from launcher.models.plans import BUILTINS, Plan, builtin, load_plan
 
 pytestmark = pytest.mark.core
 
@@ -40,9 +40,9 @@ import json, re, sys
 import jax
 from launcher import jaxcompat
 jaxcompat.set_cpu_device_count(8)
-from models.errors import ModelError
-from models.plans import builtin
-from models.train import run_training
+from launcher.models.errors import ModelError
+from launcher.models.plans import builtin
+from launcher.models.train import run_training
 from tests.test_models import load_preset
 
 family, plans = sys.argv[1], sys.argv[2].split(",")

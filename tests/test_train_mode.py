@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from models.plans import builtin
+from launcher.models.plans import builtin
 from tests.launch import read_result, run_cli
 from tests.test_models import load_preset
 from tests.test_plans import TOLERANCE

@@ -201,7 +201,7 @@ class Searched:
 def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
     """The searched plan in the models' plan format; layouts go in ``constraints``."""
     from launcher.cfp.apply import AXIS_NAMES, plan_constraints
-    from models.plans import Plan
+    from launcher.models.plans import Plan
 
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
     return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},

@@ -26,8 +26,8 @@ class TrainingProgram:
 def training_program(model: Any, learning_rate: float = 1e-3) -> TrainingProgram:
     import jax
 
-    from models.base import check_model
-    from models.train import init_state, make_optimizer, make_train_step
+    from launcher.models.base import check_model
+    from launcher.models.train import init_state, make_optimizer, make_train_step
 
     check_model(model)
     optimizer = make_optimizer(learning_rate)

@@ -62,7 +62,7 @@ class Config(ProfileConfig):
         built-in plans or the ILP's (``alpa_ilp``)."""
         from launcher.cfp.ilp import NAME as ILP_BASELINE
         from launcher.errors import UserError
-        from models.plans import BUILTINS
+        from launcher.models.plans import BUILTINS
 
         super().check(mode, job)
         if not 0 <= mode.verify_margin < 1:

@@ -43,7 +43,7 @@ class Config:
         from pathlib import Path
 
         from launcher.errors import UserError
-        from models.plans import BUILTINS
+        from launcher.models.plans import BUILTINS
 
         if not 0 <= mode.warmup_steps < mode.steps:
             raise UserError(f"mode.warmup_steps={mode.warmup_steps} must be at least 0 and below "
@@ -70,10 +70,10 @@ def run(ctx) -> dict:
 
     from launcher.cfp.apply import constraints_transform
     from launcher.runtime import trace
-    from models.base import check_model
-    from models.plans import load_plan
-    from models.step import make_optimizer
-    from models.train import Trainer
+    from launcher.models.base import check_model
+    from launcher.models.plans import load_plan
+    from launcher.models.step import make_optimizer
+    from launcher.models.train import Trainer
 
     cfg = ctx.mode_cfg  # Config.check held the step counts and the plan name before submission
     model = ctx.model()

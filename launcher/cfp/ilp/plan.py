@@ -135,7 +135,7 @@ def ilp_plan(a: Analysis, mesh: Any, store: Any, *, memory_budget_bytes: Optiona
     from launcher.cfp.ilp.operators import check_decidable, operator_graph
     from launcher.cfp.ilp.solve import require_solver, solve
     from launcher.cfp.pipeline import plan_json
-    from models.plans import Plan
+    from launcher.models.plans import Plan
 
     require_solver()
     og = operator_graph(a)

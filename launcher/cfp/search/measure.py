@@ -23,7 +23,7 @@ from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.apply import assignment_transform
 from launcher.cfp.profile.quiet import quiet
 from launcher.errors import BAD_INPUT
-from models.train import Trainer
+from launcher.models.train import Trainer
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Runner(Trainer):
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
                 name: str = "cfp") -> Runner:
     """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
-    from models.plans import Plan
+    from launcher.models.plans import Plan
 
     plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape)), {"params": {}, "activations": {}, "inputs": {}})
     return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
@@ -83,7 +83,7 @@ def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: 
 def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner:
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices."""
-    from models.plans import builtin
+    from launcher.models.plans import builtin
 
     runner = Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
     runner.steps(1)

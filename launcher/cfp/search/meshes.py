@@ -42,7 +42,7 @@ def natural_shape(name: str, n: int) -> list[int] | None:
     """The mesh a built-in plan lays itself out on over ``n`` devices, axes of one left out
     (dp: [8], dp_tp: [4, 2]); None when it does not fit ``n``."""
     from launcher.errors import BAD_INPUT
-    from models.plans import builtin
+    from launcher.models.plans import builtin
 
     try:
         return [s for s in builtin(name).axis_sizes(n).values() if s > 1] or [n]

@@ -62,8 +62,8 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
     import jax
 
     from launcher.cfp.analysis.graph import trace
-    from models.sharding import use_rules
-    from models.train import make_train_step
+    from launcher.models.sharding import use_rules
+    from launcher.models.train import make_train_step
 
     try:
         mesh = plan.mesh(devices)
@@ -120,7 +120,7 @@ def nearest_assignment(a: Analysis, known: dict[int, Spec]) -> list[int]:
 
 def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any]) -> dict[str, list[int]]:
     """{built-in plan name: its nearest plan per block} for every name that maps."""
-    from models.plans import builtin
+    from launcher.models.plans import builtin
 
     out = {}
     for name in names:
