@@ -195,6 +195,7 @@ class Job:
 
     devices: Optional[int]  # global devices, where the config alone tells (None: TPU chips, ...)
     files_here: bool  # input files are read from this machine's file systems (not a TPU VM's)
+    model: Any = None  # cfg.model, for a mode that checks how the model fits the devices
 
 
 def job_of(cfg: DictConfig) -> Job:
@@ -204,7 +205,7 @@ def job_of(cfg: DictConfig) -> Job:
         devices = c.nodes * c.tasks_per_node * c.cpu_devices_per_task
     elif c.accelerator in (Accelerator.cuda, Accelerator.rocm) and c.gpus_per_node > 0:
         devices = c.nodes * c.gpus_per_node
-    return Job(devices=devices, files_here=c.backend != Backend.tpu)
+    return Job(devices=devices, files_here=c.backend != Backend.tpu, model=cfg.model)
 
 
 def typed(cfg: DictConfig) -> DictConfig:
@@ -289,9 +290,10 @@ def _fields(schema: type) -> List[str]:
 
 def validate(cfg: DictConfig) -> None:
     """Checks a type cannot express, before anything is submitted: the common ones here, the
-    cluster backend's (``launcher/clusters/<backend>.py: Config.check``) and the mode's
-    (``launcher/modes/<name>.py: Config.check``: input files, plans, mesh shapes). Raises
-    UserError naming the key and the fix."""
+    cluster backend's (``launcher/clusters/<backend>.py: Config.check``), the model's
+    (``models/configs.py``) and the mode's (``launcher/modes/<name>.py: Config.check``: input
+    files, plans, mesh shapes). Raises UserError (ModelError for the model) naming the key and
+    the fix."""
     c, lc = cfg.cluster, cfg.launcher
     positive = {
         "cluster.nodes": c.nodes,
@@ -322,6 +324,11 @@ def validate(cfg: DictConfig) -> None:
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
     cluster_schemas()[c.backend.value].check(cfg)
+    # The model's own fields (models/configs.py: check): a built-in model that cannot be built
+    # is refused here, not after queueing. (How it fits the devices is the mode's check.)
+    from launcher.models.configs import check as check_model
+
+    check_model(cfg.model)
     _validate_mode_counts(cfg.mode)
     mode_schemas()[cfg.mode.name].check(cfg.mode, job_of(cfg))
     if cfg.container.runtime == Runtime.none and c.backend in (Backend.local, Backend.slurm, Backend.mpi):

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 
 from .errors import ModelError
 from . import data
-from .configs import DTYPES
 from .layers import axes_of, init_params, is_spec
 
 
@@ -68,20 +67,8 @@ class LanguageModel:
     # --- validation -------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        c = self.config
-        for key in ("batch_size", "seq_len", "num_layers", "hidden", "heads", "vocab_size"):
-            if getattr(c, key) < 1:
-                raise ModelError(f"model.{key}={getattr(c, key)}: must be at least 1")
-        if c.ffn_dim is not None and c.ffn_dim < 1:
-            raise ModelError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
-        if c.hidden % c.heads:
-            divisors = [d for d in range(1, c.hidden + 1) if c.hidden % d == 0 and d <= 128]
-            raise ModelError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
-                            f"hidden/heads dimensions; use heads in {divisors} or change hidden")
-        if c.dtype not in DTYPES:
-            raise ModelError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
-        if c.vocab_size < 2:
-            raise ModelError(f"model.vocab_size={c.vocab_size}: must be at least 2 (token 0 is reserved)")
+        # The schema's checks (models/configs.py), the same the launcher runs at composition.
+        self.config_class.check(self.config)
 
     @property
     def dtype(self) -> Any:

@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .errors import ModelError
 from . import data
 from . import layers as L
 from .base import LanguageModel
@@ -27,11 +26,6 @@ LN_EPS = 1e-12  # BERT's LayerNorm epsilon
 class BERT(LanguageModel):
     config_class = BERTConfig
     causal = False
-
-    def _validate(self) -> None:
-        super()._validate()
-        if not 0.0 < self.config.mask_prob <= 1.0:
-            raise ModelError(f"model.mask_prob={self.config.mask_prob}: must be in (0, 1], e.g. 0.15")
 
     def param_specs(self) -> Any:
         c = self.config

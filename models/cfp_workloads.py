@@ -59,7 +59,7 @@ import jax.numpy as jnp
 from . import layers as L
 from . import rng
 from .base import cross_entropy
-from .configs import DTYPES, CFPGPTConfig, CFPLLaMAConfig, CFPMoEConfig
+from .configs import CFPGPTConfig, CFPLLaMAConfig, CFPMoEConfig
 from .errors import ModelError
 from .layers import ParamSpec, axes_of, init_params, is_spec
 from .moe import top2_gating
@@ -82,18 +82,8 @@ class LayerStack:
         self._validate()
 
     def _validate(self) -> None:
-        c = self.config
-        for key in ("batch_size", "seq_len", "num_layers", "hidden", "heads"):
-            if getattr(c, key) < 1:
-                raise ModelError(f"model.{key}={getattr(c, key)}: must be at least 1")
-        if c.ffn_dim is not None and c.ffn_dim < 1:
-            raise ModelError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
-        if c.hidden % c.heads:
-            divisors = [d for d in range(1, c.hidden + 1) if c.hidden % d == 0 and d <= 128]
-            raise ModelError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
-                            f"hidden/heads dimensions; use heads in {divisors} or change hidden")
-        if c.dtype not in DTYPES:
-            raise ModelError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
+        # The schema's checks (models/configs.py), the same the launcher runs at composition.
+        self.config_class.check(self.config)
 
     @property
     def dtype(self) -> Any:
@@ -256,20 +246,6 @@ class CFPMoE(LayerStack):
     def is_moe_layer(self, i: int) -> bool:
         return i % 2 == 0
 
-    def _validate(self) -> None:
-        super()._validate()
-        c = self.config
-        if c.num_experts < 2:
-            raise ModelError(f"model.num_experts={c.num_experts}: top-2 gating needs at least 2 experts")
-        if c.expert_group_size < 1 or self.tokens % c.expert_group_size:
-            raise ModelError(f"model.expert_group_size={c.expert_group_size} does not divide the "
-                            f"{self.tokens} tokens of a batch (batch_size {c.batch_size} x seq_len {c.seq_len}); "
-                            "choose a group size that divides batch_size * seq_len")
-        if c.capacity_factor <= 0:
-            raise ModelError(f"model.capacity_factor={c.capacity_factor}: must be positive (CFP uses 2.0)")
-        if c.gating not in ("dummy", "top2"):
-            raise ModelError(f"model.gating={c.gating!r}: use 'dummy' (the CFP artifact's) or 'top2' (GShard's)")
-
     def param_specs(self) -> Any:
         c = self.config
         layers = []
@@ -364,12 +340,6 @@ class CFPMoE(LayerStack):
 
 class CFPLLaMA(LayerStack):
     config_class = CFPLLaMAConfig
-
-    def _validate(self) -> None:
-        super()._validate()
-        if (self.config.hidden // self.config.heads) % 2:
-            raise ModelError(f"model.hidden/model.heads = {self.config.hidden // self.config.heads}: rotary "
-                            "embeddings rotate pairs of dimensions, so the head dimension must be even")
 
     @property
     def ffn(self) -> int:

@@ -6,18 +6,80 @@ it to register the schemas (``SCHEMAS``) before any process has chosen its devic
 
 Field names are shared where the meaning is shared (``hidden``, ``heads``, ``num_layers``, ...),
 so modes and plans can read any model's shapes without special cases.
+
+Each schema's ``check`` refuses values no model can be built from (a negative batch, heads that
+do not divide the width). It runs twice with the same messages: at composition, before anything
+is submitted (``launcher/schema.py: validate``, through ``check`` below), and in the model's
+constructor, for models built in Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+from .errors import ModelError
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+class _Transformer:
+    """The checks every transformer config shares; ``c`` is the config (a dataclass or the
+    composed ``cfg.model``)."""
+
+    _AT_LEAST_ONE = ("batch_size", "seq_len", "num_layers", "hidden", "heads")
+
+    @classmethod
+    def check(cls, c: Any) -> None:
+        for key in cls._AT_LEAST_ONE:
+            if getattr(c, key) < 1:
+                raise ModelError(f"model.{key}={getattr(c, key)}: must be at least 1")
+        if c.ffn_dim is not None and c.ffn_dim < 1:
+            raise ModelError(f"model.ffn_dim={c.ffn_dim}: must be at least 1 (or null for the default)")
+        if c.hidden % c.heads:
+            divisors = [d for d in range(1, c.hidden + 1) if c.hidden % d == 0 and d <= 128]
+            raise ModelError(f"model.heads={c.heads} does not divide model.hidden={c.hidden}: each head gets "
+                            f"hidden/heads dimensions; use heads in {divisors} or change hidden")
+        if c.dtype not in DTYPES:
+            raise ModelError(f"model.dtype={c.dtype!r}: must be one of {list(DTYPES)}")
+
+
+class _LanguageModel(_Transformer):
+    _AT_LEAST_ONE = _Transformer._AT_LEAST_ONE + ("vocab_size",)
+
+    @classmethod
+    def check(cls, c: Any) -> None:
+        super().check(c)
+        if c.vocab_size < 2:
+            raise ModelError(f"model.vocab_size={c.vocab_size}: must be at least 2 (token 0 is reserved)")
+
+
+class _Rotary:
+    @classmethod
+    def check(cls, c: Any) -> None:
+        super().check(c)  # type: ignore[misc]
+        if (c.hidden // c.heads) % 2:
+            raise ModelError(f"model.hidden/model.heads = {c.hidden // c.heads}: rotary embeddings rotate pairs "
+                            "of dimensions, so the head dimension must be even")
+
+
+class _Experts:
+    @classmethod
+    def check(cls, c: Any) -> None:
+        super().check(c)  # type: ignore[misc]
+        if c.num_experts < 2:
+            raise ModelError(f"model.num_experts={c.num_experts}: top-2 gating needs at least 2 experts")
+        tokens = c.batch_size * c.seq_len
+        if c.expert_group_size < 1 or tokens % c.expert_group_size:
+            raise ModelError(f"model.expert_group_size={c.expert_group_size} does not divide the "
+                            f"{tokens} tokens of a batch (batch_size {c.batch_size} x seq_len {c.seq_len}); "
+                            "choose a group size that divides batch_size * seq_len")
+        if c.capacity_factor <= 0:
+            raise ModelError(f"model.capacity_factor={c.capacity_factor}: must be positive (2.0 gives GShard's and CFP's capacity 2S/E)")
+
+
 @dataclass
-class GPTConfig:
+class GPTConfig(_LanguageModel):
     """Decoder-only transformer as in GPT-2 / Megatron: learned positions, pre-LN, GELU MLP,
     output head tied to the token embedding."""
 
@@ -33,7 +95,7 @@ class GPTConfig:
 
 
 @dataclass
-class BERTConfig:
+class BERTConfig(_LanguageModel):
     """Encoder-only transformer as in BERT: learned positions, post-LN, GELU MLP, masked-LM head
     (dense + GELU + LayerNorm, decoder tied to the token embedding)."""
 
@@ -48,9 +110,15 @@ class BERTConfig:
     mask_prob: float = 0.15  # fraction of positions masked and predicted
     dtype: str = "float32"
 
+    @classmethod
+    def check(cls, c: Any) -> None:
+        super().check(c)
+        if not 0.0 < c.mask_prob <= 1.0:
+            raise ModelError(f"model.mask_prob={c.mask_prob}: must be in (0, 1], e.g. 0.15")
+
 
 @dataclass
-class LLaMA2Config:
+class LLaMA2Config(_Rotary, _LanguageModel):
     """LLaMA 2: RMSNorm, rotary position embeddings, SwiGLU MLP, no biases, untied output head."""
 
     _target_: str = "launcher.models.llama2.LLaMA2"
@@ -67,7 +135,7 @@ class LLaMA2Config:
 
 
 @dataclass
-class MoEConfig:
+class MoEConfig(_Experts, _LanguageModel):
     """GShard-style mixture of experts: a GPT-style decoder in which every other layer (layers
     0, 2, 4, ...) replaces its MLP with top-2-gated experts over groups of tokens."""
 
@@ -93,7 +161,7 @@ class MoEConfig:
 
 
 @dataclass
-class CFPGPTConfig:
+class CFPGPTConfig(_Transformer):
     """CFP's "GPT" (config F, cfp_test/gpt/): Alpa's BERT layers (post-LN, one fused QKV
     projection, bidirectional attention, GELU MLP of 4 * hidden), mean squared error against
     target hidden states."""
@@ -109,7 +177,7 @@ class CFPGPTConfig:
 
 
 @dataclass
-class CFPLLaMAConfig:
+class CFPLLaMAConfig(_Rotary, _Transformer):
     """CFP's LLaMA 2 (cfp_test/llama2/): LLaMA 2 7B decoder blocks on 128-token sequences,
     cross-entropy of the last hidden state read as logits over the hidden dimension."""
 
@@ -126,7 +194,7 @@ class CFPLLaMAConfig:
 
 
 @dataclass
-class CFPMoEConfig:
+class CFPMoEConfig(_Experts, _Transformer):
     """CFP's GShard MoE (config E, cfp_test/moe/): Alpa's MoE layer stack, layers 0, 2, 4, ...
     with experts (ReLU FFN of 4 * hidden, capacity 2S/E) and the others dense BERT layers, mean
     squared error against target hidden states."""
@@ -144,6 +212,12 @@ class CFPMoEConfig:
     gating: str = "dummy"  # "dummy": the artifact's top2_gating_dummy; "top2": GShard's routing (models/moe.py)
     dtype: str = "float32"
 
+    @classmethod
+    def check(cls, c: Any) -> None:
+        super().check(c)
+        if c.gating not in ("dummy", "top2"):
+            raise ModelError(f"model.gating={c.gating!r}: use 'dummy' (the CFP artifact's) or 'top2' (GShard's)")
+
 
 # Registered by launcher.schema as "<key>_schema" in the Hydra config group "model".
 SCHEMAS = {
@@ -155,3 +229,18 @@ SCHEMAS = {
     "cfp-llama": CFPLLaMAConfig,
     "cfp-moe": CFPMoEConfig,
 }
+
+
+def schema_of(model: Any) -> Optional[type]:
+    """The schema of a model config (a dataclass or ``cfg.model``) by its ``_target_``; None for
+    a user's own model class."""
+    target = getattr(model, "_target_", None)
+    return next((s for s in SCHEMAS.values() if s._target_ == target), None)
+
+
+def check(model: Any) -> None:
+    """Raises ModelError when ``model`` (``cfg.model``) cannot build its model; a user's own
+    model class is checked by its constructor only."""
+    schema = schema_of(model)
+    if schema is not None:
+        schema.check(model)

@@ -13,7 +13,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .errors import ModelError
 from . import layers as L
 from .base import LanguageModel
 from .configs import LLaMA2Config
@@ -22,12 +21,6 @@ from .layers import ParamSpec
 
 class LLaMA2(LanguageModel):
     config_class = LLaMA2Config
-
-    def _validate(self) -> None:
-        super()._validate()
-        if (self.config.hidden // self.config.heads) % 2:
-            raise ModelError(f"model.hidden/model.heads = {self.config.hidden // self.config.heads}: rotary "
-                            "embeddings rotate pairs of dimensions, so the head dimension must be even")
 
     @property
     def ffn(self) -> int:

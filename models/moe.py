@@ -27,7 +27,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .errors import ModelError
 from . import layers as L
 from .base import LanguageModel
 from .configs import MoEConfig
@@ -89,19 +88,6 @@ class MoE(LanguageModel):
 
     def is_moe_layer(self, i: int) -> bool:
         return i % 2 == 0
-
-    def _validate(self) -> None:
-        super()._validate()
-        c = self.config
-        if c.num_experts < 2:
-            raise ModelError(f"model.num_experts={c.num_experts}: top-2 gating needs at least 2 experts")
-        tokens = c.batch_size * c.seq_len
-        if c.expert_group_size < 1 or tokens % c.expert_group_size:
-            raise ModelError(f"model.expert_group_size={c.expert_group_size} does not divide the "
-                            f"{tokens} tokens of a batch (batch_size {c.batch_size} x seq_len {c.seq_len}); "
-                            "choose a group size that divides batch_size * seq_len")
-        if c.capacity_factor <= 0:
-            raise ModelError(f"model.capacity_factor={c.capacity_factor}: must be positive (GShard uses 2.0)")
 
     def param_specs(self) -> Any:
         c = self.config

@@ -165,9 +165,30 @@ class Plan:
             return
         present = {a for axes in jax.tree.leaves(model.param_axes(), is_leaf=_is_axes) if axes for a in axes}
         if not sharded & present:
+            fitting = [name for name, plan in BUILTINS.items() if plan._applies_to(present)]
             raise ModelError(f"plan {self.name!r} shards parameters along {sorted(sharded)}, but model "
                             f"{type(model).__name__} has no parameter with those axes (it has {sorted(present - {None})}); "
-                            f"use one of {sorted(BUILTINS)} that fits it")
+                            f"use a plan that applies to it: {', '.join(fitting)}")
+
+    def _applies_to(self, present: set) -> bool:
+        """Whether a model whose parameters have the logical axes ``present`` has any this plan
+        splits (or the plan splits none, as dp does)."""
+        sharded = {name for name, rule in self.rules_for("params").items() if mesh_axes_of(rule)}
+        return not sharded or bool(sharded & present)
+
+    def check_divides(self, num_devices: int, dims: Mapping[str, tuple[str, int]]) -> None:
+        """Before anything runs (no devices, no model built): the mesh over ``num_devices`` splits
+        each named dimension evenly. ``dims`` maps a logical axis to (the config key that sets
+        it, its size), e.g. ``{"batch": ("model.batch_size", 8)}``; raises ModelError naming the key."""
+        sizes = self.axis_sizes(num_devices)
+        for logical, (key, size) in dims.items():
+            axes = {a for kind in RULE_KINDS for a in mesh_axes_of(self.rules_for(kind).get(logical))}
+            ways = math.prod(sizes[a] for a in axes)
+            if size % ways:
+                over = " x ".join(f"{a!r} (size {sizes[a]})" for a in sorted(axes))
+                raise ModelError(f"{key}={size} cannot be split over mesh axis {over} of plan {self.name} on "
+                                 f"{num_devices} devices: make it a multiple of {ways}, or choose another plan or "
+                                 "device count")
 
     # --- JSON -------------------------------------------------------------------------------
 

@@ -173,6 +173,7 @@ def test_plans_lay_out_weights_and_communicate_as_named():
 def test_plans_that_do_not_fit_name_the_dimension_and_mesh_axis():
     errors = worker("gpt")["errors"]
     assert "ep" in errors and "no parameter with those axes" in errors["ep"]
+    assert errors["ep"].endswith("use a plan that applies to it: dp, tp, fsdp, dp_tp")  # not ep itself
     assert "'heads', size 4" in errors["tp_heads"] and "mesh axis 'model' (size 8)" in errors["tp_heads"]
     assert "parameter layers.0.attn." in errors["tp_heads"]
     assert "'model'=3" in errors["dp_tp_axis"] and "8 devices" in errors["dp_tp_axis"]

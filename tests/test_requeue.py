@@ -102,8 +102,9 @@ def test_the_task_hands_submitit_its_next_attempt_or_says_why_not(tmp_path):
     ("mode.checkpoint_every=-2", "mode.checkpoint_every=-2: must be 0 (no checkpoints) or a number of steps"),
 ])
 def test_bad_requeue_and_checkpoint_settings_are_refused_before_submission(tmp_path, override, message):
-    proc = run_cli("mode=train", "cluster=slurm", override, "launcher.dry_run=true", run_dir=tmp_path, check=False,
-                   timeout=120)
+    # 8 devices, which split the tiny GPT's batch of 8 (the slurm default's 16 would not).
+    proc = run_cli("mode=train", "cluster=slurm", "cluster.cpu_devices_per_task=2", override, "launcher.dry_run=true",
+                   run_dir=tmp_path, check=False, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"error: {message}"
     assert not (tmp_path / "submission.sh").exists()  # nothing was written as if submitted
 

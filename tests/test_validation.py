@@ -33,6 +33,7 @@ MODES = sorted(p.stem for p in (REPO / "conf" / "mode").glob("*.yaml"))
     (["mode=search", "mode.baselines=[dp,zero9]"], "mode.baselines"),
     (["mode=check", "mode.steps=3"], "mode.steps"),
     (["mode=check", "mode.repeats=zero"], "mode.repeats"),
+    (["mode=train", "model.heads=7"], "model.heads=7 does not divide model.hidden=64"),
 ])
 @pytest.mark.parametrize("dry_run", ["true", "false"])
 def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides, key, dry_run):
@@ -42,6 +43,41 @@ def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0], proc.stderr
     assert not (run / "job.json").exists() and not (run / "submitit").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.batch_size=-1"], "model.batch_size=-1: must be at least 1"),
+    (["model=bert-tiny", "model.mask_prob=0"], "model.mask_prob=0.0: must be in (0, 1]"),
+    (["model=llama2-tiny", "model.heads=64"], "model.hidden/model.heads = 1: rotary embeddings"),
+    (["model=moe-tiny", "model.expert_group_size=7"], "model.expert_group_size=7 does not divide the 256 tokens"),
+    (["model=cfp-moe-tiny", "model.gating=top3"], "model.gating='top3'"),
+    # A built-in plan over the job's 8 devices, where the config tells both.
+    (["mode=train", "model.batch_size=12"],
+     "model.batch_size=12 cannot be split over mesh axis 'data' (size 8) of plan dp on 8 devices"),
+    (["mode=train", "mode.plan=dp_tp", "model.batch_size=6"], "mesh axis 'data' (size 4) of plan dp_tp"),
+    (["mode=train", "model=moe-tiny", "mode.plan=ep", "model.num_experts=6"], "model.num_experts=6 cannot be split"),
+    (["mode=train", "mode.plan=dp_tp", "+mode.mesh_axes.model=3"], "'model'=3 need a device count divisible by 3"),
+    # Allowed: a plan that splits no batch, the search's baselines (skipped with a note), and
+    # devices the config does not tell.
+    (["mode=train", "mode.plan=tp", "model.batch_size=3"], None),
+    (["mode=search", "model.batch_size=12"], None),
+    (["mode=train", "model.batch_size=12", "cluster=tpu", "cluster.tpu_name=pod"], None),
+])
+def test_model_fields_that_cannot_work_are_refused_at_composition(overrides, message):
+    from hydra import compose, initialize_config_dir
+
+    from launcher import schema
+    from launcher.errors import BAD_INPUT
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
+        cfg = schema.typed(compose("config", overrides=overrides))
+    if message is None:
+        schema.validate(cfg)
+        return
+    with pytest.raises(BAD_INPUT) as e:
+        schema.validate(cfg)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_key_of_another_backend_is_named_with_its_backend(tmp_path):

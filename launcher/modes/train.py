@@ -39,7 +39,8 @@ class Config:
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the plan exists, the steps leave some to
-        time, the axis sizes are positive. ``job``: ``launcher.schema.Job``."""
+        time, the axis sizes are positive, a built-in plan's mesh splits the model's batch (and
+        experts) where the device count is known. ``job``: ``launcher.schema.Job``."""
         from pathlib import Path
 
         from launcher.errors import UserError
@@ -59,6 +60,12 @@ class Config:
         for axis, size in mode.mesh_axes.items():
             if size < 1:
                 raise UserError(f"mode.mesh_axes.{axis}={size}: must be at least 1")
+        model = job.model
+        if plan in BUILTINS and job.devices is not None and model is not None and "batch_size" in model:
+            dims = {"batch": ("model.batch_size", model.batch_size)}
+            if "num_experts" in model:
+                dims["expert"] = ("model.num_experts", model.num_experts)
+            BUILTINS[plan].with_axis_sizes(**dict(mode.mesh_axes)).check_divides(job.devices, dims)
         if mode.checkpoint_every < 0:
             raise UserError(f"mode.checkpoint_every={mode.checkpoint_every}: must be 0 (no checkpoints) or a "
                             "number of steps")
