@@ -100,6 +100,9 @@ class LauncherConfig:
     heartbeat_timeout_s: int = 30  # jax.distributed's own peer-loss detection
     peer_timeout_s: float = 15.0  # our watchdog: a silent rank is declared dead after this
     poll_interval_s: float = 0.5
+    # Without a terminal (nohup, CI, a batch step) the waiting launcher prints a plain progress
+    # line this often while the job's progress changes, and 5 times less often while it does not.
+    progress_every_s: float = 30.0
     coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.submit.coordinator_port)
     xla_dump: bool = False
     # Each rank writes a jax.profiler trace of its measured steps (mode=train, hlo_replay, the
@@ -315,6 +318,8 @@ def validate(cfg: DictConfig) -> None:
                 f"cluster.gpus_per_node={c.gpus_per_node} cannot be split evenly over "
                 f"cluster.tasks_per_node={c.tasks_per_node}: make gpus_per_node a multiple of tasks_per_node"
             )
+    if lc.progress_every_s <= 0:
+        raise UserError(f"launcher.progress_every_s={lc.progress_every_s}: must be more than 0 (seconds)")
     if not 0 <= lc.coordinator_port < 65536:
         raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
     if lc.fault:

@@ -86,7 +86,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     first_seen = None
     attempt = 0
     clock = status.StallClock()
-    with _ProgressView() as view:
+    with _ProgressView(job.job_id, lc.progress_every_s) as view:
         while True:
             awake_since = clock.tick()
             requeued = status.read_attempt(run_dir)
@@ -110,7 +110,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
                 cluster.cancel(job)
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
-            view.update(status.read_progress(run_dir))
+            view.update(status.read_progress(run_dir), _phase(statuses, n, attempt))
             if job.done():
                 break
             time.sleep(lc.poll_interval_s)
@@ -156,11 +156,35 @@ def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
     return reason + f"\n--- last lines of {log} ---\n" + "\n".join(tail)
 
 
+def _phase(statuses: dict, n: int, attempt: int) -> str:
+    """Where the job is before rank 0 publishes progress, in a few words."""
+    restart = f" (restart {attempt})" if attempt else ""
+    if not statuses:
+        return f"submitted, no rank started yet{restart}"
+    joined = sum(st.state in ("joined", "done") for st, _ in statuses.values())
+    if joined < n:
+        return f"{len(statuses)} of {n} ranks started, {joined} joined{restart}"
+    return f"running on {n} ranks{restart}"
+
+
 class _ProgressView:
-    """Draws rank 0's published progress as a live bar, when there is a terminal to draw on."""
+    """Shows that the job is alive while the launcher waits on it.
+
+    On a terminal, rank 0's published progress is a live bar. Without one (``nohup``, CI, a
+    SLURM batch step) a plain line goes to stderr instead: what, how far, elapsed and ETA (or,
+    before any progress, where the job is), every ``every_s`` seconds while it changes and every
+    ``5 * every_s`` while it does not, so a log shows the job alive without filling up.
+    """
+
+    QUIET_FACTOR = 5
+
+    def __init__(self, job_id: Any, every_s: float) -> None:
+        self.job_id, self.every_s = job_id, every_s
+        self.bar = self.task = None
+        self.since = time.time()
+        self.last_time, self.last_key = self.since, None
 
     def __enter__(self) -> "_ProgressView":
-        self.bar = self.task = None
         if sys.stderr.isatty():
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn)
@@ -175,38 +199,48 @@ class _ProgressView:
         if self.bar is not None:
             self.bar.console.print(line, markup=False, highlight=False)
         else:
-            print(line, file=sys.stderr)
+            print(line, file=sys.stderr, flush=True)
 
-    def update(self, progress: dict | None) -> None:
-        if self.bar is None or not progress:
+    def update(self, progress: dict | None, phase: str = "") -> None:
+        if self.bar is not None:
+            if not progress:
+                return
+            if self.task is None:
+                self.task = self.bar.add_task(progress["description"], total=progress["total"])
+            self.bar.update(self.task, completed=progress["completed"], total=progress["total"],
+                            description=progress["description"])
             return
-        if self.task is None:
-            self.task = self.bar.add_task(progress["description"], total=progress["total"])
-        self.bar.update(self.task, completed=progress["completed"], total=progress["total"],
-                        description=progress["description"])
+        now = time.time()
+        key = (progress["description"], progress["completed"]) if progress else phase
+        quiet = now - self.last_time
+        if quiet < self.every_s or (key == self.last_key and quiet < self.QUIET_FACTOR * self.every_s):
+            return
+        self.last_time, self.last_key = now, key
+        self.note(f"{time.strftime('%H:%M:%S')} job {self.job_id}: " + progress_line(progress, phase, self.since, now))
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.stop()
 
 
-def summarize(result: dict[str, Any], run_dir: Path) -> None:
-    """A short table of the result's scalar fields on the console."""
-    from rich.console import Console
-    from rich.table import Table
+def progress_line(progress: dict | None, phase: str, since: float, now: float) -> str:
+    """``what: done/total (pct), elapsed ..., eta ...`` from a progress.json, else the phase."""
+    from launcher.console import seconds
 
-    table = Table(title=f"result: {run_dir / 'result.json'}", show_header=False)
-    for k, v in result.items():
-        if isinstance(v, (int, float, str, bool)) and k not in ("comparison", "chart"):
-            table.add_row(k, f"{v:.6g}" if isinstance(v, float) else str(v))
-    Console(stderr=True).print(table)
-    # The answer to "was it worth it?" (cfp, search): the comparison as rank 0 wrote it, plain
-    # text, so it reads the same in a terminal, a pipe or a batch log.
-    comparison = Path(str(result.get("comparison", "")))
-    if result.get("comparison") and comparison.is_file():
-        print(comparison.read_text(), end="")
-        if result.get("chart"):
-            print(f"chart: {result['chart']}")
+    if not progress:
+        return f"{phase}, {seconds(now - since)} since submission"
+    done, total = progress["completed"], max(progress["total"], 1)
+    elapsed = now - (progress.get("started") or since)
+    eta = seconds(elapsed / done * (total - done)) if done else "unknown"
+    return (f"{progress['description']}: {done:g}/{total:g} ({100 * done / total:.0f}%), "
+            f"elapsed {seconds(elapsed)}, eta {eta}")
+
+
+def summarize(result: dict[str, Any], run_dir: Path) -> None:
+    """The run's answer on the console (``launcher/console.py``), then where the rest is."""
+    from launcher import console
+
+    print(console.summarize(result, run_dir), flush=True)
 
 
 __all__ = ["launch", "wait", "JobFailed", "UserError", "summarize"]

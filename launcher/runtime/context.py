@@ -74,7 +74,8 @@ class TaskContext:
         """Progress over ``total`` units of work, with ETA.
 
         Rank 0 publishes it to the run dir, where the waiting launcher draws a live rich bar on
-        the user's terminal, and logs a plain line every tenth of the way (a log is no terminal).
+        the user's terminal (or, with none, prints a plain line every launcher.progress_every_s),
+        and logs a plain line every tenth of the way (a log is no terminal).
         Other ranks get a silent counter.
         """
         p = _Progress(self, total, description)
@@ -88,6 +89,7 @@ class _Progress:
         self.ctx, self.total, self.description = ctx, max(total, 1), description
         self.completed = 0
         self.start = time.perf_counter()
+        self.started = time.time()  # published: the launcher's plain progress lines give elapsed and ETA
         self._logged_tenth = -1
 
     def advance(self, n: int = 1, description: str | None = None, force_log: bool = False) -> None:
@@ -98,7 +100,7 @@ class _Progress:
             return
         from launcher.runtime.status import write_progress
 
-        write_progress(self.ctx.run_dir, self.description, self.completed, self.total)
+        write_progress(self.ctx.run_dir, self.description, self.completed, self.total, self.started)
         tenth = int(10 * self.completed / self.total)
         if tenth != self._logged_tenth or force_log:
             self._logged_tenth = tenth

@@ -239,11 +239,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_progress(run_dir: Path, description: str, completed: float, total: float) -> None:
+def write_progress(run_dir: Path, description: str, completed: float, total: float, started: float = 0.0) -> None:
+    """Rank 0's progress over the current piece of work (``started``: when it began, epoch s)."""
     d = Path(run_dir) / STATUS_DIR
     d.mkdir(parents=True, exist_ok=True)
     _write_json(d / "progress.json", {"description": description, "completed": completed, "total": total,
-                                      "time": time.time()})
+                                      "started": started, "time": time.time()})
 
 
 def read_progress(run_dir: Path) -> dict | None:
