@@ -1,6 +1,8 @@
 """``python -m launcher`` / ``xlaunch``: compose the config, validate it, submit, wait.
 
-Everything about the run comes from the Hydra config tree in ``conf/``; see ``--help``.
+Everything about the run comes from the Hydra config tree in ``conf/``; see ``--help`` (its
+text is ``hydra.help`` in ``conf/config.yaml``). ``xlaunch status|logs|cancel|runs`` follow and
+stop jobs submitted earlier (``launcher/commands.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def _interrupt(signum, frame) -> None:
 
 
 def main() -> None:
+    from launcher import commands
+
+    if sys.argv[1:2] and sys.argv[1] in commands.COMMANDS:  # never a Hydra override (key=value)
+        sys.exit(commands.main(sys.argv[1:]))
     schema.register()
     sys.argv[1:] = _saved_run_as_primary(sys.argv[1:])
     # Hydra prints a composition error over several lines and exits 1; with HYDRA_FULL_ERROR set

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,9 @@ from launcher.clusters.base import Cluster, free_port
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.task import Task
+
+
+JOB_FILE = "job.json"  # the submitted job's record in its run dir
 
 
 class JobFailed(Exception):
@@ -44,8 +49,11 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
     task = Task(cfg, run_dir, cluster.coordinator_port)
     job = executor.submit(task)
-    (run_dir / "job.json").write_text(json.dumps({"job_id": str(job.job_id), "backend": cluster.backend,
-                                                  "submitted": time.time()}) + "\n")
+    # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/jobs.py).
+    record = {"job_id": str(job.job_id), "backend": cluster.backend, "submitted": time.time(),
+              "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
+              "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
+    (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
     print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}", file=sys.stderr)
     if not cfg.launcher.wait:
         return None
@@ -106,6 +114,10 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
                 if missing:
                     reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
                               f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
+            cancelled = status.read_cancelled(run_dir)
+            if cancelled:  # `xlaunch cancel` from another shell: the ranks' ends are its doing
+                raise JobFailed(f"job {job.job_id} was cancelled ({cancelled.get('by', 'xlaunch cancel')}); "
+                                f"what it wrote is in {run_dir}")
             if reason:
                 cluster.cancel(job)
                 _raise_refusal(run_dir)
@@ -115,6 +127,11 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
                 break
             time.sleep(lc.poll_interval_s)
 
+    # A job that ended before any rank started (an image that cannot start) has no result for
+    # submitit to wait for (it waits about 15 s for one): say why at once.
+    reason = never_started(cfg, run_dir)
+    if reason:
+        raise JobFailed(reason)
     try:
         job.results()
     except Exception as e:  # submitit says the job failed: name the rank if we can
@@ -125,6 +142,27 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     if not result_path.exists():
         raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
     return json.loads(result_path.read_text())
+
+
+def never_started(cfg: DictConfig, run_dir: Path) -> str:
+    """Why no rank ever started ("" if one did): the first error its command printed before
+    xlaunch's task could open the rank's log, read from submitit's task output. In a container
+    that is almost always the runtime failing to start the image."""
+    if status.read_statuses(run_dir):
+        return ""
+    outputs = sorted((Path(run_dir) / "submitit").glob("*_log.err")) + \
+        sorted((Path(run_dir) / "submitit").glob("*_log.out"))
+    lines = [(p, line.strip()) for p in outputs for line in p.read_text(errors="replace").splitlines()
+             if line.strip()]
+    if not lines:
+        return ""
+    errors = [(p, line) for p, line in lines if re.match(r"(error|fatal)\b", line, re.IGNORECASE)]
+    path, line = errors[0] if errors else lines[-1]
+    runtime = getattr(cfg.container.runtime, "value", cfg.container.runtime)
+    if runtime != "none":
+        return (f"container image {cfg.container.image} could not be started by {runtime}: {line} "
+                f"(the task's output: {path})")
+    return f"no rank started: the task's command failed before xlaunch's task began: {line} (see {path})"
 
 
 def _raise_refusal(run_dir: Path) -> None:
@@ -140,8 +178,6 @@ def expected_ranks(cfg: DictConfig) -> int:
 
 
 def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
-    import re
-
     m = re.search(r"rank (\d+)", reason)
     named = int(m.group(1)) if m else None
     # How the other ranks ended: a rank the watchdog stopped says which peer it gave up on.

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,20 @@ def test_srun_starts_each_task_inside_podman(slurm, container_image, tmp_path):
         assert (run / f"marker-{rank}").read_text() == MARKER_TEXT
         assert json.loads((run / ".xlaunch" / "ranks" / f"rank{rank}.json").read_text())["pid"] == 1
         assert f"rank {rank}/2 (local 0/1, node {rank}) " in (run / "logs" / f"rank{rank}.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_an_image_that_cannot_start_is_named_on_the_first_line(tmp_path):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    proc = run_cli("mode=check", *podman_overrides("does-not-exist:latest"), run_dir=run, check=False, timeout=120)
+    assert proc.returncode == 1
+    first = next(line for line in proc.stderr.splitlines() if line.startswith("job failed:"))
+    # The image, the runtime, and podman's own reason, read from the task's output.
+    assert first.startswith("job failed: container image does-not-exist:latest could not be started by podman: "
+                            "Error: "), proc.stderr
+    assert "does-not-exist" in first.split("podman: ", 1)[1] and str(run / "submitit") in first
+    assert time.monotonic() - t0 < 60  # at once, not after submitit's wait for a result
 
 
 def _dry_run_wrapper(tmp_path, *overrides: str) -> Path:

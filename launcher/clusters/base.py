@@ -3,15 +3,24 @@
 One subclass per backend (``cluster.backend``), registered by subclassing. A subclass builds a
 configured submitit executor and says exactly what it would submit (for dry runs and for the
 copy saved in the run dir); the task callable is the same everywhere.
+
+A job submitted earlier is found again by its id alone (``xlaunch status|cancel``, from any
+shell; ``launcher/jobs.py``): ``scheduled`` asks where it is and ``cancel_id`` ends it. Here,
+for the backends whose job is a process on the submitting host (local: submitit's controller;
+mpi and tpu: the job script), the id is that process's pid; SLURM asks its scheduler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pkgutil
 import shlex
+import signal
 import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,9 +32,21 @@ from launcher.errors import UserError
 from launcher.runtime import ranks
 
 
+@dataclass(frozen=True)
+class Scheduled:
+    """Where the scheduler has a job: ``queued``, ``running``, ``ended``, ``cancelled`` (by the
+    scheduler, e.g. scancel) or ``unknown`` (no record of it); ``detail`` in its own words."""
+
+    state: str
+    detail: str = ""
+
+
 class Cluster:
     backend: ClassVar[str] = ""
     submission_name: ClassVar[str] = "submission.sh"  # what the run dir keeps of the submission
+    # The job is a process on the submitting host (its pid is the job id): only that host can
+    # see or signal it.
+    runs_on_submitting_host: ClassVar[bool] = True
     _registry: ClassVar[dict[str, type["Cluster"]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -75,6 +96,27 @@ class Cluster:
         """Ends a job that can no longer succeed."""
         job.cancel(check=False)
 
+    # -- a job submitted earlier, by its id ---------------------------------------------------
+    def scheduled(self, job_id: str) -> Scheduled:
+        """Where the job is now. Here: whether its process (pid = job id) still runs."""
+        pid = int(job_id)
+        if job_process_alive(pid, self.run_dir):
+            return Scheduled("running", f"process {pid} running")
+        return Scheduled("ended", f"process {pid} has ended")
+
+    def cancel_id(self, job_id: str, grace_s: float = 30.0) -> None:
+        """Ends the job. Here: SIGTERM to its script (mpirun passes it to the ranks; the TPU
+        script stops the workers and copies their run dirs back), then, after ``grace_s``,
+        SIGKILL to its process group (the script started a session of its own)."""
+        pid = int(job_id)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        if wait_until(lambda: not job_process_alive(pid, self.run_dir), grace_s):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        wait_until(lambda: not job_process_alive(pid, self.run_dir), 10)
+
     def max_requeues(self) -> int:
         """``cluster.max_requeues``, checked: how often a timed-out or preempted job may be requeued."""
         n = self.cfg.cluster.max_requeues
@@ -87,6 +129,36 @@ def _env_name(name: str) -> str:
     if not name.replace("_", "a").isalnum() or name[0].isdigit():
         raise UserError(f"cluster.env: {name!r} is not a valid environment variable name")
     return name
+
+
+def job_process_alive(pid: int, run_dir: Path) -> bool:
+    """Whether process ``pid`` runs and is this run's job: its command line names the run dir
+    (submitit's controller, the mpirun and TPU scripts all do), so a reused pid is not taken
+    for the job. A zombie (ended, not yet reaped by a parent that lives on) has ended."""
+    if not Path("/proc").is_dir():  # not Linux: the pid is all there is to go on
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    proc = Path("/proc") / str(pid)
+    try:
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X") and str(run_dir) in cmdline
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+    return True
 
 
 def free_port() -> int:

@@ -8,13 +8,14 @@ import shlex
 import signal
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import submitit
+import submitit.local.local
 
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, job_process_alive, wait_until
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.schema import Backend, ClusterConfig
@@ -41,7 +42,8 @@ class LocalCluster(Cluster):
     def executor(self) -> submitit.LocalExecutor:
         c = self.cfg.cluster
         # The task refuses to be requeued here (runtime/requeue.py); the bound is checked all the same.
-        ex = submitit.LocalExecutor(folder=self.folder, python=self.python(), max_num_timeout=self.max_requeues())
+        cls = submitit.LocalExecutor if self.cfg.launcher.wait else _DetachedLocalExecutor
+        ex = cls(folder=self.folder, python=self.python(), max_num_timeout=self.max_requeues())
         ex.update_parameters(tasks_per_node=c.tasks_per_node, nodes=1, timeout_min=c.timeout_min,
                              gpus_per_node=c.gpus_per_node, setup=self.setup_lines())
         return ex
@@ -51,34 +53,40 @@ class LocalCluster(Cluster):
 
         submitit's own cancel interrupts the controller, which prints a KeyboardInterrupt
         traceback on the user's console, and does nothing where SIGINT is ignored (a launcher
-        started by `nohup ... &`). The ranks' pids are in their status files; a task that has
-        not written one yet is the controller's child.
+        started by `nohup ... &`).
         """
         controller = getattr(job, "_process", None)
+        if controller is None:
+            job.cancel(check=False)
+            return
+        self._stop(controller.pid, job.done)
+        with contextlib.suppress(Exception):
+            controller.wait(timeout=10)
 
+    def cancel_id(self, job_id: str, grace_s: float = 30.0) -> None:
+        """The same for a job submitted earlier: the controller's pid is the job id."""
+        pid = int(job_id)
+        self._stop(pid, lambda: not job_process_alive(pid, self.run_dir))
+        wait_until(lambda: not job_process_alive(pid, self.run_dir), 10)
+
+    def _stop(self, controller: int, done: Callable[[], bool]) -> None:
+        # The ranks' pids are in their status files; a task that has not written one yet is the
+        # controller's child.
         def tasks() -> set[int]:
             pids = {st.pid for st, _ in status.read_statuses(self.run_dir).values()
                     if st.host == socket.gethostname()}
-            return pids | (set(_children(controller.pid)) if controller is not None else set())
+            return pids | set(_children(controller))
 
         # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL.
         for sig in (signal.SIGINT, signal.SIGKILL):
             _signal(tasks(), sig)
-            deadline = time.time() + 1
-            while time.time() < deadline and not job.done():
-                time.sleep(0.05)
-            if job.done():
+            if wait_until(done, 1.0, 0.05):
                 return
-        if controller is None:
-            job.cancel(check=False)
-            return
         # Still running: the controller started tasks after we looked. Stopped, it starts no
         # more; left alive, it would keep the launcher's stderr (which it holds) open.
-        _signal({controller.pid}, signal.SIGSTOP)
+        _signal({controller}, signal.SIGSTOP)
         _signal(tasks(), signal.SIGKILL)
-        _signal({controller.pid}, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            controller.wait(timeout=10)
+        _signal({controller}, signal.SIGKILL)
 
     def submission_text(self, executor: submitit.LocalExecutor) -> str:
         c = self.cfg.cluster
@@ -94,6 +102,28 @@ class LocalCluster(Cluster):
             f"# each task runs: {executor._submitit_command_str}",
         ]
         return "\n".join(lines) + "\n"
+
+
+class _DetachedLocalExecutor(submitit.LocalExecutor):
+    """launcher.wait=false: nobody waits, so the controller must not hold the launcher's
+    output. It inherits its stdout and stderr when started (submitit gives it no files of its
+    own), and a caller reading them (``out=$(xlaunch ... launcher.wait=false)``, CI, a test)
+    would wait for the job's end; they go to ``<submitit folder>/controller.log`` instead."""
+
+    def _submit_command(self, command: str) -> submitit.local.local.LocalJob:
+        log = Path(self.folder) / "controller.log"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            with open(log, "ab") as f:
+                os.dup2(f.fileno(), 1)
+                os.dup2(f.fileno(), 2)
+            return super()._submit_command(command)
+        finally:
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def _children(pid: int) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -16,7 +17,7 @@ import submitit
 from submitit.core.utils import FailedJobError
 
 from launcher.clusters._shell import one_line
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, Scheduled, wait_until
 from launcher.errors import UserError
 from launcher.schema import Backend, ClusterConfig
 
@@ -55,6 +56,7 @@ _SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 class SlurmCluster(Cluster):
     backend = "slurm"
     submission_name = "submission.sh"
+    runs_on_submitting_host = False
 
     def executor(self) -> "SlurmExecutor":
         # submitit counts the job's timeouts against max_num_timeout; the task counts every
@@ -106,6 +108,47 @@ class SlurmCluster(Cluster):
     def submission_text(self, executor: "SlurmExecutor") -> str:
         # The uid only names submitit's temporary copy of the file; the text does not use it.
         return executor._make_submission_file_text(executor._submitit_command_str, uid="")
+
+    def scheduled(self, job_id: str) -> Scheduled:
+        """SLURM's word on the job: squeue while it knows the job (MinJobAge after its end),
+        then the accounting database (sacct)."""
+        out = _slurm("squeue", "-h", "-j", job_id, "--states=all", "-o", "%T|%r")
+        if out:
+            state, _, reason = out.splitlines()[0].partition("|")
+            detail = f"SLURM {state}" + (f" ({reason})" if reason and reason != "None" else "")
+        else:
+            out = _slurm("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State")
+            if not out:
+                return Scheduled("unknown", f"SLURM has no job {job_id} (neither squeue nor sacct knows it)")
+            state = out.splitlines()[0].split()[0]  # "CANCELLED by 0"
+            detail = f"SLURM {out.splitlines()[0].strip()}"
+        return Scheduled(_SLURM_STATES.get(state, "ended"), detail)
+
+    def cancel_id(self, job_id: str, grace_s: float = 30.0) -> None:
+        """scancel, then wait (``grace_s``) until SLURM no longer runs it."""
+        if shutil.which("scancel") is None:
+            raise UserError("scancel is not on PATH: cancel from a SLURM login node")
+        proc = subprocess.run(["scancel", job_id], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise UserError(f"scancel {job_id} refused: {proc.stderr.strip() or proc.stdout.strip()}")
+        wait_until(lambda: self.scheduled(job_id).state not in ("queued", "running"), grace_s, 0.5)
+
+
+# SLURM's job states (squeue %T, sacct State) as Scheduled states; any other is an ending.
+_SLURM_STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                     "SUSPENDED", "STOPPED", "RESIZING"), "queued"),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"), "running"),
+    "CANCELLED": "cancelled",
+}
+
+
+def _slurm(*argv: str) -> str:
+    """A SLURM client's output ("" when it knows nothing, e.g. squeue on a job it has forgotten)."""
+    if shutil.which(argv[0]) is None:
+        raise UserError(f"{argv[0]} is not on PATH: ask from a SLURM login node")
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
 class SlurmExecutor(submitit.SlurmExecutor):

@@ -27,6 +27,7 @@ from typing import Callable
 STATUS_DIR = ".xlaunch"
 HEARTBEAT_S = 1.0
 ATTEMPT_FILE = "attempt.json"
+CANCELLED_FILE = "cancelled.json"  # written by `xlaunch cancel` (launcher/jobs.py)
 
 
 def status_dir(run_dir: Path) -> Path:
@@ -76,6 +77,21 @@ def write_attempt(run_dir: Path, attempt: int, reason: str) -> None:
     d = Path(run_dir) / STATUS_DIR
     d.mkdir(parents=True, exist_ok=True)
     _write_json(d / ATTEMPT_FILE, {"attempt": attempt, "reason": reason, "time": time.time()})
+
+
+def write_cancelled(run_dir: Path, by: str) -> None:
+    """Records that the job was cancelled on purpose (``by``: who, from where): its ranks'
+    ends are then not read as failures."""
+    d = Path(run_dir) / STATUS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / CANCELLED_FILE, {"by": by, "time": time.time()})
+
+
+def read_cancelled(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / STATUS_DIR / CANCELLED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:

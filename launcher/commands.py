@@ -1,0 +1,165 @@
+"""``xlaunch status|logs|cancel|runs``: follow and stop jobs submitted earlier.
+
+A first word that names a command can never be a Hydra override (those are ``key=value``), so
+``launcher.cli.main`` hands such a command line here before Hydra sees it. Each command takes a
+run dir, or the latest run under ``./outputs`` and ``./multirun`` when none is named, and reads
+what the run dir and the scheduler say (``launcher/jobs.py``). Bad input (a directory that is
+not a run dir, a job the scheduler no longer knows, cancelling a job that has ended) is one line
+and exit status 2, as everywhere in xlaunch. Reference: docs/operate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from launcher.errors import BAD_INPUT
+
+COMMANDS = ("status", "logs", "cancel", "runs")
+
+_RUN_HELP = "the run dir (default: the latest run under ./outputs and ./multirun)"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="xlaunch", description="Follow and stop jobs that xlaunch submitted (e.g. with launcher.wait=false). "
+        "Start a job with `xlaunch key=value ...` (see `xlaunch --help`).",
+        epilog="examples:\n  xlaunch status\n  xlaunch logs -f\n  xlaunch logs --rank 1 outputs/2026-01-31/12-00-00-train-slurm\n"
+               "  xlaunch cancel\n  xlaunch runs -n 20",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="{status,logs,cancel,runs}")
+
+    s = sub.add_parser("status", help="the job's state and each rank's",
+                       description="The job's state (queued, running, requeued, done, failed with the rank and "
+                                   "why, cancelled), the scheduler's word on it and each rank's state.")
+    s.add_argument("run", nargs="?", help=_RUN_HELP)
+    s.add_argument("--json", action="store_true", help="print the state as one JSON object")
+
+    s = sub.add_parser("logs", help="the ranks' logs as one stream (or one rank's)",
+                       description="The ranks' logs as one stream in time order, each line prefixed with its "
+                                   "rank, or one rank's log as it is; with -f, follow them until the job ends.")
+    s.add_argument("run", nargs="?", help=_RUN_HELP)
+    s.add_argument("-r", "--rank", type=int, help="only this rank's log, without prefixes")
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing what the ranks write until the job ends")
+
+    s = sub.add_parser("cancel", help="end the job on its backend",
+                       description="End the job: the local processes, the SLURM job (scancel), mpirun, the TPU "
+                                   "workers. The run dir keeps what the job wrote.")
+    s.add_argument("run", nargs="?", help=_RUN_HELP)
+
+    s = sub.add_parser("runs", help="recent runs with their state and result",
+                       description="The runs under ./outputs and ./multirun, newest first: when, mode, cluster, job "
+                                   "id, state and the headline result.")
+    s.add_argument("-n", "--last", type=int, default=10, help="how many runs (default 10; 0: all)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return {"status": _status, "logs": _logs, "cancel": _cancel, "runs": _runs}[args.command](args)
+    except BAD_INPUT as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `xlaunch logs | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from launcher import jobs
+
+    run = jobs.run_or_latest(args.run)
+    st = jobs.job_state(run)
+    if args.json:
+        print(json.dumps({"run_dir": str(run.path), "job_id": run.job_id, "backend": run.backend,
+                          "mode": run.mode, "cluster": run.cluster_name, **st.to_json()}))
+        return 0
+    rows = [("run dir", str(run.path)),
+            ("job", f"{run.job_id} on {run.cluster_name} ({run.backend}), mode {run.mode}, submitted "
+                    f"{_when(run.submitted)}"),
+            ("state", f"{st.state}: {st.detail}" if st.detail else st.state)]
+    if st.scheduler:
+        rows.append(("scheduler", st.scheduler))
+    for r in st.ranks:
+        text = r.state + (f" on {r.host} pid {r.pid}" if r.host else "")
+        if r.heartbeat_age_s is not None:
+            text += f", heartbeat {r.heartbeat_age_s:g} s ago"
+        if r.message and r.state != "done":
+            text += f": {r.message}"
+        rows.append((f"rank {r.rank}", text))
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from launcher import jobs
+
+    run = jobs.run_or_latest(args.run)
+    jobs.write_lines(jobs.log_lines(run, rank=args.rank, follow=args.follow))
+    if args.follow:
+        st = jobs.job_state(run)
+        print(f"job {run.job_id} {st.state}" + (f": {st.detail}" if st.detail else ""), file=sys.stderr)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from launcher import jobs
+
+    run = jobs.run_or_latest(args.run)
+    st = jobs.cancel(run)
+    print(f"cancelled job {run.job_id} on {run.cluster_name} ({run.backend}); now {st.state}; what it wrote is in "
+          f"{run.path}")
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from launcher import jobs
+    from launcher.errors import BAD_INPUT as bad
+
+    if args.last < 0:
+        print(f"error: --last {args.last}: give a number of runs (0: all)", file=sys.stderr)
+        return 2
+    runs = jobs.find_runs()
+    runs = runs[:args.last] if args.last else runs
+    if not runs:
+        print(f"no submitted run under ./{' or ./'.join(jobs.RUN_ROOTS)} of {Path.cwd()}", file=sys.stderr)
+        return 0
+    rows = [("SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "RESULT")]
+    for run in runs:
+        try:
+            st = jobs.job_state(run)
+            state, detail = st.state, st.detail
+        except bad as e:  # one run the scheduler forgot does not hide the others
+            state, detail = "unknown", str(e).split(": ", 1)[-1]
+        rows.append((time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.submitted)), _relative(run.path),
+                     run.mode, run.cluster_name, run.job_id, state, _short(detail)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1])
+    return 0
+
+
+def _when(t: float) -> str:
+    from launcher.console import seconds
+
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t))} ({seconds(max(time.time() - t, 0))} ago)"
+
+
+def _relative(p: Path) -> str:
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _short(text: str, n: int = 100) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."

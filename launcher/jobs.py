@@ -1,0 +1,355 @@
+"""A submitted job, found again from its run dir: its state, its ranks' logs, cancelling it.
+
+Whoever submits with ``launcher.wait=false`` (a ``-m`` sweep, a long SLURM job) follows the job
+later, from any shell, with ``xlaunch status|logs|cancel|runs`` (``launcher/commands.py``). All
+they need is in the run dir: ``job.json`` (backend, job id, submitting host), the resolved
+config, the ranks' status files and logs (``launcher/runtime/status.py``), ``result.json``.
+The job's state joins two views of it:
+
+- the scheduler's (``Cluster.scheduled``): SLURM's ``squeue``/``sacct``, or for the jobs that
+  are a process on the submitting host (local, mpi, tpu) whether that process still runs;
+- the ranks' own: each rank's last state, the rank that failed first and why, rank 0's
+  progress, the attempt a requeued job is on, a cancellation ``xlaunch cancel`` recorded.
+
+Nothing here imports JAX: these commands start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator
+
+from launcher.errors import UserError
+from launcher.runtime import status
+
+JOB_FILE = "job.json"  # launcher/submit.py writes it at submission
+# Where Hydra puts run dirs by default, relative to the working directory (conf/config.yaml).
+RUN_ROOTS = ("outputs", "multirun")
+FINAL = ("done", "failed", "cancelled")
+
+
+@dataclass
+class Run:
+    """A run dir that holds a submitted job."""
+
+    path: Path
+    record: dict  # job.json
+
+    @property
+    def job_id(self) -> str:
+        return str(self.record["job_id"])
+
+    @property
+    def backend(self) -> str:
+        return str(self.record.get("backend", "?"))
+
+    @property
+    def submitted(self) -> float:
+        return float(self.record.get("submitted", 0.0))
+
+    def config(self):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.load(self.path / "resolved_config.yaml")
+
+    @property
+    def mode(self) -> str:
+        return self.record.get("mode") or str(self.config().mode.name)
+
+    @property
+    def cluster_name(self) -> str:
+        return self.record.get("cluster") or str(self.config().cluster.name)
+
+    @property
+    def ranks(self) -> int:
+        if "ranks" in self.record:
+            return int(self.record["ranks"])
+        c = self.config().cluster
+        return int(c.nodes) * int(c.tasks_per_node)
+
+    def cluster(self):
+        """The run's Cluster (``launcher/clusters``), which asks its scheduler about the job."""
+        from launcher.clusters.base import Cluster
+
+        # The run dir as the job's processes name it (a link or a relative path given here
+        # would not match their command lines).
+        return Cluster.for_config(self.config(), Path(self.record.get("run_dir") or self.path))
+
+    def result(self) -> dict | None:
+        try:
+            return json.loads((self.path / "result.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def open_run(path: str | Path) -> Run:
+    """The run in ``path``; UserError (one line) when it is not a run dir with a submitted job."""
+    p = Path(path)
+    if not p.is_dir():
+        raise UserError(f"{path}: no such directory; give a run dir (outputs/<date>/<time>-<mode>-<cluster>) "
+                        "or none for the latest run")
+    if not (p / JOB_FILE).is_file():
+        if (p / "resolved_config.yaml").is_file():
+            raise UserError(f"{path}: nothing was submitted from this run dir (a dry run, or a run refused "
+                            f"before submission): it has no {JOB_FILE}")
+        raise UserError(f"{path}: not a run dir (no {JOB_FILE}); give the run dir a job was submitted from")
+    try:
+        record = json.loads((p / JOB_FILE).read_text())
+        str(record["job_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{p / JOB_FILE}: not a job record xlaunch wrote (no job_id)") from None
+    return Run(p.resolve(), record)
+
+
+def find_runs(cwd: Path | None = None) -> list[Run]:
+    """Every run under ``outputs/`` and ``multirun/`` of ``cwd``, newest submission first."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    found = set()
+    for root in RUN_ROOTS:
+        for depth in range(1, 5):  # outputs/<date>/<time>-..., multirun/<date>/<time>/<n>-...
+            found.update(p.parent for p in (cwd / root).glob("/".join(["*"] * depth) + "/" + JOB_FILE))
+    runs = []
+    for d in found:
+        try:
+            runs.append(open_run(d))
+        except UserError:
+            continue  # a damaged record: not listed, not fatal
+    return sorted(runs, key=lambda r: r.submitted, reverse=True)
+
+
+def latest_run(cwd: Path | None = None) -> Run:
+    runs = find_runs(cwd)
+    if not runs:
+        where = " or ".join(f"./{r}" for r in RUN_ROOTS)
+        raise UserError(f"no submitted run under {where} of {Path.cwd() if cwd is None else cwd}: "
+                        "give the run dir (the launcher printed it at submission)")
+    return runs[0]
+
+
+def run_or_latest(path: str | None) -> Run:
+    return open_run(path) if path else latest_run()
+
+
+# --- state ----------------------------------------------------------------------------------
+
+@dataclass
+class RankState:
+    rank: int
+    state: str  # a rank status's state (runtime/status.py), or "not started"
+    host: str = ""
+    pid: int = 0
+    heartbeat_age_s: float | None = None
+    message: str = ""
+
+
+@dataclass
+class JobState:
+    state: str  # queued | running | requeued | done | failed | cancelled
+    detail: str  # one line: progress, the failing rank and why, ...
+    scheduler: str  # the scheduler's own word on the job
+    ranks: list[RankState] = field(default_factory=list)
+    attempt: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "detail": self.detail, "scheduler": self.scheduler, "attempt": self.attempt,
+                "ranks": [vars(r) for r in self.ranks]}
+
+
+def job_state(run: Run) -> JobState:
+    """The job's state from its scheduler and its run dir. Raises UserError (one line) when
+    neither can tell: the scheduler no longer knows a job the run dir shows unfinished, or the
+    job is a process on another host."""
+    statuses = status.read_statuses(run.path)
+    attempt = status.read_attempt(run.path)
+    ranks = _rank_states(run, statuses)
+    n_done = sum(r.state == "done" for r in ranks)
+    result = run.result()
+
+    def state(name: str, detail: str, scheduler: str) -> JobState:
+        if name in FINAL:  # a rank still "joined" when the job ended was killed with it
+            for r in ranks:
+                if r.heartbeat_age_s is not None:
+                    r.message = r.message or f"ended with the job, last heartbeat {r.heartbeat_age_s:g} s ago"
+                    r.heartbeat_age_s = None
+        return JobState(name, detail, scheduler, ranks, attempt.get("attempt", 0))
+
+    # What the run dir alone tells: a finished job needs no scheduler (and may be gone from it).
+    if result is not None and n_done == len(ranks):
+        from launcher.console import headline_text
+
+        return state("done", headline_text(result), "")
+    cancelled = status.read_cancelled(run.path)
+    if cancelled:
+        return state("cancelled", f"cancelled {_ago(cancelled.get('time', 0.0))} by {cancelled.get('by', '?')}", "")
+    failure = status.refusal(run.path) or _failure(run.path)
+    if failure:
+        return state("failed", failure, "")
+
+    cluster = run.cluster()
+    host = run.record.get("host", "")
+    if cluster.runs_on_submitting_host and host and host != socket.gethostname():
+        raise UserError(f"{run.path}: job {run.job_id} is a process on {host}, not on this host "
+                        f"({socket.gethostname()}): ask there")
+    sched = cluster.scheduled(run.job_id)
+    if sched.state == "unknown":
+        raise UserError(f"{run.path}: {sched.detail}; the run dir shows it unfinished "
+                        f"({_count(ranks)}), so its end is not known")
+    if sched.state == "queued":
+        if attempt.get("attempt", 0):
+            return state("requeued", f"restart {attempt['attempt']} waits in the queue "
+                                     f"({attempt.get('reason', 'requeued')})", sched.detail)
+        return state("queued", "waiting for resources", sched.detail)
+    if sched.state == "running":
+        progress = status.read_progress(run.path)
+        if progress and statuses:
+            from launcher.submit import progress_line
+
+            detail = progress_line(progress, "", run.submitted, time.time())
+        else:
+            detail = _count(ranks)
+        if attempt.get("attempt", 0):
+            detail += f" (restart {attempt['attempt']}: {attempt.get('reason', 'requeued')})"
+        return state("running", detail, sched.detail)
+    if sched.state == "cancelled":
+        return state("cancelled", f"cancelled outside xlaunch ({sched.detail})", sched.detail)
+    # Ended without a result and without a rank that says why.
+    from launcher.submit import never_started
+
+    why = never_started(run.config(), run.path) or \
+        f"the job ended ({sched.detail}) without result.json ({_count(ranks)})"
+    return state("failed", why, sched.detail)
+
+
+def _failure(run_dir: Path) -> str:
+    """The first rank failure the status files show (a failed rank, or one that died without
+    reporting); a rank stopped because of a peer names that peer."""
+    reason = status.peer_failure(run_dir, float("inf"), float("inf"))
+    if reason:
+        return reason
+    stopped = [st for st, _ in status.read_statuses(run_dir).values() if st.state == "stopped"]
+    if stopped:
+        st = min(stopped, key=lambda s: s.time)
+        return f"rank {st.rank} stopped on {st.host}: {st.message}"
+    return ""
+
+
+def _rank_states(run: Run, statuses: dict) -> list[RankState]:
+    out = []
+    for r in range(max([run.ranks, *[k + 1 for k in statuses]])):
+        if r not in statuses:
+            out.append(RankState(r, "not started"))
+            continue
+        st, age = statuses[r]
+        live = st.state in ("starting", "joining", "joined")
+        out.append(RankState(r, st.state, st.host, st.pid, round(age, 1) if live else None, st.message))
+    return out
+
+
+def _count(ranks: list[RankState]) -> str:
+    started = sum(r.state != "not started" for r in ranks)
+    joined = sum(r.state in ("joined", "done") for r in ranks)
+    return f"{started} of {len(ranks)} ranks started, {joined} joined"
+
+
+def _ago(t: float) -> str:
+    from launcher.console import seconds
+
+    return f"{seconds(max(time.time() - t, 0.0))} ago" if t else "at an unknown time"
+
+
+# --- cancel ---------------------------------------------------------------------------------
+
+def cancel(run: Run) -> JobState:
+    """Ends the job on its backend and records that it was cancelled; UserError when it has
+    already ended (nothing in the run dir changes then)."""
+    before = job_state(run)
+    if before.finished:
+        raise UserError(f"{run.path}: job {run.job_id} has already ended ({before.state}: {before.detail}); "
+                        "nothing to cancel")
+    # Recorded first: the ranks' ends that follow read as the cancellation they are (to a
+    # launcher still waiting on the job, too), not as failures.
+    status.write_cancelled(run.path, f"{getpass.getuser()}@{socket.gethostname()} with xlaunch cancel")
+    try:
+        run.cluster().cancel_id(run.job_id)
+    except BaseException:
+        (run.path / status.STATUS_DIR / status.CANCELLED_FILE).unlink(missing_ok=True)
+        raise
+    return job_state(run)
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+# The rank logs' own line format (runtime/task.py): "2026-01-31 12:00:00,123 rank0 INFO ...".
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+class _Tail:
+    """The lines a growing log file gained since the last read (whole lines only)."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self.path, self.rank, self.pos, self.partial, self.stamp = path, rank, 0, b"", ""
+
+    def read(self) -> list[tuple[str, int, str]]:
+        """(timestamp, rank, line) per new line; a line without a timestamp of its own (XLA's,
+        a traceback's) takes the one before it, so it stays beside its neighbours."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return []
+        self.pos += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        out = []
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            m = _STAMP.match(line)
+            if m:
+                self.stamp = m.group(1)
+            out.append((self.stamp, self.rank, line))
+        return out
+
+    def rest(self) -> list[tuple[str, int, str]]:
+        """A last line without its newline (the job has ended)."""
+        line, self.partial = self.partial.decode(errors="replace"), b""
+        return [(self.stamp, self.rank, line)] if line else []
+
+
+def log_lines(run: Run, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
+              state_every_s: float = 2.0) -> Iterator[str]:
+    """The ranks' logs as one stream, each line prefixed ``rank<N> | `` and in time order
+    across ranks (or rank ``rank``'s log as it is); with ``follow``, also what they write
+    until the job ends."""
+    if rank is not None and not 0 <= rank < run.ranks:
+        raise UserError(f"--rank {rank}: job {run.job_id} has ranks 0 to {run.ranks - 1}")
+    ranks = [rank] if rank is not None else range(run.ranks)
+    tails = [_Tail(status.rank_log(run.path, r), r) for r in ranks]
+    checked, finished = 0.0, not follow
+    while True:
+        if follow and time.monotonic() - checked > state_every_s:
+            checked, finished = time.monotonic(), job_state(run).finished
+        batch = [entry for t in tails for entry in t.read()]
+        if finished:  # read after the end was seen: nothing written before it is missed
+            batch += [entry for t in tails for entry in t.rest()]
+        for _, r, line in sorted(batch, key=lambda e: (e[0], e[1])):  # stable: a file's order stays
+            yield line if rank is not None else f"rank{r} | {line}"
+        if finished:
+            return
+        time.sleep(poll_s)
+
+
+def write_lines(lines: Iterator[str], out: IO[str] = sys.stdout) -> None:
+    for line in lines:
+        out.write(line + "\n")
+        out.flush()
