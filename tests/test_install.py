@@ -1,10 +1,14 @@
-"""Installing xlaunch never changes the platform's JAX: where jax 0.4.35 is installed (LUMI's
-container), pip keeps it and picks the rest of xlaunch's dependencies to suit it."""
+"""Installing xlaunch: a wheel works wherever it is installed, and installing never changes the
+platform's JAX (where jax 0.4.35 is installed, LUMI's container, pip keeps it and picks the rest
+of xlaunch's dependencies to suit it)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import sys
 import venv
 
 import pytest
@@ -52,3 +56,58 @@ def test_an_older_jax_is_refused_with_the_version_and_the_range():
     with pytest.raises(UserError) as e:
         jaxcompat.check_version("0.4.30")
     assert "jax 0.4.30" in str(e.value) and f">={OLDEST}" in str(e.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_wheel_runs_from_anywhere_with_its_config_groups_and_the_users_own(tmp_path):
+    # The wheel is built from a copy of what it is made of (a build in the checkout would leave
+    # build/ there); the links launcher/models and launcher/conf travel as links.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("launcher", "models", "conf"):
+        shutil.copytree(REPO / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)],
+                   check=True, timeout=300)
+    (wheel,) = wheels.glob("xlaunch-*.whl")
+    # jax, hydra, submitit... come from the system site; xlaunch from the wheel alone.
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "-q", "install", "--no-deps", str(wheel)],
+                   check=True, timeout=300)
+
+    empty = tmp_path / "empty"  # a user's directory: no conf/, no source tree
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run(args, cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+        assert not check or proc.returncode == 0, proc.stderr
+        return proc
+
+    where = run(python, "-c", "import launcher; print(launcher.__file__)").stdout.strip()
+    assert where.startswith(str(env_dir)), where  # the wheel's copy, not a checkout's
+    assert "ModuleNotFoundError" in run(python, "-c", "import models", check=False).stderr  # no generic name
+    # The quick health check for real, then a dry run of another mode, from the empty directory.
+    check = run(python, "-m", "launcher", "mode=check", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25")
+    assert check.stdout.startswith("check: 4 cpu devices in 2 processes") and "psum ok" in check.stdout
+    (result,) = empty.glob("outputs/*/*-check-local/result.json")
+    assert json.loads(result.read_text())["psum_ok"] is True
+    run(python, "-m", "launcher", "mode=train", "model=llama2-tiny", "launcher.dry_run=true")
+    assert list(empty.glob("outputs/*/*-train-local/submission.txt"))
+    # The console script, its help and its commands.
+    xlaunch = str(env_dir / "bin" / "xlaunch")
+    assert run(xlaunch, "--help").stdout.startswith("xlaunch: ")
+    assert "check  local" in run(xlaunch, "runs").stdout
+    # A user's own config dir adds options to the groups: --config-dir and hydra.searchpath.
+    mine = tmp_path / "myconf"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "mine.yaml").write_text("defaults:\n  - gpt-tiny\n  - _self_\nbatch_size: 24\n")
+    for how in (["--config-dir", str(mine)], [f"hydra.searchpath=[file://{mine}]"]):
+        cfg = run(python, "-m", "launcher", *how, "model=mine", "--cfg", "job").stdout
+        assert "batch_size: 24" in cfg and "seq_len: 32" in cfg  # its own field over gpt-tiny's
+        assert "mine" in run(python, "-m", "launcher", *how, "--help").stdout
