@@ -57,15 +57,24 @@ class Run:
     def config(self):
         from omegaconf import OmegaConf
 
-        return OmegaConf.load(self.path / "resolved_config.yaml")
+        path = self.path / "resolved_config.yaml"
+        if not path.is_file():
+            raise UserError(f"{self.path}: its resolved_config.yaml is missing; the run dir is incomplete")
+        return OmegaConf.load(path)
 
     @property
     def mode(self) -> str:
-        return self.record.get("mode") or str(self.config().mode.name)
+        return self.record.get("mode") or self._configured("mode", "name")
 
     @property
     def cluster_name(self) -> str:
-        return self.record.get("cluster") or str(self.config().cluster.name)
+        return self.record.get("cluster") or self._configured("cluster", "name")
+
+    def _configured(self, group: str, key: str) -> str:
+        try:
+            return str(self.config()[group][key])
+        except (UserError, KeyError, AttributeError):
+            return "?"
 
     @property
     def ranks(self) -> int:
@@ -279,13 +288,20 @@ def cancel(run: Run) -> JobState:
                         "nothing to cancel")
     # Recorded first: the ranks' ends that follow read as the cancellation they are (to a
     # launcher still waiting on the job, too), not as failures.
-    status.write_cancelled(run.path, f"{getpass.getuser()}@{socket.gethostname()} with xlaunch cancel")
+    status.write_cancelled(run.path, f"{_user()}@{socket.gethostname()} with xlaunch cancel")
     try:
         run.cluster().cancel_id(run.job_id)
     except BaseException:
         (run.path / status.STATUS_DIR / status.CANCELLED_FILE).unlink(missing_ok=True)
         raise
     return job_state(run)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid with no passwd entry and no $USER
+        return "?"
 
 
 # --- logs -----------------------------------------------------------------------------------

@@ -142,6 +142,10 @@ def preempt_on_slurm(slurm, run: Path) -> None:
         state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
                                env=slurm.environ(), timeout=30).stdout.strip()
         if state == "PENDING":
+            # What `xlaunch status` says of a job waiting to run again.
+            seen = json.loads(run_cli("status", str(run), "--json", env=slurm.env, timeout=60).stdout)
+            assert seen["state"] == "requeued" and seen["attempt"] == 1, seen
+            assert "requeued after SIGUSR2" in seen["detail"] and seen["scheduler"].startswith("SLURM PENDING")
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True,
                            env=slurm.environ(), timeout=30)
             return

@@ -83,7 +83,7 @@ class LocalCluster(Cluster):
             if wait_until(done, 1.0, 0.05):
                 return
         # Still running: the controller started tasks after we looked. Stopped, it starts no
-        # more; left alive, it would keep the launcher's stderr (which it holds) open.
+        # more; left alive, it would keep a waiting launcher's stderr (which it holds) open.
         _signal({controller}, signal.SIGSTOP)
         _signal(tasks(), signal.SIGKILL)
         _signal({controller}, signal.SIGKILL)
