@@ -170,9 +170,9 @@ def _replay(r: dict) -> str:
     lines = [f"hlo_replay on {_devices(r)}:"]
     for m in modules:
         times = sorted(m.get("execution_times_s") or [])
-        median = seconds(times[len(times) // 2]) if times else "not run"
-        lines.append(f"  {m.get('module')}: {median} per execution (median of {len(times)}), compiled in "
-                     f"{seconds(m.get('compile_time_s', 0.0))}")
+        ran = (f"{seconds(times[len(times) // 2])} per execution (median of {len(times)})" if times
+               else "not executed")
+        lines.append(f"  {m.get('module')}: {ran}, compiled in {seconds(m.get('compile_time_s', 0.0))}")
     return "\n".join(lines)
 
 
