@@ -171,10 +171,17 @@ def test_a_plain_jax_script_runs_unchanged_on_local_processes(tmp_path):
 @pytest.mark.timeout(600)
 def test_a_sweep_over_a_functions_kwargs_makes_one_run_per_point(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "mode=run", "mode.target=tests.run_programs:describe", "mode.kwargs.x=1,2",
-                   "cluster.cpu_devices_per_task=1", f"hydra.sweep.dir={sweep}", timeout=300)
-    assert proc.stderr.count("submitted job") == 2
+    proc = run_cli("-m", "mode=run", "mode.target=tests.run_programs:describe", "mode.kwargs.x=1,2,3",
+                   "cluster.cpu_devices_per_task=1", f"hydra.sweep.dir={sweep}", timeout=300, check=False)
+    assert proc.stderr.count("submitted job") == 3
+    # The last point's second process exits with status 3: that job fails, naming the rank and its log.
+    assert proc.returncode == 1
+    failure = proc.stderr[proc.stderr.index("job failed: "):]
+    assert re.match(r"job failed: rank 1 failed on \S+: ProgramFailed: mode.target=tests.run_programs:describe "
+                    r"exited with status 3 \(log: \S+/logs/rank1.log\)", failure), failure
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert f"--- last lines of {runs[2]}/logs/rank1.log ---" in failure
+    assert "describe point: rank 1 of 2, x=3" in log(runs[2], 1)
     for x, run in zip((1, 2), runs):
         r = read_result(run)
         assert r["program"] == "tests.run_programs:describe"

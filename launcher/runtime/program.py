@@ -36,7 +36,7 @@ CODE_DIR_ENV = "XLAUNCH_CODE_DIR"
 
 
 class ProgramFailed(RuntimeError):
-    """The user's script ended with a non-zero exit status."""
+    """The user's program ended with a non-zero exit status."""
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -195,6 +195,9 @@ def _exit_status(what: str) -> Iterator[None]:
 def enter(code_dir: Path) -> None:
     """Makes ``code_dir`` the program's working directory and the first place imports look."""
     code_dir = Path(code_dir).resolve()
+    if not code_dir.is_dir():
+        raise UserError(f"mode.code_dir={code_dir}: no such directory on this task's host; run from (or set "
+                        "mode.code_dir to) a directory every node sees")
     os.chdir(code_dir)
     if str(code_dir) not in sys.path[:1]:
         sys.path.insert(0, str(code_dir))
