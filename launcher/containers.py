@@ -12,8 +12,9 @@ mpirun/TPU scripts. So the command returned here is shell-quoted words that need
   variables by prefix, so an executable wrapper written into the run dir lists them at run time
   and execs ``docker/podman run``; the command is the wrapper's path.
 
-Either way the container sees the run dir, the launcher's source tree and the working directory
-at their host paths, so the pickled task, its logs and its results need no translation.
+Either way the container sees the run dir, the launcher's source tree, the working directory
+and a user's program's code directory (mode=run) at their host paths, so the pickled task, its
+logs, its results and the program need no translation.
 """
 
 from __future__ import annotations
@@ -112,10 +113,13 @@ def _inner_command(cfg) -> list[str]:
 
 
 def _mounts(cfg, run_dir: Path) -> list[str]:
-    """Run dir, source tree and working dir at their host paths (a path inside another one is
-    already visible), then container.binds as given."""
+    """Run dir, source tree, working dir and the user's code dir (mode=run) at their host paths
+    (a path inside another one is already visible), then container.binds as given."""
+    from launcher.clusters._code import code_dir
+
     auto: list[Path] = []
-    for p in sorted({Path(run_dir).resolve(), SOURCE_DIR, Path.cwd().resolve()}, key=lambda p: (len(p.parts), str(p))):
+    paths = {Path(run_dir).resolve(), SOURCE_DIR, Path.cwd().resolve()} | ({code_dir(cfg)} - {None})
+    for p in sorted(paths, key=lambda p: (len(p.parts), str(p))):
         if not any(p == q or q in p.parents for q in auto):
             auto.append(p)
     out = []

@@ -199,6 +199,9 @@ class Job:
     devices: Optional[int]  # global devices, where the config alone tells (None: TPU chips, ...)
     files_here: bool  # input files are read from this machine's file systems (not a TPU VM's)
     model: Any = None  # cfg.model, for a mode that checks how the model fits the devices
+    # The tasks run the launcher's own python (no container, not TPU workers): what it can
+    # import, they can.
+    same_python: bool = False
 
 
 def job_of(cfg: DictConfig) -> Job:
@@ -208,7 +211,8 @@ def job_of(cfg: DictConfig) -> Job:
         devices = c.nodes * c.tasks_per_node * c.cpu_devices_per_task
     elif c.accelerator in (Accelerator.cuda, Accelerator.rocm) and c.gpus_per_node > 0:
         devices = c.nodes * c.gpus_per_node
-    return Job(devices=devices, files_here=c.backend != Backend.tpu, model=cfg.model)
+    return Job(devices=devices, files_here=c.backend != Backend.tpu, model=cfg.model,
+               same_python=c.backend != Backend.tpu and cfg.container.runtime == Runtime.none)
 
 
 def typed(cfg: DictConfig) -> DictConfig:

@@ -3,7 +3,9 @@
 TPU VM workers share no file system with the machine that submits, so the job is a bash script
 run on this machine (kept in the submitit folder, printed by a dry run) that
 
-1. copies the pickled task to every worker, under ``~/<cluster.remote_dir>/<run>/submitit``;
+1. copies the pickled task to every worker, under ``~/<cluster.remote_dir>/<run>/submitit``,
+   and for mode=run the user's code, unpacked in ``~/<cluster.remote_dir>/<run>-code``
+   (``launcher/clusters/_code.py``: what git would keep, or ``mode.include``);
 2. runs ``gcloud compute tpus tpu-vm ssh NAME --worker=all --command ...``: one process per
    worker, started by ``launcher.clusters._tpu_worker`` (which finds the worker's number, opens
    that worker's own log and hands over to submitit);
@@ -29,10 +31,12 @@ from typing import Optional
 
 from submitit.core import core, utils
 
+from launcher.clusters import _code
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import one_line, operand
 from launcher.clusters.base import Cluster, RankJobEnvironment
 from launcher.errors import UserError
+from launcher.runtime.program import CODE_DIR_ENV
 from launcher.runtime.ranks import TpuEnv
 from launcher.schema import Accelerator, Backend, ClusterConfig
 
@@ -77,10 +81,19 @@ class TpuCluster(Cluster):
         parts = [self.cfg.cluster.remote_dir, *self.run_dir.resolve().parts[-2:]]
         return one_line("cluster.remote_dir", "/".join(p.strip("/") for p in parts if p.strip("/")))
 
+    def remote_code_dir(self) -> str:
+        """Where the user's code is unpacked on each worker (mode=run): beside the run dir, so
+        that it is not copied back with it."""
+        return self.remote_run_dir() + "-code"
+
     def executor(self) -> "TpuExecutor":
         c = self.cfg.cluster
+        code = _code.code_dir(self.cfg)
+        if code is not None:
+            _code.pack(code, list(self.cfg.mode.include), self.run_dir)
         ex = TpuExecutor(self.folder, tpu_name=c.tpu_name, remote_run_dir=self.remote_run_dir(),
-                         python=c.remote_python, gcloud=c.gcloud, zone=c.zone, project=c.project)
+                         python=c.remote_python, gcloud=c.gcloud, zone=c.zone, project=c.project,
+                         remote_code_dir=self.remote_code_dir() if code is not None else None)
         ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines())
         return ex
 
@@ -105,14 +118,17 @@ class TpuJobEnvironment(RankJobEnvironment):
 
 class TpuExecutor(ScriptExecutor):
     """Runs a submitit job once per worker of a TPU VM pod. Parameters: workers, timeout_min,
-    setup (shell lines run on each worker before the task)."""
+    setup (shell lines run on each worker before the task). With ``remote_code_dir``, the run
+    dir's code.tar.gz (the user's code, ``launcher/clusters/_code.py``) is unpacked there on every
+    worker before the task starts, and the task is told where (``XLAUNCH_CODE_DIR``)."""
 
     defaults = {"workers": 1, "timeout_min": 60, "setup": []}
 
     def __init__(self, folder: tp.Union[str, Path], tpu_name: str, remote_run_dir: str, python: str = "python3",
                  gcloud: str = "gcloud", zone: tp.Optional[str] = None, project: tp.Optional[str] = None,
-                 **kwargs: tp.Any) -> None:
+                 remote_code_dir: tp.Optional[str] = None, **kwargs: tp.Any) -> None:
         super().__init__(folder, **kwargs)
+        self.remote_code_dir = operand("mode.code_dir", remote_code_dir) if remote_code_dir else None
         self.tpu_name = operand("cluster.tpu_name", tpu_name)
         if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.tpu_name):
             raise UserError(f"cluster.tpu_name={tpu_name!r}: a TPU VM name is lowercase letters, digits and "
@@ -152,12 +168,18 @@ class TpuExecutor(ScriptExecutor):
     def _remote(self, path: str = "") -> str:
         return shlex.quote(f"{self.tpu_name}:{self.remote_run_dir}{path}")
 
+    def _remote_code(self) -> str:
+        return shlex.quote(f"{self.tpu_name}:{self.remote_code_dir}/")
+
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         p = self.parameters
         rdir = shlex.quote(self.remote_run_dir)
         sub = shlex.quote(self.folder.name)
         local = shlex.quote(str(self.folder.parent))
-        run_lines = ["set -e", f"cd {rdir}", *p["setup"], f"exec timeout --signal=KILL {int(60 * p['timeout_min'])} {command}"]
+        code = shlex.quote(self.remote_code_dir) if self.remote_code_dir else None
+        unpack = [f"tar -xzf {code}/{_code.ARCHIVE} -C {code}", f'export {CODE_DIR_ENV}="$HOME"/{code}'] if code else []
+        run_lines = ["set -e", *unpack, f"cd {rdir}", *p["setup"],
+                     f"exec timeout --signal=KILL {int(60 * p['timeout_min'])} {command}"]
         # The job id is spliced in unquoted ("$job", digits only); everything else is quoted for
         # the worker's shell, then the whole command once more for this one.
         run = "--command=" + shlex.quote("\n".join(run_lines) + " ") + '"$job"'
@@ -191,8 +213,10 @@ class TpuExecutor(ScriptExecutor):
             "}",
             "",
             "set -e",
-            self._gcloud("ssh", name, "--command=" + shlex.quote(f"mkdir -p {rdir}/{sub}")),
+            self._gcloud("ssh", name, "--command=" + shlex.quote(
+                f"rm -rf {code} && mkdir -p {rdir}/{sub} {code}" if code else f"mkdir -p {rdir}/{sub}")),
             self._gcloud("scp", '"$pickle"', self._remote(f"/{self.folder.name}/")),
+            *([self._gcloud("scp", f'"$local/{_code.ARCHIVE}"', self._remote_code())] if code else []),
             "set +e",
             self._gcloud("ssh", name, run) + " &",
             "ssh_pid=$!",

@@ -28,6 +28,9 @@ class TaskContext:
     rank: RankInfo
     log: logging.Logger
     attempt: int = 0  # 0 on the job's first run, n after SLURM requeued it n times (runtime/requeue.py)
+    # This rank's status (runtime/status.py), for a mode that must end the rank from a thread of
+    # its own (mode=run's stop requests); None outside a task.
+    reporter: Any = None
 
     @property
     def is_main(self) -> bool:

@@ -53,7 +53,7 @@ class Task(Checkpointable):
         preempted: the task to run when the requeued job starts again (this one, one attempt on),
         or None where the job cannot be requeued (submitit then ends it; ``__call__`` reports why)."""
         r = self._running
-        cfg, run_dir = r.get("cfg") or OmegaConf.create(self.cfg), Path(self.run_dir)
+        cfg, run_dir = r.get("cfg") or OmegaConf.create(self.cfg), Path(r.get("run_dir") or self.run_dir)
         log, attempt = r.get("log") or logging.getLogger("xlaunch.task"), r.get("attempt", self.attempt)
         why_not = requeue.why_not(cfg, run_dir, attempt)
         if why_not:
@@ -74,14 +74,16 @@ class Task(Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         cfg = OmegaConf.create(self.cfg)
-        run_dir = Path(self.run_dir)
+        # Absolute: a mode may change the working directory (mode=run: the program's code dir),
+        # and a TPU worker's run dir is its working directory (".").
+        run_dir = Path(self.run_dir).absolute()
         rank = ranks.detect(self.coordinator_port)
         attempt, reason = requeue.attempt_of(self.attempt)
         status.write_attempt(run_dir, attempt, reason)
         reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes, attempt)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
-        self._running = {"cfg": cfg, "log": log, "attempt": attempt}
+        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir}
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
@@ -163,7 +165,7 @@ class Task(Checkpointable):
 
         from launcher.runtime.context import TaskContext
 
-        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt)
+        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter)
         mode = importlib.import_module(f"launcher.modes.{cfg.mode.name}")
         t1 = time.perf_counter()
         result = mode.run(ctx)
