@@ -1,9 +1,9 @@
 """Collectives in a compiled program: how many, of which kind, and how many bytes they move.
 
-Read from the compiled HLO text (by ``launcher/hlo/text.py``, the one reader of it). Result types may be tuples (``(f32[8], f32[8]) all-reduce(...)``)
-and asynchronous pairs appear as ``*-start``/``*-done`` (counted once, at the start, by the last
-element of its tuple: the result buffer). Bytes are per device: the size of each collective's
-result on one device.
+Read from the compiled HLO text by ``launcher/hlo/text.py``, the one reader of it. Result types
+may be tuples (``(f32[8], f32[8]) all-reduce(...)``) and asynchronous pairs appear as
+``*-start``/``*-done`` (counted once, at the start, by the last element of its tuple: the result
+buffer). Bytes are per device: the size of each collective's result on one device.
 """
 
 from __future__ import annotations
