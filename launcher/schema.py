@@ -145,9 +145,13 @@ def mode_schemas() -> Dict[str, type]:
 
 
 def mode_schema_of(mode: Any) -> type:
-    """The schema of a mode config: its mode's (``launcher.modes.find``); UserError for none."""
+    """The schema of a mode config: its mode's (``launcher.modes.find``); UserError for none. A
+    config saved before modes had a ``code`` (a run dir's .hydra/config.yaml) is the option its
+    name names (mode=cfp's: search's)."""
     from launcher.modes import find  # the modes import this module's check helpers
 
+    if not mode.get("code") and mode.get("name") in mode_codes():
+        mode = {**mode, "code": mode_codes()[mode["name"]]}
     return find(mode).config
 
 
