@@ -50,6 +50,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
 
     from launcher import jaxcompat
     from launcher.cfp import pipeline
+    from launcher.cfp.options import ProfileOptions
     from launcher.cfp.profile.candidates import CandidateLoop
     from launcher.cfp.profile.keys import StoreKeys
     from launcher.cfp.profile.programs import whole_overhead_entry
@@ -66,8 +67,10 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
     a, program = analyzed.analysis, analyzed.program
     mesh = pipeline.make_mesh(a.mesh_shape)
-    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=20, warmup=1, cold_caches=cold,
-                            overlap_compile=False, log=log).profiles
+    # Every candidate timed in full (no early stop): the bench compares their times.
+    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=20, warmup=1, cold_caches=cold,
+                                                           overlap_compile=False, early_stop_ratio=0.0),
+                            log=log).profiles
     plans = {"search optimum": search(prof, len(a.blocks)).assignment}
     for k, plan in nearest_plans(a, program, pipeline.BASELINES, jax.devices()).items():
         if plan not in plans.values():

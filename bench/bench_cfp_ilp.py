@@ -59,26 +59,25 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
     from launcher.cfp import pipeline
     from launcher.cfp.ilp.plan import from_blocks, ilp_plan
+    from launcher.cfp.options import ProfileOptions, SearchOptions
     from launcher.cfp.profile.quiet import counts
     from launcher.cfp.profile.store import ProfileStore
     from launcher.cfp.search.dp import search
     from launcher.cfp.search.measure import baseline_runners, plan_runner, race
-    from launcher.modes.search import Config as SearchConfig
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)
     a, program = analyzed.analysis, analyzed.program
     mesh = pipeline.make_mesh(a.mesh_shape)
 
-    # CFP, as mode=search runs it
-    prof = pipeline.profile(analyzed, mesh, store_dir=str(Path(store) / "cfp"), repeats=profile_repeats, warmup=1,
-                            overlap_compile=False, log=log).profiles
+    # CFP, as mode=search runs it (but every candidate timed in full: no early stop)
+    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=str(Path(store) / "cfp"), repeats=profile_repeats,
+                                                           warmup=1, overlap_compile=False, early_stop_ratio=0.0),
+                            log=log).profiles
     found = search(prof, len(a.blocks))
     t0 = time.perf_counter()
-    chosen, candidates, _ = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found], None,
-                                            verify_top_k=top_k, baselines=pipeline.BASELINES,
-                                            iterations=SearchConfig.verify_iterations,
-                                            repeats=SearchConfig.verify_repeats)
+    chosen, candidates, _ = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found],
+                                            SearchOptions(verify_top_k=top_k))
     choose_s = time.perf_counter() - t0
     picked = chosen.candidate
     log(f"CFP: {picked.assignment} ({picked.source})")

@@ -82,25 +82,24 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_analysis import tiny_model
 
     from launcher.cfp import pipeline
+    from launcher.cfp.options import ProfileOptions, SearchOptions
     from launcher.cfp.profile.quiet import counts
     from launcher.cfp.search.dp import predict, search
     from launcher.cfp.search.measure import baseline_runners, plan_runner, race
-    from launcher.modes.search import Config as SearchConfig
 
     model = tiny_model(name)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
     a, program, analysis_s = analyzed.analysis, analyzed.program, analyzed.seconds
     mesh = pipeline.make_mesh(a.mesh_shape)
-    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=profile_repeats, warmup=1, overlap_compile=False,
+    # Every candidate timed in full (no early stop): the shortlist is judged on full profiles.
+    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
+                                                           overlap_compile=False, early_stop_ratio=0.0),
                             log=log).profiles
     found = search(prof, len(a.blocks))
-    chosen, candidates, nearest = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found], None,
-                                                  verify_top_k=top_k,
-                                                  baselines=pipeline.BASELINES,
-                                                  iterations=SearchConfig.verify_iterations,
-                                                  repeats=SearchConfig.verify_repeats,
-                                                  margin=SearchConfig.verify_margin)
+    # The shortlist measured as mode=search measures it (its verify_* defaults).
+    chosen, candidates, nearest = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found],
+                                                  SearchOptions(verify_top_k=top_k))
     picked = chosen.candidate
     log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
         f"({picked.source})")
@@ -203,15 +202,17 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
     from bench_cfp_analysis import tiny_model
 
     from launcher.cfp import pipeline
+    from launcher.cfp.options import ProfileOptions
     from launcher.cfp.search.dp import predict, search
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)
     a = analyzed.analysis
     mesh = pipeline.make_mesh(a.mesh_shape)
-    prof = pipeline.profile(analyzed, mesh, store_dir=store, repeats=profile_repeats, warmup=1, overlap_compile=False,
-                            max_segment_space=max_space, memory_budget_gb=budget_gb,
-                            early_stop_ratio=early_stop_ratio, log=log).profiles
+    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
+                                                           overlap_compile=False, max_segment_space=max_space,
+                                                           memory_budget_gb=budget_gb,
+                                                           early_stop_ratio=early_stop_ratio), log=log).profiles
     budget = budget_gb * 2**30 if budget_gb > 0 else None
     found = search(prof, len(a.blocks), budget)
     entries = {(k, c): e for k, combos in prof.table.items() for c, e in combos.items()}
@@ -233,8 +234,9 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
            "least_plan_memory_bytes": least_plan,
            "largest_plan_floor_bytes": least_plan + max(max(m) - min(m) for m in mems.values())}
     if reference:
-        ref = pipeline.profile(analyzed, mesh, store_dir=reference, repeats=profile_repeats, warmup=1,
-                               overlap_compile=False, max_segment_space=max_space, log=lambda line: None).profiles
+        ref = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=reference, repeats=profile_repeats, warmup=1,
+                                                              overlap_compile=False, max_segment_space=max_space,
+                                                              early_stop_ratio=0.0)).profiles
         assert ref.measured == 0, "the reference store lacks entries"
         ref_found = search(ref, len(a.blocks), budget)
         best = {k: min(e["time_s"] for e in combos.values()) for k, combos in ref.table.items()}

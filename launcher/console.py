@@ -13,6 +13,7 @@ path, in plain text that reads the same in a terminal, a pipe or a batch log.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -206,3 +207,20 @@ def _profile(r: dict) -> str:
 @headline("profile")
 def _profile_line(r: dict) -> str:
     return f"{r.get('profiled_configs')} combinations, {r.get('measured_configs')} measured"
+
+
+@answer("run")
+def _run(r: dict) -> str:
+    """The user's program: what it was, and what its function returned (JSON, short)."""
+    lines = [f"run {r.get('program')} on {_devices(r)}: done in {seconds(r.get('mode_time_s', 0.0))}"
+             + (f" (restart {r['restart']})" if r.get("restart") else "")]
+    if "returned" in r:
+        text = json.dumps(r["returned"], default=str)
+        lines.append("returned: " + (text if len(text) <= 400 else text[:400] + " ..."))
+    return "\n".join(lines)
+
+
+@headline("run")
+def _run_line(r: dict) -> str:
+    text = json.dumps(r.get("returned"), default=str) if "returned" in r else "done"
+    return text if len(text) <= 60 else text[:57] + "..."

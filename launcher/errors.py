@@ -12,4 +12,9 @@ class UserError(Exception):
     """Something the user asked for cannot be done; the message says what and how to fix it."""
 
 
+class NoPlanFits(UserError):
+    """No sharding plan fits the memory budget (the CFP search's DP, the Alpa-style ILP). Over
+    several meshes it leaves that mesh out while another may hold a plan."""
+
+
 BAD_INPUT = (UserError, ModelError)

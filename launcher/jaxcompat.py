@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 MINIMUM = (0, 4, 35)
 SUPPORTED = ">=" + ".".join(map(str, MINIMUM))
@@ -169,6 +169,20 @@ def shard_map(f: Callable, *, mesh: Any, in_specs: Any, out_specs: Any) -> Calla
     from jax.experimental.shard_map import shard_map as experimental
 
     return experimental(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+
+def enable_x64() -> ContextManager:
+    """A context in which 64-bit element types (f64, s64, u64, c128) stay 64-bit when arrays are
+    made (JAX narrows them to 32 bits unless ``jax_enable_x64`` is on): ``jax.enable_x64(True)``
+    where the release has it (0.10 does), ``jax.experimental.enable_x64()`` before (0.4.35; gone
+    since). Thread-local, like every JAX config context."""
+    import jax
+
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64 as experimental
+
+    return experimental()
 
 
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:

@@ -5,8 +5,10 @@ where an int belongs or an unknown enum value fails before anything is submitted
 a type cannot express (a positive count, a port in range) live in ``validate``.
 
 Cluster, mode and model schemas live next to their code (``launcher/clusters/<backend>.py:
-Config``, one per backend over ``ClusterConfig``; ``launcher/modes/<name>.py: Config``;
-``models/configs.py: SCHEMAS``), each with its checks (``Config.check``). They are registered
+Config``, one per backend over ``ClusterConfig``; each mode's ``Config`` in the table
+``launcher.modes.MODES``; ``models/configs.py: SCHEMAS``), each with its checks (``Config.check``).
+A mode option of conf/mode names the mode that runs it in ``code`` (a preset, cfp, names
+search's), as a cluster option names its backend. They are registered
 (``register``) at the root of Hydra's config repository as ``schema_<group>_<name>``, not in
 their groups: Hydra offers every entry of a group as an option (``--help``, and the error for a
 misspelt ``mode=serch``), and a schema is not one. Each YAML option starts with
@@ -125,17 +127,6 @@ class Config:
     seed: int = 0
 
 
-def mode_modules() -> Dict[str, Any]:
-    """Every mode module in launcher/modes, by mode name."""
-    import launcher.modes as pkg
-
-    out = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if not info.name.startswith("_"):
-            out[info.name] = importlib.import_module(f"launcher.modes.{info.name}")
-    return out
-
-
 def cluster_schemas() -> Dict[str, type]:
     """Each backend's cluster schema (``Config`` in ``launcher/clusters/<backend>.py``), by backend."""
     import launcher.clusters as pkg
@@ -150,7 +141,31 @@ def cluster_schemas() -> Dict[str, type]:
 
 
 def mode_schemas() -> Dict[str, type]:
-    return {name: m.Config for name, m in mode_modules().items() if hasattr(m, "Config")}
+    """Each mode's schema (its ``Config``), by mode: ``launcher.modes.MODES``."""
+    from launcher.modes import MODES  # the modes import this module's check helpers
+
+    return {name: mode.config for name, mode in MODES.items()}
+
+
+def mode_schema_of(mode: Any) -> type:
+    """The schema of a mode config: its mode's (``launcher.modes.find``); UserError for none. A
+    config saved before modes had a ``code`` (a run dir's .hydra/config.yaml) is the option its
+    name names (mode=cfp's: search's)."""
+    from launcher.modes import find  # the modes import this module's check helpers
+
+    if not mode.get("code") and mode.get("name") in mode_codes():
+        mode = {**mode, "code": mode_codes()[mode["name"]]}
+    return find(mode).config
+
+
+def mode_codes() -> Dict[str, str]:
+    """Each mode option of conf/mode (cfp, search, ...) and the mode that runs it (its ``code``)."""
+    import yaml
+
+    out = {}
+    for path in sorted((CONF_DIR / "mode").glob("*.yaml")):
+        out[path.stem] = (yaml.safe_load(path.read_text()) or {}).get("code") or path.stem
+    return out
 
 
 def schema_name(group: str, option: str) -> str:
@@ -236,10 +251,7 @@ def typed(cfg: DictConfig) -> DictConfig:
     clusters = cluster_schemas()
     if backend not in clusters:
         raise UserError(f"cluster.backend={backend}: no such backend (known: {', '.join(sorted(clusters))})")
-    modes = mode_schemas()
-    if mode.get("name") not in modes:
-        raise UserError(f"mode.name={mode.get('name')}: no such mode (known: {', '.join(sorted(modes))})")
-    cluster_schema, mode_schema = clusters[backend], modes[mode["name"]]
+    cluster_schema, mode_schema = clusters[backend], mode_schema_of(mode)
     for group, schema, value in (("cluster", cluster_schema, cluster), ("mode", mode_schema, mode),
                                  ("launcher", LauncherConfig, raw.get("launcher") or {}),
                                  ("container", ContainerConfig, raw.get("container") or {})):
@@ -271,8 +283,8 @@ def unknown_key_message(key: str, cluster: Optional[str], mode: Optional[str]) -
                     f"(cluster={'|'.join(options)}): select such a cluster or drop the key")
         return f"{key}: {where} has no such key (its keys: {', '.join(own)})"
     if group == "mode":
-        schema = mode_schemas().get(mode or "")
-        own = f" (its options: {', '.join(k for k in _fields(schema) if k != 'name')})" if schema else ""
+        schema = mode_schemas().get(mode_codes().get(mode or "", mode or ""))
+        own = f" (its options: {', '.join(k for k in _fields(schema) if k not in ('name', 'code'))})" if schema else ""
         return f"{key}: mode={mode} has no such option{own}"
     schema = {"launcher": LauncherConfig, "container": ContainerConfig}.get(group)
     own = f" (its keys: {', '.join(_fields(schema))})" if schema else ""
@@ -298,7 +310,7 @@ def _fields(schema: type) -> List[str]:
 def validate(cfg: DictConfig) -> None:
     """Checks a type cannot express, before anything is submitted: the common ones here, the
     cluster backend's (``launcher/clusters/<backend>.py: Config.check``), the model's
-    (``models/configs.py``) and the mode's (``launcher/modes/<name>.py: Config.check``: input
+    (``models/configs.py``) and the mode's (its ``Config.check``, ``launcher.modes.MODES``: input
     files, plans, mesh shapes). Raises UserError (ModelError for the model) naming the key and
     the fix."""
     c, lc = cfg.cluster, cfg.launcher
@@ -339,7 +351,7 @@ def validate(cfg: DictConfig) -> None:
 
     check_model(cfg.model)
     _validate_mode_counts(cfg.mode)
-    mode_schemas()[cfg.mode.name].check(cfg.mode, job_of(cfg))
+    mode_schema_of(cfg.mode).check(cfg.mode, job_of(cfg))
     if cfg.container.runtime == Runtime.none and c.backend in (Backend.local, Backend.slurm, Backend.mpi):
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)

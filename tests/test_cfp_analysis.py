@@ -317,6 +317,24 @@ ENTRY %main (a: f32[8,16], b: f32[16,24]) -> f32[8,24] {
     assert [(d.role, d.size) for d in c.dims] == [("lhs_free", 8), ("rhs_free", 24), ("contracting", 16)]
 
 
+def test_hlo_text_comments_and_quoted_brackets_are_not_structure():
+    """XLA prints /*index=N*/ in long tuples and brackets inside metadata strings; the reader
+    (launcher/hlo/text.py, shared with the replay) reads past both."""
+    g = parse_hlo("""
+HloModule m
+ENTRY %main (a: f32[8,16], b: f32[16,24]) -> (f32[8,24], f32[8,16], f32[8,16], f32[8,16], f32[8,16], /*index=5*/f32[8,16]) {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,24]{1,0} parameter(1)  // the weights
+  %dot = f32[8,24]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/dot[(("}
+  ROOT %t = (f32[8,24]{1,0}, f32[8,16]{1,0}, f32[8,16]{1,0}, f32[8,16]{1,0}, f32[8,16]{1,0}, /*index=5*/f32[8,16]{1,0}) tuple(%dot, %a, %a, %a, %a, /*index=5*/%a)
+}
+""")
+    assert [op.prim for op in g.ops] == ["dot_general"] and len(g.outputs) == 6
+    assert [g.shape(v) for v in g.outputs] == [(8, 24)] + [(8, 16)] * 5
+    (c,) = find_contractions(g).values()
+    assert [(d.role, d.size) for d in c.dims] == [("lhs_free", 8), ("rhs_free", 24), ("contracting", 16)]
+
+
 @pytest.mark.slow
 def test_analysis_mode_through_the_cli(tmp_path):
     """Two processes x 2 devices: the mode writes the four files, byte for byte what the same

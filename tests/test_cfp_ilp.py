@@ -21,7 +21,7 @@ from launcher.cfp.ilp.formulate import formulate
 from launcher.cfp.ilp.operators import alpa_strategies, check_decidable, devices_used, operator_graph
 from launcher.cfp.ilp.plan import brute_force
 from launcher.cfp.ilp.solve import least_memory, solve
-from launcher.errors import UserError
+from launcher.errors import NoPlanFits, UserError
 from tests.launch import read_result, run_cli
 from tests.test_cfp_analysis import layer_program, mlp_program
 from tests.test_cfp_search import run_python
@@ -118,7 +118,7 @@ def test_the_ilp_optimum_is_the_brute_force_optimum(mesh_shape):
 def test_a_budget_no_plan_fits_names_the_least_memory_any_plan_needs():
     p = mlp_problem([2, 2])
     least = min(p.memory_bytes(c) for c in itertools.product(*(range(n) for n in p.sizes)))
-    with pytest.raises(UserError) as e:
+    with pytest.raises(NoPlanFits) as e:
         solve(p, least - 1)
     message = str(e.value)
     assert "\n" not in message

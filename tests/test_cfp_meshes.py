@@ -9,7 +9,8 @@ import pytest
 from launcher.cfp.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.cfp.analysis.strategies import enumerate_strategies
 from launcher.cfp.search.dp import Candidate
-from launcher.cfp.search.meshes import auto_shapes, merge_shortlists, mesh_shapes, natural_shape
+from launcher.cfp.search.meshes import auto_shapes, for_each_mesh, merge_shortlists, mesh_shapes, natural_shape
+from launcher.errors import NoPlanFits, UserError
 
 pytestmark = pytest.mark.core
 
@@ -68,3 +69,30 @@ def test_merged_shortlist_keeps_every_optimum_and_nearest_plan_then_the_fastest_
                    (2, "uniform 1", 0.5)]  # k=4 less the 3 optima leaves room for one more
     one = merge_shortlists(shorts[:1], k=2)
     assert [c for _, c in one] == shorts[0]
+
+
+def test_a_mesh_that_refuses_is_left_out_and_one_typed_error_when_every_mesh_does():
+    """for_each_mesh, the loop of the analysis, the search's DP and the ILP over the meshes."""
+    def attempt(i, bad=(1,)):
+        if i in bad:
+            raise NoPlanFits(f"too big {i}")
+        return 10 * i
+
+    none_fit = lambda why: NoPlanFits("none fits: " + why)
+    lines = []
+    shapes = [[8], [4, 2], [2, 4]]
+    assert for_each_mesh(shapes, attempt, refuse=NoPlanFits, none_fit=none_fit, log=lines.append) == \
+        ([0, None, 20], [None, "too big 1", None])
+    assert lines == ["mesh [4, 2]: left out: too big 1"]
+    with pytest.raises(NoPlanFits, match=r"^none fits: mesh \[8\]: too big 0; mesh \[4, 2\]: too big 1$"):
+        for_each_mesh(shapes[:2], lambda i: attempt(i, bad=(0, 1)), refuse=NoPlanFits, none_fit=none_fit,
+                      log=lines.append)
+    with pytest.raises(NoPlanFits, match=r"^too big 0$"):   # one mesh: its own reason, as it is
+        for_each_mesh(shapes[:1], lambda i: attempt(i, bad=(0,)), refuse=NoPlanFits, none_fit=none_fit,
+                      log=lines.append)
+
+    def bad_input(i):
+        raise UserError("not a refusal")
+
+    with pytest.raises(UserError, match="not a refusal"):   # only what ``refuse`` names leaves a mesh out
+        for_each_mesh(shapes, bad_input, refuse=NoPlanFits, none_fit=none_fit, log=lines.append)

@@ -25,7 +25,7 @@ from launcher.cfp.profile.profiler import Profiles
 from launcher.cfp.profile.units import Unit, split_parts
 from launcher.cfp.search.dp import predict, search, shortlist
 from launcher.cfp.profile.store import ProfileStore
-from launcher.errors import UserError
+from launcher.errors import NoPlanFits
 from tests.launch import REPO, read_result, run_cli
 
 pytestmark = pytest.mark.core
@@ -107,7 +107,7 @@ def test_search_finds_the_brute_force_optimum_and_respects_the_budget():
     fits = min(brute_force(prof, budget))
     assert found.assignment == fits[2] != best[2]
     assert found.predicted_memory_bytes <= budget
-    with pytest.raises(UserError, match=r"no plan fits .* least memory any plan needs is"):
+    with pytest.raises(NoPlanFits, match=r"no plan fits .* least memory any plan needs is"):
         search(prof, 3, 5)
 
 

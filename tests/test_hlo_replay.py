@@ -106,7 +106,43 @@ MODULES = {
             use_global_device_ids=true, to_apply=plus
         }
     """,
+    # 64-bit element types, as a JAX program dumped with jax_enable_x64 on has them; x and n split
+    # over 4 devices. JAX would narrow such arguments to 32 bits unless told otherwise.
+    "wide.hlo": """
+        HloModule wide
+
+        ENTRY main {
+          x = f64[16] parameter(0), sharding={devices=[4]<=[4]}
+          n = s64[16] parameter(1), sharding={devices=[4]<=[4]}
+          z = c128[16] parameter(2), sharding={replicated}
+          u = u64[16] parameter(3), sharding={replicated}
+          third = f64[] constant(0.3333333333333333)
+          thirds = f64[16] broadcast(third), dimensions={}
+          y = f64[16] multiply(x, thirds)
+          one = s64[] constant(1)
+          ones = s64[16] broadcast(one), dimensions={}
+          m = s64[16] add(n, ones)
+          w = c128[16] multiply(z, z)
+          v = u64[16] add(u, u)
+          ROOT out = (f64[16], s64[16], c128[16], u64[16]) tuple(y, m, w, v)
+        }
+    """,
 }
+
+
+def wide_arguments() -> list:
+    """Arguments for wide.hlo that 32 bits cannot hold: steps of 1e-12 about 1, integers past
+    2**31 and 2**32."""
+    k = np.arange(16)
+    return [1 + k * 1e-12, 2**40 + k, k + 1j * (1 + k * 1e-12), (2**62 + k).astype(np.uint64)]
+
+
+def check_wide_outputs(outputs: list, inputs: list) -> None:
+    """wide.hlo's outputs are numpy's, exactly, in their own types."""
+    x, n, z, u = inputs
+    assert [o.dtype for o in outputs] == [np.float64, np.int64, np.complex128, np.uint64]
+    for got, expected in zip(outputs, [x * 0.3333333333333333, n + 1, z * z, u + u]):
+        np.testing.assert_array_equal(got, expected)
 
 # A sharded training step (MLP loss and gradients, data over "x", hidden units over "y"),
 # lowered with Shardy, dumped by XLA itself as text and proto, with its inputs and outputs saved
@@ -317,6 +353,22 @@ def test_nested_tuples_in_and_out(modules, devices, tmp_path):
     assert ints.dtype == np.int32 and ints.tolist() == [5, 7]
 
 
+def test_64_bit_parameters_replay_as_written(modules, devices, tmp_path):
+    """f64, s64, c128 and u64 parameters stay 64-bit (JAX's x64 mode is off, as by default):
+    the outputs are numpy's to the last bit, whether the arguments come from a file or are drawn."""
+    import jax.numpy as jnp
+
+    inputs = wide_arguments()
+    np.savez(tmp_path / "args.npz", *inputs)
+    result = replay_one(modules / "wide.hlo", devices, argument_mode="file", arguments_file=tmp_path / "args.npz")
+    assert result.num_partitions == 4 and shard_shapes(result) == [(4,), (4,), (16,), (16,)]
+    assert [p.describe() for p in result.parameters] == ["x: f64[16]", "n: s64[16]", "z: c128[16]", "u: u64[16]"]
+    check_wide_outputs(values(result), inputs)
+    drawn = replay_one(modules / "wide.hlo", devices, argument_mode="random", seed=3)
+    assert [o.dtype for o in values(drawn)] == [np.float64, np.int64, np.complex128, np.uint64]
+    assert jnp.zeros(1).dtype == np.float32  # JAX's own default is untouched after the replay
+
+
 # --- through the launcher: several processes ----------------------------------------------------
 
 def test_two_processes_match_direct_run(sharded_dump, tmp_path):
@@ -337,6 +389,23 @@ def test_two_processes_match_direct_run(sharded_dump, tmp_path):
     for rank in (0, 1):  # the runner's per-repeat profile lines, on every rank
         log = (run / "logs" / f"rank{rank}.log").read_text()
         assert "execution time for repeat 2/2" in log
+
+
+def test_64_bit_module_on_two_processes(modules, tmp_path):
+    """wide.hlo split over 2 processes x 2 devices: each process makes its own shards of 64-bit
+    arguments, and gathering the outputs to process 0 keeps their types."""
+    from tests.launch import read_result, run_cli
+
+    run = tmp_path / "run"
+    np.savez(tmp_path / "args.npz", *wide_arguments())
+    run_cli("mode=hlo_replay", f"mode.hlo_file={modules / 'wide.hlo'}", "mode.argument_mode=file",
+            f"mode.arguments_file={tmp_path / 'args.npz'}", "mode.output_file=out.npz",
+            "cluster=local", "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2", run_dir=run)
+    result = read_result(run)
+    assert (result["num_processes"], result["num_partitions"]) == (2, 4)
+    assert [p["dtype"] for p in result["parameters"]] == ["f64", "s64", "c128", "u64"]
+    written = np.load(run / "out.npz")
+    check_wide_outputs([written[k] for k in written.files], wide_arguments())
 
 
 def test_process_without_devices_in_the_module(modules, tmp_path):

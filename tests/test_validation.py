@@ -111,6 +111,27 @@ def test_every_cluster_composes(cluster):
 def test_every_mode_composes(mode):
     cfg = yaml.safe_load(run_cli("--cfg", "job", f"mode={mode}", timeout=60).stdout)
     assert cfg["mode"]["name"] == mode
+    assert cfg["mode"].get("code", mode) == ("search" if mode == "cfp" else mode)  # cfp: a preset of mode=search
+
+
+def test_every_mode_is_one_entry_of_the_table_and_its_options_have_one_default():
+    """launcher/modes/__init__.py: MODES is what the schemas and the task read; every option of
+    conf/mode runs one of its entries (a Config without ``code``, not over ModeConfig, is found by its
+    name). The CFP modes' defaults are their option objects'."""
+    from omegaconf import OmegaConf
+
+    from launcher.cfp.options import IlpOptions, ProfileOptions, SearchOptions
+    from launcher.modes import MODES, find
+    from launcher.schema import mode_codes
+
+    assert set(mode_codes().values()) == set(MODES) and set(mode_codes()) == {*MODES, "cfp"}
+    for code, mode in MODES.items():
+        assert getattr(mode.config, "code", code) == mode.config.name == code
+        assert find({"name": "anything", "code": code}) is mode and find({"name": code}) is mode
+    search = OmegaConf.structured(MODES["search"].config)
+    assert ProfileOptions.of(OmegaConf.structured(MODES["profile"].config)) == ProfileOptions()
+    assert SearchOptions.of(search, seed=0) == SearchOptions()
+    assert IlpOptions.of(search, time_limit_s=search.ilp_time_limit_s) == IlpOptions()
 
 
 def test_good_configs_pass_the_checks(tmp_path):

@@ -3,9 +3,12 @@
 Three passes, after "Profiling-based Intra-operator Parallelism Generation by Preserving
 Communication-Free Structures" (built on Alpa's auto-sharding), on stock JAX. One entry,
 ``pipeline.py``: ``analyze -> Analyzed``, ``profile -> Profiled``, ``search -> Searched``, each
-taking plain options and ``log``/``progress`` callbacks; the modes and the benches call it.
+taking its options object (``options.py``) and ``log``/``progress`` callbacks; the modes and the
+benches call it.
 
-    pipeline.py            the entry: the three passes in order, their options and results
+    pipeline.py            the entry: the passes, on one mesh or on every mesh of mode.mesh_shape
+    options.py             ProfileOptions, SearchOptions, IlpOptions: every option, its one default
+    results.py             the result.json fields of each pass (for the modes)
     program.py             shared: the training step CFP works on (TrainingProgram)
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
@@ -13,7 +16,7 @@ taking plain options and ``log``/``progress`` callbacks; the modes and the bench
     analysis/              pass 1: what can be split, and how
       core.py              Analysis, analyze (a traced step), analyze_graph (an HLO module)
       graph.py             the jaxpr walk: the step as a flat operator graph (shared by every pass)
-      hlo_text.py          the same graph from an HLO text module
+      hlo_text.py          the same graph from an HLO text module (read by launcher/hlo/text.py)
       contractions.py      tensor contractions and their dimension roles
       strategies.py        parallel strategies of a contraction on the mesh (Alpa's notation)
       propagation.py       how a partition propagates through each primitive without communication
@@ -35,6 +38,8 @@ taking plain options and ``log``/``progress`` callbacks; the modes and the bench
 
     search/                pass 3: the plan
       dp.py                dynamic programming over the segment sequence; the shortlist
+      meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
+                           every pass that works mesh by mesh goes through
       nearest.py           the plan nearest each built-in plan
       measure.py           whole-step runs on models.train's Trainer: race, pick, baselines, and
                            mode=profile's communication study

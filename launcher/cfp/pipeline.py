@@ -1,32 +1,37 @@
-"""CFP's one entry: the three passes as functions of plain options, each returning a dataclass.
+"""CFP's one entry: the passes as functions of their options (``options.py``), each returning a
+dataclass.
 
-    analyzed = pipeline.analyze(model, mesh_shape=[4, 2])            # -> Analyzed
+    analyzed = pipeline.analyze(model, mesh_shape=[4, 2])                       # -> Analyzed
     mesh = pipeline.make_mesh(analyzed.analysis.mesh_shape)
-    profiled = pipeline.profile(analyzed, mesh, store_dir="store")   # -> Profiled
-    result = pipeline.search([pipeline.OnMesh(analyzed, mesh, profiled.profiles)])  # -> Searched
+    profiled = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir="store"))   # -> Profiled
+    result = pipeline.search([pipeline.OnMesh(analyzed, mesh, profiled.profiles)], SearchOptions())
 
 ``search`` takes one ``OnMesh`` per logical mesh searched (``mode.mesh_shape=auto``: several,
-``search/meshes.py``) and keeps the fastest plan over all of them.
+``search/meshes.py``) and keeps the fastest plan over all of them; ``analyze_meshes`` and
+``profile_meshes`` make them for a ``mode.mesh_shape``, as the modes do.
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
-has ``advance()`` (``None``: no progress bar). The modes (``launcher/modes/``) turn their config
-into these options and write files; the benches call the same functions.
+has ``advance()`` (``None``: no progress bar). The modes (``launcher/modes/``) build the options
+from their config, call these and write files (``results.py`` gives their result fields); the
+benches call the same functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.ilp import NAME as ILP_BASELINE  # the ILP's plan as a baseline (mode.baselines, reports)
+from launcher.cfp.options import BASELINES  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
+from launcher.cfp.options import ILP_BASELINE, IlpOptions, ProfileOptions, SearchOptions
 from launcher.cfp.program import TrainingProgram
+from launcher.cfp.search.meshes import for_each_mesh, is_auto, mesh_shapes
+from launcher.errors import NoPlanFits, UserError
 
 Log = Callable[[str], None]
 Progress = Callable[[int, str], ContextManager]
-BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")
 
 
 def _silent(line: str) -> None:
@@ -44,6 +49,27 @@ class Analyzed:
     analysis: Analysis
     program: Optional[TrainingProgram]   # None for an HLO module
     seconds: float
+
+
+@dataclass
+class OnMesh:
+    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
+    analyzed: Analyzed
+    mesh: Any
+    profiles: Any = None   # launcher.cfp.profile.Profiles; None until profiled (profile_meshes)
+    folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.analyzed.analysis.mesh_shape)
+
+    def files(self) -> dict[str, str]:
+        """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
+        return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
+
+    def profiles_json(self) -> dict:
+        """``profiles.json`` (in ``folder``), once profiled."""
+        return profiles_json(self.profiles, self.analyzed.analysis)
 
 
 def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
@@ -89,6 +115,30 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
     return Analyzed(result, program, seconds)
 
 
+def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, two_axis_only: bool = True,
+                   log: Log = _silent) -> list[OnMesh]:
+    """``analyze`` on each logical mesh of ``mesh_shape`` (``auto``: every mesh worth searching,
+    ``search/meshes.py``, analysed with ``two_axis_only``; else the one shape given, [] for 1-D):
+    an ``OnMesh`` each, not yet profiled. With ``auto`` a mesh the model cannot divide is left out
+    (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
+    one shape given is refused."""
+    import jax
+
+    auto = is_auto(mesh_shape)
+    shapes = mesh_shapes(mesh_shape, jax.device_count())
+    if auto:
+        log("mode.mesh_shape=auto: searching the logical meshes %s of the %d devices" % (shapes, jax.device_count()))
+    meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first
+    analyzed, _ = for_each_mesh(
+        shapes, lambda i: analyze(model, mesh_shape=shapes[i], learning_rate=learning_rate,
+                                  two_axis_only=auto and two_axis_only, log=log),
+        refuse=UserError if auto else (), log=log,
+        none_fit=lambda why: UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: "
+                                       "%s" % (jax.device_count(), why)))
+    return [OnMesh(a, mesh, folder=f"mesh_{'x'.join(map(str, shape))}/" if auto else "")
+            for a, mesh, shape in zip(analyzed, meshes, shapes) if a is not None]
+
+
 # --- profile ----------------------------------------------------------------------------------
 
 @dataclass
@@ -98,34 +148,35 @@ class Profiled:
 
     def to_json(self, analysis: Analysis) -> dict:
         """``profiles.json``: every unit, entry and resharding cost the search works from."""
-        p = self.profiles
-        return {
-            "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
-                       "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in p.units],
-            "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
-                          "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]}
-                         for k, combos in p.table.items() for c, e in combos.items()],
-            "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
-                         "dst": [list(a) for a in k[2]], "time_s": v} for k, v in p.reshard.items()],
-            "whole_overhead_s": p.whole_overhead_s,
-            "allreduce_latency_s": [{"axes": list(axes), "time_s": t} for axes, t in p.allreduce_latency_s.items()],
-            "gradient_allreduces": [[sorted(map(list, c)) for c in u] for u in p.gradient_allreduces or []],
-            "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
-        }
+        return profiles_json(self.profiles, analysis)
 
 
-def profile(analyzed: Analyzed, mesh: Any, *, store_dir: str, repeats: int = 10, warmup: int = 1,
-            cold_caches: bool = False, max_segment_space: int = 128, overlap_compile: Optional[bool] = None,
-            memory_budget_gb: float = 0.0, skip_over_budget: bool = True, early_stop_ratio: float = 0.0,
-            is_main: bool = True, log: Log = _silent, progress: Optional[Progress] = None) -> Profiled:
-    """The profile pass: measures every segment combination the store at ``store_dir`` lacks.
-    ``overlap_compile`` None: compile the next candidate while timing this one on accelerators,
-    not on CPU devices (where the compiler would share the timed program's cores).
+def profiles_json(p: Any, analysis: Analysis) -> dict:
+    """``profiles.json`` of profiles ``p`` (``launcher.cfp.profile.Profiles``) of ``analysis``."""
+    return {
+        "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
+                   "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in p.units],
+        "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
+                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]}
+                     for k, combos in p.table.items() for c, e in combos.items()],
+        "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
+                     "dst": [list(a) for a in k[2]], "time_s": v} for k, v in p.reshard.items()],
+        "whole_overhead_s": p.whole_overhead_s,
+        "allreduce_latency_s": [{"axes": list(axes), "time_s": t} for axes, t in p.allreduce_latency_s.items()],
+        "gradient_allreduces": [[sorted(map(list, c)) for c in u] for u in p.gradient_allreduces or []],
+        "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
+    }
+
+
+def profile(analyzed: Analyzed, mesh: Any, options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
+            log: Log = _silent, progress: Optional[Progress] = None) -> Profiled:
+    """The profile pass: measures every segment combination the store at ``options.store_dir``
+    lacks. ``options.overlap_compile`` None: compile the next candidate while timing this one on
+    accelerators, not on CPU devices (where the compiler would share the timed program's cores).
     CFP's shortcuts (``profile/candidates.py``): with ``skip_over_budget``, a combination no plan
-    within ``memory_budget_gb`` per device (0: unlimited) can hold is not timed (search under a
-    budget no larger); with ``early_stop_ratio`` > 0, one whose first runs are over that many
-    times its unit's best is timed no further. Off here by default (every combination timed in
-    full, as the benches compare); mode=profile/search turn the early stop on (1.5)."""
+    within the memory budget can hold is not timed (search under a budget no larger); with
+    ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
+    timed no further."""
     from pathlib import Path
 
     from launcher.cfp.profile.candidates import Shortcuts
@@ -133,32 +184,44 @@ def profile(analyzed: Analyzed, mesh: Any, *, store_dir: str, repeats: int = 10,
     from launcher.cfp.profile.store import ProfileStore
     from launcher.cfp.profile.units import split_parts
 
+    o = options
     a = analyzed.analysis
-    store = ProfileStore(Path(store_dir).expanduser().resolve())
+    store = ProfileStore(Path(o.store_dir).expanduser().resolve())
     log("profile store: %s (%d entries)" % (store.root, len(store)))
-    overlap = overlap_compile if overlap_compile is not None else mesh.devices.flat[0].platform != "cpu"
+    overlap = o.overlap_compile if o.overlap_compile is not None else mesh.devices.flat[0].platform != "cpu"
     log("profile: compiling the next candidate %s" % ("while timing the current one" if overlap else
                                                        "after timing the current one (mode.overlap_compile=true to "
                                                        "overlap)"))
-    shortcuts = Shortcuts(memory_budget_gb * 2**30 if skip_over_budget and memory_budget_gb > 0 else None,
-                          early_stop_ratio)
+    shortcuts = Shortcuts(o.memory_budget_bytes if o.skip_over_budget else None, o.early_stop_ratio)
     if shortcuts.memory_budget_bytes:
         skip = "combinations no plan within the memory budget (%.6g GB per device) can hold are not timed" \
-            % memory_budget_gb
+            % o.memory_budget_gb
     else:
-        skip = "every combination timed (%s)" % ("no budget: mode.memory_budget_gb=0" if skip_over_budget
+        skip = "every combination timed (%s)" % ("no budget: mode.memory_budget_gb=0" if o.skip_over_budget
                                                  else "mode.skip_over_budget=false")
-    stop = ("early stop after %d runs over %gx their segment's best" % (shortcuts.early_stop_after, early_stop_ratio)
-            if early_stop_ratio > 0 else "no early stop (mode.early_stop_ratio=0)")
+    stop = ("early stop after %d runs over %gx their segment's best" % (shortcuts.early_stop_after, o.early_stop_ratio)
+            if o.early_stop_ratio > 0 else "no early stop (mode.early_stop_ratio=0)")
     log("profile: %s; %s" % (skip, stop))
-    profiler = Profiler(a, mesh, store, repeats=repeats, warmup=warmup, cold=cold_caches,
-                        max_space=max_segment_space, overlap=overlap, log=log, is_main=is_main, shortcuts=shortcuts)
+    profiler = Profiler(a, mesh, store, repeats=o.repeats, warmup=o.warmup, cold=o.cold_caches,
+                        max_space=o.max_segment_space, overlap=overlap, log=log, is_main=is_main, shortcuts=shortcuts)
     for t in a.templates:
-        if t.space > max_segment_space:
-            parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, max_segment_space)]
+        if t.space > o.max_segment_space:
+            parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, o.max_segment_space)]
             log("template %d: %d combinations exceed mode.max_segment_space=%d; profiled in parts %s"
-                % (t.id, t.space, max_segment_space, parts))
+                % (t.id, t.space, o.max_segment_space, parts))
     return Profiled(profiler.run(progress or _no_progress), str(store.root))
+
+
+def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
+                   log: Log = _silent, progress: Optional[Progress] = None) -> list[OnMesh]:
+    """``profile`` on each mesh of ``on`` (``analyze_meshes``'): the same meshes, profiled."""
+    out = []
+    for o in on:
+        p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress).profiles
+        log("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
+            "measured now" % (o.shape, p.reused, p.profiled_configs, p.measured))
+        out.append(replace(o, profiles=p))
+    return out
 
 
 def communication_study(analyzed: Analyzed, mesh: Any, *, iterations: int, repeats: int, seed: int = 0,
@@ -170,18 +233,6 @@ def communication_study(analyzed: Analyzed, mesh: Any, *, iterations: int, repea
 
 
 # --- search ---------------------------------------------------------------------------------
-
-@dataclass
-class OnMesh:
-    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
-    analyzed: Analyzed
-    mesh: Any
-    profiles: Any
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.analyzed.analysis.mesh_shape)
-
 
 @dataclass
 class Searched:
@@ -208,43 +259,33 @@ def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
                 plan_constraints(analysis, dict(enumerate(assignment))))
 
 
-def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k: int = 4,
-           verify_nearest: bool = True, verify_iterations: int = 10, verify_repeats: int = 6,
-           verify_margin: float = 0.02,
-           baselines: Sequence[str] = BASELINES, iterations: int = 100, run_repeats: int = 3, seed: int = 0,
-           drop_after: int = 4, drop_slower_than: float = 1.25, log: Log = _silent,
+def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
            progress: Optional[Progress] = None, ilp: Any = None,
            final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
     """The search pass over one or more logical meshes of the same devices (``on``): the DP's
-    optimum on each under ``memory_budget_gb`` per device (0: unlimited), the fastest of their
-    shortlists measured on the whole step (``choose``), then that plan run beside ``baselines``
+    optimum on each under the profile's memory budget, the fastest of their shortlists measured
+    on the whole step (``choose``), then that plan run beside ``options.baselines``
     (``iterations`` steps, ``run_repeats`` interleaved rounds; after ``drop_after`` rounds a
     built-in baseline slower than ``drop_slower_than`` times the fastest one in each of them
-    stops, ``measure.Cut``, 0 keeps every one). ``ilp`` (``ilp_plan``'s, when
-    ``baselines`` names ``alpa_ilp``): the ILP's plan, raced as that baseline. ``final_run``: a
-    context around that race (the run's profiler trace, ``launcher/runtime/trace.py``)."""
+    stops, ``measure.Cut``, 0 keeps every one). ``ilp`` (``ilp_plan``'s, when the baselines name
+    ``alpa_ilp``): the ILP's plan, raced as that baseline. ``final_run``: a context around that
+    race (the run's profiler trace, ``launcher/runtime/trace.py``)."""
     from launcher.cfp.search.dp import search as dp_search
     from launcher.cfp.search.measure import Cut, baseline_runners, race
-    from launcher.errors import UserError
 
     progress = progress or _no_progress
-    ilp_named, baselines = ILP_BASELINE in baselines, [b for b in baselines if b != ILP_BASELINE]  # built-ins only
-    budget = memory_budget_gb * 2**30 if memory_budget_gb > 0 else None
-    founds: list[Any] = []
+    ilp_named, baselines = ILP_BASELINE in options.baselines, list(options.builtin_baselines)
+    iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
+    drop_after, drop_slower_than = options.drop_after, options.drop_slower_than
+    budget = options.profile.memory_budget_bytes
+    founds, reasons = for_each_mesh(
+        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
+        refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
     meshes: list[dict] = []
-    refusals = []
-    for o in on:
-        try:
-            found = dp_search(o.profiles, len(o.analyzed.analysis.blocks), budget)
-        except UserError as e:  # nothing fits the budget on this mesh; another may do
-            if len(on) == 1:
-                raise
-            founds.append(None)
-            refusals.append(f"mesh {o.shape}: {e}")
-            meshes.append({"mesh_shape": o.shape, "skipped": str(e)})
-            log("mesh %s: %s" % (o.shape, e))
+    for o, found, why in zip(on, founds, reasons):
+        if found is None:
+            meshes.append({"mesh_shape": o.shape, "skipped": why})
             continue
-        founds.append(found)
         meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment, "search_time_s": found.search_time_s,
                        "predicted_step_time_s": found.predicted_time_s,
                        "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
@@ -253,13 +294,7 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
             "per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
                                              found.predicted_time_s, found.predicted_memory_bytes / 2**30,
                                              found.search_time_s))
-    if not any(founds):
-        raise UserError("no plan fits on any mesh searched: " + "; ".join(refusals))
-    chosen, candidates, nearest = choose(on, founds, budget, verify_top_k=verify_top_k,
-                                         verify_nearest=verify_nearest, baselines=baselines,
-                                         iterations=verify_iterations, repeats=verify_repeats,
-                                         margin=verify_margin, seed=seed, log=log,
-                                         progress=progress)
+    chosen, candidates, nearest = choose(on, founds, options, log=log, progress=progress)
     picked, where = chosen.candidate, on[chosen.mesh_index]
     log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
                                                                           picked.source))
@@ -287,40 +322,37 @@ def search(on: Sequence[OnMesh], *, memory_budget_gb: float = 0.0, verify_top_k:
 
 # --- the Alpa-style ILP (launcher/cfp/ilp/), CFP's comparison ---------------------------------
 
-
-
-def ilp_plan(on: Sequence[Any], *, store_dir: str, memory_budget_gb: float = 0.0, repeats: int = 10,
-             time_limit_s: float = 300.0, is_main: bool = True, log: Log = _silent) -> Any:
-    """Alpa's intra-operator ILP over ``on``'s meshes (``OnMesh``es, or ``(Analyzed, mesh)``
-    pairs): the collectives calibrated into the store at ``store_dir`` (once per mesh), the ILP
-    solved under ``memory_budget_gb`` per device (0: unlimited) on each mesh, the plan its cost
-    model predicts fastest kept (``ilp.plan.IlpPlanned``: its ``plan`` for plan.json, its
-    ``runner`` for the race)."""
+def ilp_plan(on: Sequence[OnMesh], options: IlpOptions = IlpOptions(), *, is_main: bool = True,
+             log: Log = _silent) -> Any:
+    """Alpa's intra-operator ILP over ``on``'s meshes (profiled or not): the collectives
+    calibrated into the profile store (once per mesh), the ILP solved under the profile's memory
+    budget on each mesh, the plan its cost model predicts fastest kept (``ilp.plan.IlpPlanned``:
+    its ``plan`` for plan.json, its ``runner`` for the race)."""
     from pathlib import Path
 
     from launcher.cfp.ilp.plan import ilp_over_meshes
     from launcher.cfp.profile.store import ProfileStore
 
-    pairs = [(o.analyzed, o.mesh) if isinstance(o, OnMesh) else o for o in on]
-    store = ProfileStore(Path(store_dir).expanduser().resolve())
-    return ilp_over_meshes([(analyzed.analysis, mesh) for analyzed, mesh in pairs], store,
-                           memory_budget_bytes=memory_budget_gb * 2**30 if memory_budget_gb > 0 else None,
-                           repeats=repeats, time_limit_s=time_limit_s, is_main=is_main, log=log)
+    p = options.profile
+    store = ProfileStore(Path(p.store_dir).expanduser().resolve())
+    return ilp_over_meshes([(o.analyzed.analysis, o.mesh) for o in on], store,
+                           memory_budget_bytes=p.memory_budget_bytes, repeats=p.repeats,
+                           time_limit_s=options.time_limit_s, is_main=is_main, log=log)
 
 
-def ilp_search(planned: Any, program: Any, *, baselines: Sequence[str] = BASELINES, iterations: int = 100,
-               run_repeats: int = 3, seed: int = 0, log: Log = _silent, progress: Optional[Progress] = None,
-               final_run: Callable[[], ContextManager] = contextlib.nullcontext
+def ilp_search(planned: Any, program: Any, options: SearchOptions = SearchOptions(), *, log: Log = _silent,
+               progress: Optional[Progress] = None, final_run: Callable[[], ContextManager] = contextlib.nullcontext
                ) -> tuple[Any, dict[str, Any], dict[str, str]]:
     """``mode.algorithm=ilp``: the ILP's plan (``ilp_plan``'s) run beside the built-in
-    ``baselines`` in interleaved rounds, as ``search`` runs CFP's. Returns its ``PlanRun``, the
-    baselines' and the baselines that do not fit (with why)."""
+    ``options.baselines`` in interleaved rounds, as ``search`` runs CFP's. Returns its
+    ``PlanRun``, the baselines' and the baselines that do not fit (with why)."""
     from launcher.cfp.search.measure import baseline_runners, race
 
     progress = progress or _no_progress
+    iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
     runners = [planned.runner(program, seed=seed)]
     more, skipped = baseline_runners(program, list(planned.mesh.devices.flat), seed=seed, log=log,
-                                     names=[b for b in baselines if b != ILP_BASELINE])
+                                     names=list(options.builtin_baselines))
     with final_run(), progress(iterations * run_repeats * (1 + len(more)), "ILP plan and baselines") as bar:
         run, *others = race(runners + more, iterations=iterations, repeats=run_repeats, progress=bar)
     log("ILP plan: step %.3f ms, %.2f MiB per device (predicted %.3f ms)"
@@ -331,16 +363,15 @@ def ilp_search(planned: Any, program: Any, *, baselines: Sequence[str] = BASELIN
     return run, runs, skipped
 
 
-def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float], *, verify_top_k: int = 4,
-           verify_nearest: bool = True, baselines: Sequence[str] = BASELINES, iterations: int = 10,
-           repeats: int = 6, margin: float = 0.02, seed: int = 0, log: Log = _silent,
-           progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
+def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,
+           log: Log = _silent, progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
     """The plan to run: the fastest of the shortlist measured on the whole step
     (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
     nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
-    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``.
-    The fastest plan nearest a baseline is kept unless another is faster by ``margin`` (a
-    fraction) in the shortlist's rounds and then alone against it (``search.measure.pick``).
+    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``,
+    within the profile's memory budget. The fastest plan nearest a baseline is kept unless
+    another is faster by ``verify_margin`` (a fraction) in the shortlist's ``verify_repeats``
+    rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
     Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
     plans ({name: (mesh shape, plan per block)})."""
     from launcher.cfp.search.dp import shortlist
@@ -348,6 +379,9 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float],
     from launcher.cfp.search.meshes import merge_shortlists, nearest_on_meshes
 
     progress = progress or _no_progress
+    verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines
+    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
+    budget, seed = options.profile.memory_budget_bytes, options.seed
     live = [i for i, f in enumerate(founds) if f is not None]
     program = on[0].analyzed.program
     devices = list(on[0].mesh.devices.flat)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launcher.errors import UserError
+from launcher.modes import code_of
+from launcher.modes.run import code_dir_of
 
 ARCHIVE = "code.tar.gz"
 MAX_BYTES = 1 << 30  # more than this is data, not code: say so rather than copy it to every worker
@@ -27,9 +29,8 @@ MAX_BYTES = 1 << 30  # more than this is data, not code: say so rather than copy
 def code_dir(cfg: Any) -> Optional[Path]:
     """The code directory of a mode that runs the user's code (mode=run), else None."""
     mode = cfg.get("mode")
-    if mode is None or mode.get("name") != "run":
+    if mode is None or code_of(mode) != "run":  # mode=run, or a preset of it
         return None
-    from launcher.modes.run import code_dir_of
 
     return code_dir_of(mode)
 

@@ -5,6 +5,7 @@
     results = replay(["module.before_optimizations.txt"], ReplayOptions(num_repeats=5))
 
 - ``options``: ReplayOptions and ArgumentMode (no JAX import: mode schemas use them)
+- ``text``: the one reader of HLO text (computations, instructions, types), shared with the CFP analysis
 - ``module``: reading a module file and what it needs (devices, partitioner, parameters)
 - ``arguments``: argument modes and elided constants
 - ``replay``: compile, run, time, gather outputs

@@ -27,8 +27,9 @@ import ml_dtypes
 import numpy as np
 
 from launcher.errors import UserError
-from launcher.hlo.module import ElidedConstant, FillConstant, Parameter, hlo_type
+from launcher.hlo.module import ElidedConstant, FillConstant, Parameter
 from launcher.hlo.options import ArgumentMode
+from launcher.hlo.text import hlo_type
 
 
 # Constants draw from their own streams, so filling them never changes the arguments' values.

@@ -8,7 +8,9 @@ hand-written modules, with or without the ``HloModule`` line) and serialized pro
 What a module needs is read from the module itself: replica and partition counts from its
 header, or else the device count its sharding annotations imply (GSPMD ``sharding={...}`` and
 Shardy meshes), or else the participant count its collectives imply (``collective_needs``,
-``participants``), and which partitioner its annotations were written for.
+``participants``), and which partitioner its annotations were written for. Its instructions are
+read by ``launcher/hlo/text.py`` (the reader the CFP analysis uses too) from XLA's canonical
+print of the module, after XLA's parser accepted it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from launcher.errors import UserError
 from launcher.hlo import _xla
+from launcher.hlo import text as hlo_text
+from launcher.hlo.text import hlo_type, numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -269,9 +272,8 @@ def annotated_devices(text: str) -> int:
 
 def entry_parameter_names(canonical: str) -> dict[int, str]:
     """Parameter number -> instruction name in the ENTRY computation of XLA's canonical print."""
-    entry = re.search(r"^ENTRY .*?^\}", canonical, re.S | re.M)
-    body = entry.group(0) if entry else ""
-    return {int(n): name for name, n in re.findall(r"^\s*(?:ROOT\s+)?%?(\S+) = .*? parameter\((\d+)\)", body, re.M)}
+    module = hlo_text.read(canonical)
+    return {int(p.operands[0]): p.name for p in module.parameters(module.entry)}
 
 
 # --- participants: what the collectives need ------------------------------------------------------
@@ -299,64 +301,9 @@ class CollectiveNeed:
 _WITH_GLOBAL_IDS = {"all-reduce", "all-reduce-start", "all-gather", "all-gather-start", "reduce-scatter"}
 _GROUPED = _WITH_GLOBAL_IDS | {"all-to-all", "ragged-all-to-all", "collective-broadcast"}
 _PERMUTES = {"collective-permute", "collective-permute-start"}
-_LINE = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=,(){}]+)\s*=\s*")
 _GROUPS = re.compile(r"(?:^|[,\s])replica_groups=(\{(?:\s*\{[\d,\s]*\}\s*,?)*\s*\}"  # {{0,1},{2,3}} or {}
                      r"|\[\d+,\d+\]<=\[[\d,]*\](?:T\([\d,]*\))?)")  # iota: [2,4]<=[8], [4,2]<=[2,4]T(1,0)
 _PAIRS = re.compile(r"(?:^|[,\s])source_target_pairs=\{((?:\s*\{[\d,\s]*\}\s*,?)*)\}")
-
-
-def _balanced(text: str, start: int) -> int:
-    """The index just past the bracket that closes the one at ``start``."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] in "({[":
-            depth += 1
-        elif text[i] in ")}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return len(text)
-
-
-def _instructions(text: str):
-    """(name, result type, opcode, operand names, attributes) of every instruction of every
-    computation in XLA's canonical print (operands with or without their types: releases differ)."""
-    for line in text.splitlines():
-        found = _LINE.match(line)
-        if not found:
-            continue
-        rest = line[found.end():]
-        end = _balanced(rest, 0) if rest.startswith("(") else (rest.find(" ") if " " in rest else len(rest))
-        result, rest = rest[:end], rest[end:]
-        op = re.match(r"\s*([\w-]+)\(", rest)
-        if not op:
-            continue
-        if op.group(1) not in _GROUPED and op.group(1) not in _PERMUTES:
-            yield found.group(1), result, op.group(1), [], ""  # operands of other ops are not needed
-            continue
-        close = _balanced(rest, op.end() - 1)
-        operands = [piece.split()[-1].lstrip("%") for piece in _split_top(rest[op.end():close - 1]) if piece.split()]
-        yield found.group(1), result, op.group(1), operands, rest[close:]
-
-
-def _split_top(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets."""
-    pieces, depth, start = [], 0, 0
-    for i, c in enumerate(text):
-        if c in "({[":
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            pieces.append(text[start:i])
-            start = i + 1
-    return pieces + [text[start:]] if text.strip() else pieces
-
-
-def _arrays(type_text: str) -> list[tuple[int, ...]]:
-    """The dimensions of each array in a (possibly tuple) type, in order."""
-    return [tuple(int(d.lstrip("<=")) for d in dims.split(",") if d.strip())
-            for dims in re.findall(r"\b[a-z]\w*\[([^\]]*)\]", type_text)]
 
 
 def _group_mode(opcode: str, attributes: str) -> str:
@@ -395,7 +342,8 @@ def collective_needs(text: str) -> list[CollectiveNeed]:
     """
     shapes: dict[str, str] = {}
     needs = []
-    for name, result, opcode, operands, attributes in _instructions(text):
+    for ins in hlo_text.instructions(text):
+        name, result, opcode, operands, attributes = ins.name, ins.type, ins.opcode, ins.operands, ins.attributes
         shapes[name] = result
         if opcode not in _GROUPED and opcode not in _PERMUTES:
             continue
@@ -438,8 +386,8 @@ def _group_size_from_shapes(opcode: str, result: str, operands: list[str], attri
     if opcode not in ("all-gather", "all-gather-start", "reduce-scatter") or not operands:
         return None
     dimension = re.search(r"(?:^|[,\s])dimensions=\{(\d+)\}", attributes)
-    inputs = _arrays(shapes.get(operands[0], ""))
-    outputs = _arrays(result)
+    inputs = [dims for _, dims in hlo_text.arrays(shapes.get(operands[0], ""))]
+    outputs = [dims for _, dims in hlo_text.arrays(result)]
     if not dimension or not inputs or not outputs:
         return None
     d = int(dimension.group(1))
@@ -560,35 +508,3 @@ def _fill(text: str, constants: list[ElidedConstant], fill_constant: FillConstan
             pieces += [text[pos:c.start], literal]
             pos = c.end
     return "".join(pieces + [text[pos:]]) if pieces else text
-
-
-# --- element types ---------------------------------------------------------------------------
-
-_ELEMENT_TYPES = {"pred": np.bool_, "s8": np.int8, "s16": np.int16, "s32": np.int32, "s64": np.int64,
-            "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64, "f16": np.float16,
-            "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64, "c64": np.complex64,
-            "c128": np.complex128, "s4": ml_dtypes.int4, "u4": ml_dtypes.uint4, "s2": ml_dtypes.int2,
-            "u2": ml_dtypes.uint2}
-
-
-def numpy_dtype(xla_name: str) -> np.dtype:
-    """XLA's element type name (``bf16``, ``f8e4m3fn``...) as a numpy dtype."""
-    if xla_name in _ELEMENT_TYPES:
-        return np.dtype(_ELEMENT_TYPES[xla_name])
-    small_float = re.fullmatch(r"f(\d+)(e\d+m\d+\w*)", xla_name)  # f8e4m3fn -> float8_e4m3fn
-    if small_float and hasattr(ml_dtypes, f"float{small_float[1]}_{small_float[2]}"):
-        return np.dtype(getattr(ml_dtypes, f"float{small_float[1]}_{small_float[2]}"))
-    raise UserError(f"element type {xla_name!r} is not supported by HLO replay")
-
-
-def hlo_type(dtype: np.dtype, shape: Sequence[int]) -> str:
-    """``f32[8,16]``: an array type as HLO text spells it."""
-    return f"{dtype_name(dtype)}[{','.join(map(str, shape))}]"
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """The XLA spelling of a numpy dtype, for messages that quote HLO shapes."""
-    for name, t in _ELEMENT_TYPES.items():
-        if np.dtype(t) == dtype:
-            return name
-    return dtype.name.replace("float", "f").replace("_", "")

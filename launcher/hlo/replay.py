@@ -5,10 +5,17 @@ with the same files and options: each compiles the module for the same global de
 assignment, makes its own devices' argument shards, and joins the execution; outputs are
 gathered so that process 0 can write them. Who the processes are (task id, count,
 coordinator) comes from ``jax.distributed``, never from replay options.
+
+A module is replayed with the element types it was written with: 64-bit ones (``f64``, ``s64``,
+``u64``, ``c128``, as a JAX program dumped with ``jax_enable_x64`` has) would be narrowed to 32
+bits on their way to the devices, JAX's default, so arrays of them are made (and gathered) with
+64-bit types enabled for that moment only (``_wide``): the job's other programs keep JAX's
+defaults.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -19,10 +26,12 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.hlo import _xla
 from launcher.hlo.arguments import Arguments, constant_filler
-from launcher.hlo.module import HloProgram, Parameter, dtype_name, load, participants
+from launcher.hlo.module import HloProgram, Parameter, load, participants
+from launcher.hlo.text import dtype_name
 from launcher.hlo.options import ArgumentMode, ReplayOptions
 
 _log = logging.getLogger("launcher.hlo")
@@ -230,17 +239,26 @@ def make_arguments(source: Arguments, shardings: Sequence[jax.sharding.Sharding]
                    logical_ids: dict[jax.Device, int]) -> list[jax.Array]:
     """One global jax.Array per parameter, each process making only its own devices' shards."""
     arrays = []
-    for i, (parameter, sharding) in enumerate(zip(source.parameters, shardings)):
-        made: dict[tuple, np.ndarray] = {}  # replicated shards are made once per process
-        shards = []
-        for device, index in sharding.addressable_devices_indices_map(parameter.shape).items():
-            key = tuple((s.start, s.stop, s.step) for s in index)
-            if source.depends_on_device or key not in made:
-                made[key] = source.shard(i, index, logical_ids[device])
-            shards.append(jax.device_put(made[key], device))
-        arrays.append(_xla.make_array(parameter.shape, sharding, shards, parameter.dtype))
+    with _wide(p.dtype for p in source.parameters):
+        for i, (parameter, sharding) in enumerate(zip(source.parameters, shardings)):
+            made: dict[tuple, np.ndarray] = {}  # replicated shards are made once per process
+            shards = []
+            for device, index in sharding.addressable_devices_indices_map(parameter.shape).items():
+                key = tuple((s.start, s.stop, s.step) for s in index)
+                if source.depends_on_device or key not in made:
+                    made[key] = source.shard(i, index, logical_ids[device])
+                shards.append(jax.device_put(made[key], device))
+            arrays.append(_xla.make_array(parameter.shape, sharding, shards, parameter.dtype))
     jax.block_until_ready(arrays)
     return arrays
+
+
+_WIDE = frozenset(np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex128))
+
+
+def _wide(dtypes) -> contextlib.AbstractContextManager:
+    """64-bit types enabled where some of ``dtypes`` is 64-bit (module doc), else nothing."""
+    return jaxcompat.enable_x64() if any(np.dtype(d) in _WIDE for d in dtypes) else contextlib.nullcontext()
 
 
 def fetch(outputs: Sequence[jax.Array]) -> list[np.ndarray]:
@@ -259,7 +277,8 @@ def fetch(outputs: Sequence[jax.Array]) -> list[np.ndarray]:
         local = np.zeros(o.shape, o.dtype)
         for shard in o.addressable_shards:
             local[shard.index] = np.asarray(shard.data)
-        pieces = multihost_utils.process_allgather(local)
+        with _wide([o.dtype]):  # the gather is itself a JAX program over arrays of this type
+            pieces = multihost_utils.process_allgather(local)
         full = np.empty(o.shape, o.dtype)
         # Reversed, so that where replicas differ (device_id arguments) the first device's value stays.
         for device, index in reversed(list(o.sharding.devices_indices_map(o.shape).items())):

@@ -8,10 +8,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from launcher.modes.base import ModeConfig
+
 
 @dataclass
-class Config:
+class Config(ModeConfig):
     name: str = "check"
+    code: str = "check"
     allgather_mb: float = 4.0  # per-device payload of the bandwidth test
     repeats: int = 5
 

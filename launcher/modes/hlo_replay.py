@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launcher.hlo.options import ArgumentMode, ReplayOptions
+from launcher.modes.base import ModeConfig
 
 
 @dataclass
-class Config:
+class Config(ModeConfig):
     name: str = "hlo_replay"
+    code: str = "hlo_replay"
     hlo_file: Any = None  # a path, a glob, or a list of them
     run: bool = True  # false: compile only
     argument_mode: ArgumentMode = ArgumentMode.random

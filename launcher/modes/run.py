@@ -29,6 +29,8 @@ from typing import Any, List, Optional
 
 from omegaconf import OmegaConf
 
+from launcher.modes.base import ModeConfig
+
 
 def _open_mapping() -> Any:
     # Not a struct: `mode.kwargs.lr=0.1` adds a key from the command line (or a -m sweep) without
@@ -37,8 +39,9 @@ def _open_mapping() -> Any:
 
 
 @dataclass
-class Config:
+class Config(ModeConfig):
     name: str = "run"
+    code: str = "run"
     target: Optional[str] = None  # module:function, e.g. mypkg.train:main
     kwargs: Any = field(default_factory=_open_mapping)  # the function's keyword arguments
     script: Optional[str] = None  # path/to/train.py, relative to code_dir

@@ -19,10 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from launcher.modes.base import ModeConfig
+
 
 @dataclass
-class Config:
+class Config(ModeConfig):
     name: str = "train"
+    code: str = "train"
     steps: int = 20
     plan: str = "dp"  # dp | tp | fsdp | dp_tp | ep | path/to/plan.json
     mesh_axes: Dict[str, int] = field(default_factory=dict)  # resize plan axes, e.g. {model: 4}

@@ -1,7 +1,7 @@
 """What a mode sees when it runs inside a task.
 
-A mode is a module in ``launcher/modes/`` with a ``Config`` dataclass (its Hydra schema) and a
-``run(ctx) -> dict`` function. By the time ``run`` is called, device visibility is set, JAX is
+A mode is a ``Config`` dataclass (its Hydra schema) and a ``run(ctx) -> dict`` function, an entry
+of ``launcher.modes.MODES``. By the time ``run`` is called, device visibility is set, JAX is
 imported and ``jax.distributed`` is initialised, so ``jax.devices()`` lists every global device.
 The dict it returns is written by rank 0 into ``result.json`` at the root of the run dir.
 """
@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -68,6 +68,11 @@ class TaskContext:
         tmp.write_text(text)
         tmp.replace(p)
         return p
+
+    def write_files(self, files: Mapping[str, str]) -> None:
+        """``write_text`` of each (run-dir path, text) in ``files``."""
+        for name, text in files.items():
+            self.write_text(name, text)
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         return self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")

@@ -10,7 +10,6 @@ for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runt
 from __future__ import annotations
 
 import faulthandler
-import importlib
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from submitit.core.utils import UncompletedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from launcher import jaxcompat
+from launcher import jaxcompat, modes
 from launcher.errors import BAD_INPUT
 from launcher.runtime import devices, ranks, requeue, status
 
@@ -166,7 +165,7 @@ class Task(Checkpointable):
         from launcher.runtime.context import TaskContext
 
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter)
-        mode = importlib.import_module(f"launcher.modes.{cfg.mode.name}")
+        mode = modes.find(cfg.mode)
         t1 = time.perf_counter()
         result = mode.run(ctx)
         result = {

@@ -1,7 +1,7 @@
 """A Graph from an HLO text module, for analysing a dumped program (``mode.hlo_file``).
 
-A small reader for the instruction lines of HLO text (``name = type opcode(operands), attrs``),
-enough for the analysis: contractions (``dot``, ``convolution``, embedding-lookup ``gather`` and
+The module is read by ``launcher/hlo/text.py`` (the reader the replay uses too); what is taken
+from it is enough for the analysis: contractions (``dot``, ``convolution``, embedding-lookup ``gather`` and
 its ``scatter``-add gradient) and the operators ParallelBlocks propagate through. HLO opcodes are
 mapped to the jaxpr primitive names the rest of the analysis uses (``multiply`` -> ``mul``,
 ``broadcast`` -> ``broadcast_in_dim``, a ``reduce`` whose reducer adds -> ``reduce_sum``, ...).
@@ -12,17 +12,15 @@ literals; array constants are tensors without a producer.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from launcher.cfp.analysis.graph import Graph, mark_phases
 from launcher.errors import UserError
-
-DTYPES = {"pred": "bool", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64", "u8": "uint8",
-          "u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16", "bf16": "bfloat16",
-          "f32": "float32", "f64": "float64", "c64": "complex64", "c128": "complex128"}
+from launcher.hlo.text import ELEMENT_TYPES, Instruction as Instr, read, shape
+from launcher.hlo.text import ints as _ints, leaves as _leaves
 
 OPCODES = {
     "add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "maximum": "max", "minimum": "min",
@@ -44,17 +42,6 @@ REDUCERS = {"add": "reduce_sum", "maximum": "reduce_max", "minimum": "reduce_min
             "and": "reduce_and", "or": "reduce_or"}
 
 
-@dataclass
-class Instr:
-    name: str
-    type: str
-    opcode: str
-    operands: list[str]
-    attrs: dict[str, str]
-    root: bool
-    line: int
-
-
 def read_hlo(path: str | Path) -> Graph:
     p = Path(path)
     if not p.is_file():
@@ -64,9 +51,10 @@ def read_hlo(path: str | Path) -> Graph:
 
 
 def parse_hlo(text: str, origin: str = "<hlo>") -> Graph:
-    comps, entry = _computations(text, origin)
+    module = read(text, origin)
+    comps, entry = module.computations, module.entry
     g = Graph(source="hlo")
-    params = sorted((i for i in comps[entry] if i.opcode == "parameter"), key=lambda i: int(i.operands[0]))
+    params = module.parameters(entry)
     env: dict[str, Any] = {}
     for ins in params:
         value = _fresh(g, ins.type)
@@ -80,114 +68,20 @@ def parse_hlo(text: str, origin: str = "<hlo>") -> Graph:
     return g
 
 
-def _computations(text: str, origin: str) -> tuple[dict[str, list[Instr]], str]:
-    comps: dict[str, list[Instr]] = {}
-    entry = None
-    current: list[Instr] | None = None
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("//")[0].strip() if not raw.strip().startswith("//") else ""
-        if not line or line.startswith("HloModule"):
-            continue
-        if current is None:
-            m = re.match(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*(->.*)?\{$", line)
-            if m:
-                current = comps.setdefault(m.group(2), [])
-                last = m.group(2)
-                if m.group(1):
-                    entry = m.group(2)
-            continue
-        if line == "}":
-            current = None
-            continue
-        current.append(_instruction(line, n, origin))
-    if not comps:
-        raise UserError(f"{origin}: no HLO computation found; expected text like 'ENTRY main {{ ... }}'")
-    return comps, entry or last
-
-
-def _instruction(line: str, n: int, origin: str) -> Instr:
-    root = line.startswith("ROOT ")
-    if root:
-        line = line[5:]
-    name, sep, rest = line.partition("=")
-    if not sep:
-        raise UserError(f"{origin}:{n}: cannot read HLO instruction {line!r}")
-    rest = rest.strip()
-    if rest.startswith("("):
-        end = _match(rest, 0)
-        typ, rest = rest[:end + 1], rest[end + 1:].strip()
-    else:
-        typ, _, rest = rest.partition(" ")
-    m = re.match(r"([\w\-]+)\(", rest)
-    if not m:
-        raise UserError(f"{origin}:{n}: cannot read the opcode of {line!r}")
-    close = _match(rest, m.end() - 1)
-    operands = [o.strip().split()[-1].lstrip("%") for o in _split(rest[m.end():close]) if o.strip()]
-    attrs = {}
-    for part in _split(rest[close + 1:].lstrip(", ")):
-        k, _, v = part.partition("=")
-        if k.strip():
-            attrs[k.strip()] = v.strip()
-    return Instr(name.strip().lstrip("%"), typ, m.group(1), operands, attrs, root, n)
-
-
-def _match(s: str, i: int) -> int:
-    depth = 0
-    for j in range(i, len(s)):
-        if s[j] in "({[":
-            depth += 1
-        elif s[j] in ")}]":
-            depth -= 1
-            if depth == 0:
-                return j
-    return len(s) - 1
-
-
-def _split(s: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in s:
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if "".join(cur).strip():
-        parts.append("".join(cur))
-    return [p.strip() for p in parts]
-
-
 def _types(typ: str) -> Any:
-    """A shape (dtype, dims) or a nested list of them for a tuple type."""
-    typ = typ.strip()
-    if typ.startswith("("):
-        return [_types(t) for t in _split(typ[1:-1])]
-    m = re.match(r"(\w+)\[([^\]]*)\]", typ)
-    if not m:
-        return ("token", ())
-    dims = tuple(int(d.lstrip("<=")) for d in m.group(2).split(",") if d.strip())
-    return (DTYPES.get(m.group(1), m.group(1)), dims)
+    """A shape (dtype, dims) or a nested list of them for a tuple type, dtypes named as in jaxprs."""
+    def named(t: Any) -> Any:
+        if isinstance(t, list):
+            return [named(x) for x in t]
+        return (np.dtype(ELEMENT_TYPES[t[0]]).name if t[0] in ELEMENT_TYPES else t[0], t[1])
+
+    return named(shape(typ))
 
 
 def _fresh(g: Graph, typ: str) -> Any:
     t = _types(typ)
     make = lambda t: [make(x) for x in t] if isinstance(t, list) else g.new_var(t[1], t[0])
     return make(t)
-
-
-def _leaves(value: Any):
-    if isinstance(value, list):
-        for v in value:
-            yield from _leaves(v)
-    else:
-        yield value
-
-
-def _ints(s: str | None) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"-?\d+", s or ""))
 
 
 def _inline(g: Graph, comps: dict[str, list[Instr]], name: str, env: dict[str, Any], origin: str) -> Any:

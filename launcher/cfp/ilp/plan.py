@@ -28,6 +28,8 @@ from launcher.cfp.ilp.costmodel import CommModel
 from launcher.cfp.ilp.formulate import Problem
 from launcher.cfp.ilp.operators import OperatorGraph
 from launcher.cfp.ilp.solve import Solution
+from launcher.cfp.search.meshes import for_each_mesh
+from launcher.errors import NoPlanFits
 
 
 @dataclass
@@ -172,29 +174,19 @@ def ilp_over_meshes(meshes: Sequence[tuple[Analysis, Any]], store: Any, *,
     model predicts fastest is kept, with a row per mesh in its ``meshes``. The ILP judges
     meshes as it judges strategies, by its model: nothing is measured (CFP, in contrast, measures
     its meshes' shortlists on the whole step). A mesh no plan of which fits the budget is left
-    out, unless that is every mesh."""
-    from launcher.errors import UserError
-
-    found: list[IlpPlanned] = []
-    rows, refusals = [], []
-    for a, mesh in meshes:
-        try:
-            p = ilp_plan(a, mesh, store, memory_budget_bytes=memory_budget_bytes, repeats=repeats,
-                         time_limit_s=time_limit_s, is_main=is_main, log=log)
-        except UserError as e:
-            if len(meshes) == 1 or not str(e).startswith("no plan fits"):
-                raise
-            refusals.append(f"mesh {list(a.mesh_shape)}: {e}")
-            rows.append({"mesh_shape": list(a.mesh_shape), "skipped": str(e)})
-            log("ILP on mesh %s: %s" % (list(a.mesh_shape), e))
-            continue
-        found.append(p)
-        rows.append({"mesh_shape": p.mesh_shape, "predicted_step_time_s": p.predicted_step_time_s,
-                     "predicted_memory_gb": p.solution.memory_bytes / 2**30, "solve_time_s": p.solution.solve_time_s,
-                     "num_variables": p.solution.num_variables})
-    if not found:
-        raise UserError("no plan fits on any mesh the ILP solved: " + "; ".join(refusals))
-    best = min(found, key=lambda p: p.predicted_step_time_s)
+    out, unless that is every mesh (``meshes.for_each_mesh``)."""
+    shapes = [list(a.mesh_shape) for a, _ in meshes]
+    found, reasons = for_each_mesh(
+        shapes, lambda i: ilp_plan(*meshes[i], store, memory_budget_bytes=memory_budget_bytes, repeats=repeats,
+                                   time_limit_s=time_limit_s, is_main=is_main, log=log),
+        refuse=NoPlanFits, none_fit=lambda why: NoPlanFits("no plan fits on any mesh the ILP solved: " + why),
+        log=log, what="ILP on mesh")
+    rows = [{"mesh_shape": shape, "skipped": why} if p is None else
+            {"mesh_shape": p.mesh_shape, "predicted_step_time_s": p.predicted_step_time_s,
+             "predicted_memory_gb": p.solution.memory_bytes / 2**30, "solve_time_s": p.solution.solve_time_s,
+             "num_variables": p.solution.num_variables}
+            for shape, p, why in zip(shapes, found, reasons)]
+    best = min((p for p in found if p is not None), key=lambda p: p.predicted_step_time_s)
     if len(meshes) > 1:
         best.meshes = rows
         log("ILP: the plan on mesh %s is kept (predicted %s)" % (best.mesh_shape, ", ".join(

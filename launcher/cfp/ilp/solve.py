@@ -29,7 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from launcher.cfp.ilp.formulate import Problem
-from launcher.errors import UserError
+from launcher.errors import NoPlanFits, UserError
 
 TIME_LIMIT_S = 300.0
 SCALE = 1e6   # objective in microseconds
@@ -59,7 +59,7 @@ def require_solver() -> Any:
 def solve(problem: Problem, memory_budget_bytes: Optional[float] = None,
           time_limit_s: float = TIME_LIMIT_S) -> Solution:
     """The plan of least communication whose peak memory fits ``memory_budget_bytes`` (None:
-    any); bad input (``UserError``) when none fits, with the least memory any plan needs."""
+    any); ``NoPlanFits`` (bad input) when none fits, with the least memory any plan needs."""
     t0 = time.perf_counter()
     budget = memory_budget_bytes if memory_budget_bytes else None
     rows = np.zeros(0, dtype=int)
@@ -96,9 +96,9 @@ def least_memory(problem: Problem, time_limit_s: float = TIME_LIMIT_S) -> tuple[
 
 def _no_plan_fits(problem: Problem, budget: float, time_limit_s: float) -> None:
     least, _ = least_memory(problem, time_limit_s)
-    raise UserError(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan needs is "
-                    f"{least / 2**30:.6g} GB per device (predicted by the ILP's liveness model); raise the budget "
-                    "or use more devices")
+    raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan needs is "
+                     f"{least / 2**30:.6g} GB per device (predicted by the ILP's liveness model); raise the budget "
+                     "or use more devices")
 
 
 class _Model:

@@ -1,6 +1,6 @@
 """CFP's search pass: dynamic programming over the profiled segments, then the shortlist and the
-searched plan measured on the whole step beside the baselines (map: ``launcher/cfp/__init__.py``)."""
+searched plan measured on the whole step beside the baselines (map: ``launcher/cfp/__init__.py``).
 
-from launcher.cfp.search.dp import predict, search, shortlist
-
-__all__ = ["predict", "search", "shortlist"]
+Its modules are imported by name and this file imports none of them: ``meshes.py`` stays light
+(no JAX) for the pipeline's module level, while ``dp.py`` reaches the profiler and JAX.
+"""

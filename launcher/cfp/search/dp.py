@@ -39,7 +39,7 @@ from typing import Mapping
 
 from launcher.cfp.profile.boundaries import Boundary
 from launcher.cfp.profile.profiler import Profiles
-from launcher.errors import UserError
+from launcher.errors import NoPlanFits, UserError
 
 FRONT_CAP = 64
 
@@ -100,9 +100,9 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
 
     least = sum(min(m) for m in mem)
     if least > budget:
-        raise UserError(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
-                        f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
-                        "devices")
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
+                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
+                         "devices")
 
     # front[c]: (time, memory, path) entries, path = a combination index per unit so far
     front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget else [] for c in range(len(cost[0]))]
@@ -125,8 +125,8 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
 
     ends = sorted((e for entries in front for e in entries), key=lambda e: (e[0], e[1]))
     if not ends:  # every path crossed the budget somewhere
-        raise UserError(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
-                        f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget")
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
+                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget")
 
     def result(path: tuple[int, ...]) -> SearchResult:
         t, m = costs.total(path)

@@ -11,11 +11,16 @@ are 1-D plans over the same devices, or leave an axis repeating the computation.
 The plans nearest the built-in ones (``nearest.py``) are what makes the search never lose to a
 baseline it is compared with: each built-in plan is looked for on the mesh shaped like its own
 (dp_tp's [4,2]), so every baseline has a point of the search space measured beside the rest.
+
+Every pass that works mesh by mesh (the analysis, the search's DP, the ILP) goes through
+``for_each_mesh``: a mesh that cannot hold the model or a plan is left out while another can.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+R = TypeVar("R")
 
 AUTO = "auto"
 
@@ -83,3 +88,28 @@ def merge_shortlists(shortlists: Sequence[Sequence[Any]], k: int) -> list[tuple[
                   key=lambda ic: ic[1].predicted_time_s)
     room = max(k - len(shortlists), 0)
     return kept + rest[:room]
+
+
+def for_each_mesh(shapes: Sequence[Sequence[int]], attempt: Callable[[int], R], *,
+                  refuse: type[Exception] | tuple[type[Exception], ...], none_fit: Callable[[str], Exception],
+                  log: Callable[[str], None], what: str = "mesh") -> tuple[list[Optional[R]], list[Optional[str]]]:
+    """``attempt(i)`` on each logical mesh ``shapes[i]`` of the same devices, where one mesh may
+    refuse (``refuse``: the model does not divide it, no plan on it fits the budget) while another
+    does not: its result, or None and why (logged as ``<what> [4, 2]: left out: <why>``). A single
+    mesh's refusal is raised as it is; when every one of several refuses, ``none_fit(their
+    reasons)`` is raised. Returns the results and the reasons (None where it worked), by mesh."""
+    results: list[Optional[R]] = []
+    reasons: list[Optional[str]] = []
+    for i, shape in enumerate(shapes):
+        try:
+            results.append(attempt(i))
+            reasons.append(None)
+        except refuse as e:
+            if len(shapes) == 1:
+                raise
+            results.append(None)
+            reasons.append(str(e))
+            log(f"{what} {list(shape)}: left out: {e}")
+    if all(r is None for r in results):
+        raise none_fit("; ".join(f"mesh {list(s)}: {why}" for s, why in zip(shapes, reasons)))
+    return results, reasons

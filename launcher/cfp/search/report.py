@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import io
+import statistics
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from launcher.cfp.search.measure import PlanRun
+if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with their schemas
+    from launcher.cfp.search.measure import PlanRun
 
 
 def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun]) -> dict:
     """The result fields comparing the searched plan with the fastest baseline: the ratio of
     median step times, and paired (the median over rounds of the ratio within each round; the
     plans of a round ran together, so the machine's drift between rounds cancels)."""
-    import statistics
-
     if not baselines:
         return {}
     name = min(baselines, key=lambda n: baselines[n].step_time_s)

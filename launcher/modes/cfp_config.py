@@ -1,0 +1,71 @@
+"""What the CFP modes' configs share: the analysis's options (mode=analysis, profile, search) and
+the profile's (mode=profile, search). Not a mode: ``analysis.py``, ``profile.py`` and
+``search.py`` subclass these with their names and their own options.
+
+The profile's options are ``launcher.cfp.options.ProfileOptions``' fields under the same names,
+with its defaults: what each does and why its default is what it is, is said there once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from launcher.cfp.options import ProfileOptions
+from launcher.cfp.search.meshes import AUTO, is_auto
+from launcher.errors import UserError
+from launcher.modes.base import ModeConfig
+from launcher.schema import check_files, check_mesh_shape
+
+
+@dataclass
+class AnalysisConfig(ModeConfig):
+    # [] = 1-D over all global devices; e.g. [2, 4]; "auto" (profile, search and cfp) every logical
+    # mesh worth searching, the fastest plan over them kept (launcher/cfp/search/meshes.py)
+    mesh_shape: Any = field(default_factory=list)
+    hlo_file: str = ""  # analyse this HLO text module instead of the model's training step
+    learning_rate: float = 1e-3  # of the optimizer whose update is part of the analysed step
+
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission (``launcher.schema.validate``): the mesh fits the job's devices (a
+        dumped module's mesh need not: it is analysed, not run), the module file exists.
+        ``job``: ``launcher.schema.Job``."""
+        if mode.hlo_file:
+            check_files("mode.hlo_file", mode.hlo_file, job)
+        shape = mode.mesh_shape
+        if is_auto(shape):
+            return
+        if isinstance(shape, str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+            raise UserError(f"mode.mesh_shape={shape}: give a list of axis sizes, e.g. [4,2], [] for 1-D over "
+                            f"every device, or {AUTO}")
+        check_mesh_shape("mode.mesh_shape", shape, replace(job, devices=None) if mode.hlo_file else job)
+
+
+@dataclass
+class ProfileConfig(AnalysisConfig):
+    store_dir: str = ProfileOptions.store_dir
+    repeats: int = ProfileOptions.repeats
+    warmup: int = ProfileOptions.warmup
+    cold_caches: bool = ProfileOptions.cold_caches
+    max_segment_space: int = ProfileOptions.max_segment_space
+    memory_budget_gb: float = ProfileOptions.memory_budget_gb
+    skip_over_budget: bool = ProfileOptions.skip_over_budget
+    early_stop_ratio: float = ProfileOptions.early_stop_ratio
+    overlap_compile: Optional[bool] = ProfileOptions.overlap_compile
+    # mode=profile's communication study (launcher/cfp/search/measure.py): every uniform plan of
+    # the whole step, with its collectives and step time, run iterations steps x run_repeats.
+    enumerate: bool = False
+    iterations: int = 10
+    run_repeats: int = 3
+
+    @classmethod
+    def check(cls, mode, job) -> None:
+        """Before submission: the analysis's checks, the profile's options (``ProfileOptions``
+        refuses bad values), and no mode.hlo_file (see the message)."""
+        if mode.hlo_file:
+            raise UserError(f"mode={mode.name} runs the model's training step; mode.hlo_file={mode.hlo_file!r} is "
+                            "for mode=analysis only (a module alone cannot be re-run under other plans)")
+        ProfileOptions.of(mode)
+        super().check(mode, job)
+
