@@ -90,7 +90,7 @@ def test_a_misspelt_option_lists_only_real_options(tmp_path):
     proc = run_cli("mode=serch", run_dir=tmp_path / "run", check=False, timeout=60)
     assert proc.returncode == 2
     assert "_schema" not in proc.stderr and "schema_" not in proc.stderr
-    assert "choose one of analysis, cfp, check, hlo_replay, profile, search, train" in proc.stderr
+    assert "choose one of analysis, cfp, check, hlo_replay, profile, run, search, train" in proc.stderr
     assert proc.stderr.count("\n") == 1
 
 
