@@ -171,6 +171,19 @@ def shard_map(f: Callable, *, mesh: Any, in_specs: Any, out_specs: Any) -> Calla
     return experimental(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 
+def abstract_mesh(sizes: dict[str, int]) -> Any:
+    """A mesh of axis names and sizes without devices, for tracing under sharding constraints
+    (``jax.sharding.AbstractMesh``): 0.4.35 takes ``((name, size), ...)``, newer releases
+    ``(sizes, names)``."""
+    import inspect
+
+    from jax.sharding import AbstractMesh
+
+    if "shape_tuple" in inspect.signature(AbstractMesh.__init__).parameters:
+        return AbstractMesh(tuple(sizes.items()))
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes))
+
+
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:
     """XLA's cost analysis as one dict: releases before 0.5.0 returned a list with one dict per
     executable (one, here), later ones the dict itself; None (no analysis) becomes {}."""

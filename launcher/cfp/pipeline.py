@@ -76,8 +76,12 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         program = None
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
+        from launcher.cfp.search.nearest import builtin_references
+
         program = training_program(model, learning_rate)
-        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only)
+        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py).
+        references = builtin_references(program, natural_only=two_axis_only)
+        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
         "%d, segment space %d (%.2f s)" % (list(mesh_shape), len(result.contractions), len(result.blocks), len(result.segments),
@@ -351,7 +355,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], budget: Optional[float],
     live = [i for i, f in enumerate(founds) if f is not None]
     program = on[0].analyzed.program
     devices = list(on[0].mesh.devices.flat)
-    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices) \
+    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
         if verify_nearest else {}
     nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
     for name in baselines if verify_nearest else ():
