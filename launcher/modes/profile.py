@@ -120,6 +120,8 @@ def analyze_and_profile(ctx: Any) -> list[Any]:
                                     is_main=ctx.is_main, log=log, progress=ctx.progress)
         ctx.write_json(folder + "profiles.json", profiled.to_json(analyzed.analysis))
         out.append(pipeline.OnMesh(analyzed, mesh, profiled.profiles))
+    from launcher.cfp.profile.budget import refuse_if_nothing_fits
+    refuse_if_nothing_fits([o.shape for o in out], [o.profiles for o in out])  # no mesh has a plan within budget
     return out
 
 
