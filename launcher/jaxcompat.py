@@ -185,6 +185,19 @@ def enable_x64() -> ContextManager:
     return experimental()
 
 
+def abstract_mesh(sizes: dict[str, int]) -> Any:
+    """A mesh of axis names and sizes without devices, for tracing under sharding constraints
+    (``jax.sharding.AbstractMesh``): 0.4.35 takes ``((name, size), ...)``, newer releases
+    ``(sizes, names)``."""
+    import inspect
+
+    from jax.sharding import AbstractMesh
+
+    if "shape_tuple" in inspect.signature(AbstractMesh.__init__).parameters:
+        return AbstractMesh(tuple(sizes.items()))
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes))
+
+
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:
     """XLA's cost analysis as one dict: releases before 0.5.0 returned a list with one dict per
     executable (one, here), later ones the dict itself; None (no analysis) becomes {}."""

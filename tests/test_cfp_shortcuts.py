@@ -226,6 +226,63 @@ def test_what_no_plan_within_the_budget_can_hold_is_not_timed(tmp_path):
         search(prof, len(a.blocks), max(floor.values()))
 
 
+def test_a_budget_no_plan_meets_is_refused_as_soon_as_that_is_known(tmp_path):
+    """Under every device's share of the parameters, optimizer state and batch, before anything
+    is compiled; under the least memory of the unit kinds known so far (those with the fewest
+    combinations first), as soon as they are known: what was measured stays in the store, and
+    the search says why (issue 28)."""
+    from launcher.cfp.profile.budget import gb_at_least, state_floor_bytes
+
+    a, mesh = small_gpt(4)
+    mems, units = compiled_memories(a, mesh, tmp_path / "compiled")
+    floor = state_floor_bytes(a)
+    store = ProfileStore(tmp_path / "store")
+    with pytest.raises(UserError, match=r"no plan fits mode.memory_budget_gb=.*: every plan needs at least .* GB per "
+                                        r"device \(its parameters, optimizer state and batch alone, split over all 4 "
+                                        r"devices\); give mode.memory_budget_gb=\S+ or more"):
+        profile(a, mesh, store, Shortcuts(floor - 1, 0.0))
+    assert len(store) == 0
+
+    first = {}
+    for u in units:
+        first.setdefault(u.kind, u)
+    kind = min(first, key=lambda k: len(first[k].combos()))       # profiled first: one combination
+    needs = sum(u.kind == kind for u in units) * min(m for (k, _), m in mems.items() if k == kind)
+    budget = (floor + needs) / 2
+    assert floor < budget < needs
+    prof, lines = profile(a, mesh, store, Shortcuts(budget, 0.0), repeats=3)
+    assert prof.infeasible and prof.least_plan_bytes == needs and prof.measured == len(first[kind].combos())
+    assert f"give mode.memory_budget_gb={gb_at_least(needs)} or more" in prof.infeasible
+    assert float(gb_at_least(needs)) * 2**30 >= needs
+    assert len(store) == prof.measured and any(line.startswith("profile: stopped after") for line in lines)
+    with pytest.raises(UserError) as refused:
+        search(prof, len(a.blocks), budget)
+    assert str(refused.value) == prof.infeasible
+    # The same store says so again before compiling anything.
+    again, lines = profile(a, mesh, store, Shortcuts(budget, 0.0), repeats=3)
+    assert again.measured == 0 and again.infeasible == prof.infeasible
+    assert any(line.startswith("profile: nothing measured: no plan on mesh [4] fits") for line in lines)
+
+
+def test_a_budget_under_the_parameters_share_is_refused_within_seconds(tmp_path):
+    import time
+
+    t0 = time.monotonic()
+    proc = run_cli("mode=search", "model=gpt-tiny", "mode.memory_budget_gb=0.0000001",
+                   f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "run", check=False, timeout=300)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    m = re.fullmatch(r"error: rank \d on \S+: no plan fits mode.memory_budget_gb=1e-07: every plan needs at least "
+                     r"([\d.e-]+) GB per device \(its parameters, optimizer state and batch alone, split over all 8 "
+                     r"devices\); give mode.memory_budget_gb=([\d.e-]+) or more \(0: no limit\)", last)
+    assert m, last
+    assert float(m.group(2)) >= float(m.group(1)) > 1e-7
+    # Refused after the analysis, before any profiling: start-up, tracing and no more (it took
+    # over 5 minutes of compiling before, issue 28).
+    assert seconds < 60, seconds
+
+
 def test_a_much_slower_candidate_stops_early_and_a_run_without_early_stop_times_it(tmp_path):
     from launcher.cfp.profile.keys import StoreKeys
     from launcher.cfp.profile.units import profiling_units

@@ -21,12 +21,14 @@ benches call it.
       strategies.py        parallel strategies of a contraction on the mesh (Alpa's notation)
       propagation.py       how a partition propagates through each primitive without communication
       blocks.py            ParallelBlocks
+      references.py        built-in plans' layouts in the space: the blocks offer them; nearest plans
       segments.py          unique segments by template matching over the block sequence
 
     profile/               pass 2: every plan combination of each unique segment, measured
       profiler.py          Profiler (runs the parts below in order) -> Profiles
       units.py             what is profiled: segments, or parts of them, and their combinations
       candidates.py        the candidate loop: compile, time, store each combination
+      budget.py            a memory budget no plan can meet, refused as soon as that is known
       boundaries.py        tensors crossing between units; the resharding pairs they need
       keys.py              profile-store keys (PROFILE_VERSION)
       programs.py          programs timed besides segments: resharding, all-reduce latency,

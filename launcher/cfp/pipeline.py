@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.profile.budget import refuse_if_nothing_fits
 from launcher.cfp.options import BASELINES  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
 from launcher.cfp.options import ILP_BASELINE, IlpOptions, ProfileOptions, SearchOptions
 from launcher.cfp.program import TrainingProgram
@@ -102,8 +103,12 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         program = None
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
+        from launcher.cfp.search.nearest import builtin_references
+
         program = training_program(model, learning_rate)
-        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only)
+        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py).
+        references = builtin_references(program, natural_only=two_axis_only)
+        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
         "%d, segment space %d (%.2f s)" % (list(mesh_shape), len(result.contractions), len(result.blocks), len(result.segments),
@@ -221,6 +226,7 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
         log("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
             "measured now" % (o.shape, p.reused, p.profiled_configs, p.measured))
         out.append(replace(o, profiles=p))
+    refuse_if_nothing_fits([o.shape for o in out], [o.profiles for o in out])  # no mesh holds a plan within budget
     return out
 
 
@@ -385,7 +391,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions =
     live = [i for i, f in enumerate(founds) if f is not None]
     program = on[0].analyzed.program
     devices = list(on[0].mesh.devices.flat)
-    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices) \
+    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
         if verify_nearest else {}
     nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
     for name in baselines if verify_nearest else ():

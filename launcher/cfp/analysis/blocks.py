@@ -1,7 +1,10 @@
 """ParallelBlocks: groups of operators whose layout one choice fixes without communication.
 
 A block starts at a forward contraction, its *head*. A *plan* of the block is one of the head's
-strategies (``strategies.py``); choosing it fixes the layout of every operator in the block.
+strategies (``strategies.py``); choosing it fixes the layout of every operator in the block. The
+enumerated strategies come first; after them, where a hand-written plan lays the block out in a
+way the enumeration leaves out (a mesh axis left unused), the head's strategy under that plan
+(``references.py``), named after the plans it was added for.
 Operators are visited in program order and each is *owned* by exactly one block:
 
 - a forward contraction joins an existing block as a *sibling* when it shares a (non-input)
@@ -37,7 +40,7 @@ layouts; those are the sharding constraints the profile pass applies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from launcher.cfp.analysis.contractions import Contraction
 from launcher.cfp.analysis.graph import Graph
@@ -57,6 +60,8 @@ class Block:
     roles: dict[int, str] = field(default_factory=dict)   # contraction -> head/sibling/absorbed/bwd
     strategies: dict[int, list[Strategy]] = field(default_factory=dict)  # contraction -> per plan
     specs: list[dict[int, Spec]] = field(default_factory=list)  # per plan: var -> layout
+    enumerated: int = 0                         # plans[:enumerated]: enumerate_strategies'
+    references: dict[int, tuple[str, ...]] = field(default_factory=dict)  # plan added -> for whom
 
     @property
     def num_plans(self) -> int:
@@ -68,9 +73,11 @@ class Block:
 
 
 def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int],
-                 two_axis_only: bool = False) -> tuple[list[Block], list[int]]:
+                 two_axis_only: bool = False, extra: Mapping[int, Mapping[Strategy, tuple[str, ...]]] | None = None
+                 ) -> tuple[list[Block], list[int]]:
     """The blocks in head order, and the owner block of every operator (``two_axis_only``:
-    ``strategies.enumerate_strategies``'s)."""
+    ``strategies.enumerate_strategies``'s). ``extra``: per contraction, strategies its block
+    offers after the enumerated ones should it head one, each with the names it is offered for."""
     blocks: list[Block] = []
     owner: list[int | None] = [None] * len(g.ops)
     pending: list[int] = []
@@ -85,6 +92,11 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
 
     def open_block(c: Contraction) -> Block:
         b = Block(len(blocks), c.op, enumerate_strategies(c, mesh_shape, two_axis_only))
+        b.enumerated = len(b.plans)
+        for s, names in (extra or {}).get(c.op, {}).items():
+            if s not in b.plans:
+                b.plans.append(s)
+                b.references[len(b.plans) - 1] = tuple(names)
         b.specs = [{} for _ in b.plans]
         blocks.append(b)
         return b

@@ -1,7 +1,9 @@
 """The CFP analysis pass: program -> contractions -> ParallelBlocks -> unique segments.
 
 ``analyze(step_fn, args, mesh_shape)`` traces any step function; ``analyze_graph`` takes a graph
-built some other way (an HLO module, ``hlo_text.py``). The result renders the pass's four files
+built some other way (an HLO module, ``hlo_text.py``). Either may be given ``references``: the
+layouts hand-written plans give the program (``references.py``), which the blocks then offer
+where their enumerated plans do not. The result renders the pass's four files
 (``parallel_blocks.txt``, ``strategy_map.txt``, ``segments.txt``, ``analysis.json``); they depend
 only on the program and the mesh, so the same input gives the same bytes.
 """
@@ -10,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from launcher.cfp.analysis.blocks import Block, build_blocks
 from launcher.cfp.analysis.contractions import Contraction, find_contractions
 from launcher.cfp.analysis.graph import Graph, trace
+from launcher.cfp.analysis.references import Reference, referenced_strategies
 from launcher.cfp.analysis.segments import Segment, Template, block_signature, find_segments
 from launcher.cfp.analysis.strategies import collective, enumerate_strategies, notation, operand_specs
 from launcher.errors import UserError
@@ -33,6 +36,7 @@ class Analysis:
     templates: list[Template]
     closed_jaxpr: Any = None     # the traced program, when there is one (apply.py re-evaluates it)
     two_axis_only: bool = False  # 2-D plans split two roles (strategies.py; mode.mesh_shape=auto)
+    references: dict[str, Reference] = field(default_factory=dict)  # name -> layouts (references.py)
 
     @property
     def exhaustive_space(self) -> int:
@@ -74,7 +78,8 @@ class Analysis:
             lines.append(f"ParallelBlock {b.id}: head op {b.head} ({g.ops[b.head].phase}), {b.num_plans} plans, "
                          f"{len(b.ops)} ops ({len(b.members)} members), signature {self.signatures[b.id]}")
             for k, s in enumerate(b.plans):
-                lines.append(f"  plan {k}: {notation(head, s)}")
+                added = f"  (offered for {', '.join(b.references[k])})" if k in b.references else ""
+                lines.append(f"  plan {k}: {notation(head, s)}{added}")
             for i in b.ops:
                 op = g.ops[i]
                 role = b.roles.get(i) or ("member" if i in b.members else "glue")
@@ -119,6 +124,10 @@ class Analysis:
                 "contractions": [{"op": i, "role": b.roles[i],
                                   "plans": [_plan_entry(self.contractions[i], s) for s in b.strategies[i]]}
                                  for i in b.contractions],
+                # Only where plans were added: an analysis without them keeps its bytes (and the
+                # profile store its keys, profile/keys.py).
+                **({"offered_for": {str(k): list(v) for k, v in sorted(b.references.items())}}
+                   if b.references else {}),
             })
         return {
             "source": g.source, "mesh_shape": list(self.mesh_shape), "num_ops": len(g.ops),
@@ -157,16 +166,23 @@ def _plan_entry(c: Contraction, s) -> dict:
             "out": [list(a) for a in out]}
 
 
-def analyze(step_fn: Any, args: Sequence[Any], mesh_shape: Sequence[int], two_axis_only: bool = False) -> Analysis:
+References = Union[Mapping[str, Reference], Callable[[Graph, Sequence[int]], Mapping[str, Reference]], None]
+
+
+def analyze(step_fn: Any, args: Sequence[Any], mesh_shape: Sequence[int], two_axis_only: bool = False,
+            references: References = None) -> Analysis:
     """Analyses ``step_fn(*args)`` (arrays or ShapeDtypeStructs) for a mesh of ``mesh_shape``
-    (``two_axis_only``: ``strategies.enumerate_strategies``'s)."""
+    (``two_axis_only``: ``strategies.enumerate_strategies``'s). ``references``: name -> layout per
+    var id of the traced graph, or a function of (graph, mesh shape) returning them
+    (``search/nearest.py``'s ``builtin_references``)."""
     closed, g = trace(step_fn, *args)
-    a = analyze_graph(g, mesh_shape, two_axis_only)
+    a = analyze_graph(g, mesh_shape, two_axis_only, references)
     a.closed_jaxpr = closed
     return a
 
 
-def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = False) -> Analysis:
+def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = False,
+                  references: References = None) -> Analysis:
     mesh_shape = check_mesh_shape(mesh_shape)
     cons = find_contractions(g)
     if not cons:
@@ -174,11 +190,13 @@ def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = Fal
                         "lookup), so CFP has nothing to partition: check that model._target_ names a model whose "
                         "loss multiplies by its weights, or give mode.hlo_file a module with dot/convolution")
     _check_axes_divide(cons, mesh_shape)
-    blocks, owner = build_blocks(g, cons, mesh_shape, two_axis_only)
+    refs = dict(references(g, mesh_shape) if callable(references) else references or {})
+    extra = referenced_strategies(g, cons, mesh_shape, two_axis_only, refs)
+    blocks, owner = build_blocks(g, cons, mesh_shape, two_axis_only, extra)
     signatures = [block_signature(g, b) for b in blocks]
     segments, templates = find_segments(signatures, [b.num_plans for b in blocks])
     return Analysis(g, mesh_shape, cons, blocks, owner, signatures, segments, templates,
-                    two_axis_only=two_axis_only and len([n for n in mesh_shape if n > 1]) == 2)
+                    two_axis_only=two_axis_only and len([n for n in mesh_shape if n > 1]) == 2, references=refs)
 
 
 def check_mesh_shape(mesh_shape: Sequence[int]) -> tuple[int, ...]:

@@ -77,6 +77,9 @@ def block_signature(g: Graph, b: Block) -> str:
     # Sorted: HLO text may print two identical layers' operators in different (equally valid)
     # topological orders.
     parts = sorted(parts) + [f"plans={b.num_plans}"]
+    # Plans added for hand-written plans (references.py) are part of what a template profiles;
+    # blocks without them keep the signature they had before such plans existed.
+    parts += [f"offered={b.plans[k].axes}" for k in sorted(b.references)]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
 

@@ -87,6 +87,22 @@ def enumerate_strategies(c: Contraction, mesh_shape: Sequence[int], two_axis_onl
     return out or [Strategy(((),) * len(c.dims))]
 
 
+def sub_strategies(strategies: Sequence[Strategy]) -> list[Strategy]:
+    """What ``strategies`` offer with fewer axes used: each with one mesh axis (or group of axes
+    splitting one dimension) left unused, and the replicated strategy; those not among them
+    already. A split left out never adds communication, so the operators a block's plans keep
+    communication-free stay so (``references.py``)."""
+    out: list[Strategy] = []
+    seen = set(strategies)
+    for s in strategies:
+        for d, ax in enumerate(s.axes):
+            if ax:
+                out.append(Strategy(s.axes[:d] + ((),) + s.axes[d + 1:]))
+    if strategies:
+        out.append(Strategy(((),) * len(strategies[0].axes)))
+    return [s for s in dict.fromkeys(out) if s not in seen]
+
+
 def _candidate(c: Contraction, role: str, n: int) -> int | None:
     for i in c.of_role(role):
         if c.dims[i].size % n == 0:

@@ -25,6 +25,11 @@ CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
   candidate is at least ``early_stop_ratio`` times slower than the best, so the search may use it
   as its cost (it cannot be its unit's best) but nothing may take it for a full measurement.
 
+A budget no plan can meet stops the loop as soon as that is known (``budget.py``): once every
+combination of a unit kind has a known memory and those kinds' least memories add up to more
+than the budget, ``infeasible`` says so and nothing more is compiled on this mesh. So that this
+is known early, the kinds with the fewest combinations (an embedding, a head) are profiled first.
+
 Which stored entries a run reuses follows from what they promise (``Shortcuts.reuses``): an
 ``over_budget`` entry only while the run's budget is still below its floor (a run with a larger
 budget, or without the shortcut, times it), a ``stopped_early`` one only while the run stops at
@@ -43,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.keys import StoreKeys
 from launcher.cfp.profile.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, \
     segment_program, synthetic_inputs
@@ -102,9 +108,16 @@ class CandidateLoop:
         self.instances = Counter(u.kind for u in units)
         self._combos = {kind: len(u.combos()) for kind, u in self.first.items()}
         self.memory: dict[tuple[int, int], dict[tuple[int, ...], int]] = {kind: {} for kind in self.first}
+        # Set when no plan on this mesh fits the budget (``budget.py``): why, and the least
+        # memory a plan needs as far as the memories known tell.
+        self.infeasible: str | None = None
+        self.least_plan_bytes = 0
 
     def candidates(self) -> list[Candidate]:
-        return [(u, c) for u in self.first.values() for c in u.combos()]
+        """Every kind's combinations, the kinds with the fewest first: the sooner a kind's every
+        memory is known, the sooner the floors of the rest (``plan_floor``) and a budget no plan
+        meets (``over_budget_everywhere``) are known too."""
+        return [(u, c) for u in sorted(self.first.values(), key=lambda u: len(u.combos())) for c in u.combos()]
 
     def missing(self, candidates: list[Candidate]) -> list[bool]:
         """Which candidates the store lacks, or holds an entry this run's shortcuts may not reuse
@@ -141,6 +154,25 @@ class CandidateLoop:
                 floor += (n - (k == kind)) * min(known.values())
         return floor
 
+    def over_budget_everywhere(self) -> bool:
+        """Whether the memories known so far show that no plan on this mesh fits the budget
+        (then ``infeasible`` says why); rank 0's figures decide for every process."""
+        budget = self.shortcuts.memory_budget_bytes
+        if budget is None:
+            return False
+        known = least_plan_bytes(self.memory, self._combos, self.instances)
+        least = max(known, state_floor_bytes(self.a))
+        if not _rank0_flag(least > budget):
+            return False
+        kinds = sum(len(m) == self._combos[k] for k, m in self.memory.items())
+        measured = sum(len(m) for m in self.memory.values())
+        self.least_plan_bytes = least
+        self.infeasible = no_plan_fits(
+            budget, least, f"on mesh {list(self.a.mesh_shape)} ",
+            f"from the {kinds} of its {len(self._combos)} unit kinds whose every combination's memory is known, "
+            f"{measured} of {sum(self._combos.values())} combinations compiled")
+        return True
+
     def program(self, u: Unit) -> SegmentProgram:
         if u.kind not in self._programs:
             self._programs[u.kind] = segment_program(self.a, u.start, u.end)
@@ -172,7 +204,11 @@ class CandidateLoop:
     def measure(self, todo: list[Candidate], progress: Any = None) -> int:
         """Profiles ``todo`` in order, writing each entry as soon as it is measured; counts in
         ``self.counts`` how many were timed in full, not timed (over the memory budget) and
-        stopped early."""
+        stopped early. Stops as soon as no plan can fit the budget (``infeasible``); returns how
+        many were measured."""
+        if self.over_budget_everywhere():  # from the memories stored already
+            self.log(f"profile: nothing measured: {self.infeasible}")
+            return 0
         if not todo:
             return 0
         pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
@@ -217,9 +253,14 @@ class CandidateLoop:
                     self.store.put(self.keys.segment(u, combo), entry)
                 if progress is not None:
                     progress.advance()
+                if i + 1 < len(todo) and len(self.memory[u.kind]) == self._combos[u.kind] \
+                        and self.over_budget_everywhere():
+                    self.log(f"profile: stopped after {i + 1} of {len(todo)} combinations to measure: "
+                             f"{self.infeasible}")
+                    return i + 1
         finally:
             if pool:
-                pool.shutdown(wait=True)
+                pool.shutdown(wait=True, cancel_futures=True)
         return len(todo)
 
     def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
@@ -239,13 +280,15 @@ class CandidateLoop:
             self.best[u.kind] = min((best, best_overhead), (out["time_s"], out["overhead_s"]))
         return out
 
-    def table(self) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
-        """Every kind's entries from the store, by combination."""
+    def table(self, partial: bool = False) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
+        """Every kind's entries from the store, by combination (``partial``: those it has)."""
         out: dict[tuple[int, int], dict[tuple[int, ...], dict]] = {}
         for kind, u in self.first.items():
             out[kind] = {}
             for c in u.combos():
                 entry = self.store.get(self.keys.segment(u, c))
+                if entry is None and partial:
+                    continue
                 if entry is None:
                     raise RuntimeError(f"profile entry missing after profiling: template {kind}, combination {c}")
                 out[kind][c] = entry

@@ -30,7 +30,9 @@ back, so with several hosts it must be on a shared filesystem (like the run dir)
 CFP's profiling shortcuts (``candidates.Shortcuts``: ``memory_budget_bytes``,
 ``early_stop_ratio``; none by default) leave some entries untimed (over the memory budget: the
 search never picks them) or timed only in part (stopped early: their time is a bound the
-search may use as their cost); ``Profiles.timed`` and ``Profiles.bounded`` tell them apart.
+search may use as their cost); ``Profiles.timed`` and ``Profiles.bounded`` tell them apart. A
+budget no plan can meet is refused before profiling or stops it as soon as that is known
+(``budget.py``): then ``Profiles.infeasible`` says why, and the search refuses this mesh.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from typing import Any, Callable
 
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
+from launcher.cfp.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts
 from launcher.cfp.profile.keys import StoreKeys
 from launcher.cfp.profile.programs import allreduce_time, gradient_allreduces, reshard_time, whole_overhead_entry
 from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.profile.timing import CacheFlush, Timer
 from launcher.cfp.profile.units import Unit, profiling_units
+from launcher.errors import UserError
 from launcher.runtime import hosts
 
 
@@ -70,6 +74,12 @@ class Profiles:
     skipped: int = 0
     stopped: int = 0
     candidates_s: float = 0.0           # of ``seconds``, in the candidate loop (what the shortcuts save on)
+    # Set when the profile stopped because no plan on this mesh fits the memory budget
+    # (``budget.py``; the table then holds only what was measured): why, the least memory a plan
+    # needs as far as known, and the budget.
+    infeasible: str | None = None
+    least_plan_bytes: int = 0
+    budget_bytes: float | None = None
 
     @property
     def profiled_configs(self) -> int:
@@ -137,6 +147,11 @@ class Profiler:
         missing = self.loop.missing(candidates)
         todo = [c for c, m in zip(candidates, missing) if m]
         reused = len(candidates) - len(todo)
+        budget = self.shortcuts.memory_budget_bytes
+        if budget is not None and state_floor_bytes(self.a) > budget:
+            raise UserError(no_plan_fits(budget, state_floor_bytes(self.a), "",
+                                         f"its parameters, optimizer state and batch alone, split over all "
+                                         f"{self.mesh.devices.size} devices"))
         self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units "
                  f"({reused} reused from the store, {len(todo)} to measure)")
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
@@ -146,6 +161,12 @@ class Profiler:
         hosts.barrier("cfp-profile")
         candidates_s = time.perf_counter() - t_loop
         counts = self.loop.counts
+        if self.loop.infeasible:
+            return Profiles(self.units, self.loop.table(partial=True), [], {}, measured=measured, reused=reused,
+                            seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
+                            stopped=counts["stopped_early"], candidates_s=candidates_s,
+                            infeasible=self.loop.infeasible, least_plan_bytes=self.loop.least_plan_bytes,
+                            budget_bytes=budget)
         if measured:
             sc = self.shortcuts
             budget = f"{sc.memory_budget_bytes / 2**30:.6g} GB" if sc.memory_budget_bytes is not None else "none set"

@@ -93,6 +93,8 @@ class _Costs:
 
 def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = None) -> SearchResult:
     t0 = time.perf_counter()
+    if prof.infeasible:  # the profile stopped: no plan on its mesh fits its budget
+        raise UserError(prof.infeasible)
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     costs = _Costs(prof)
     cost, mem, units = costs.time, costs.mem, prof.units

@@ -10,7 +10,10 @@ are 1-D plans over the same devices, or leave an axis repeating the computation.
 
 The plans nearest the built-in ones (``nearest.py``) are what makes the search never lose to a
 baseline it is compared with: each built-in plan is looked for on the mesh shaped like its own
-(dp_tp's [4,2]), so every baseline has a point of the search space measured beside the rest.
+(dp_tp's [4,2]), so every baseline has a point of the search space measured beside the rest. So
+that the point is the baseline's own layout, each mesh's analysis is given the layouts of the
+built-in plans shaped like it (``nearest.builtin_references``): its blocks then offer the plans
+those take where the enumeration, and on a 2-D mesh the two-role rule, leave them out.
 
 Every pass that works mesh by mesh (the analysis, the search's DP, the ILP) goes through
 ``for_each_mesh``: a mesh that cannot hold the model or a plan is left out while another can.
@@ -56,19 +59,24 @@ def natural_shape(name: str, n: int) -> list[int] | None:
 
 
 def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
-                      devices: Sequence[Any]) -> dict[str, tuple[int, list[int]]]:
+                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None
+                      ) -> dict[str, tuple[int, list[int]]]:
     """{built-in plan name: (index of the analysis, its nearest plan there)}: each plan on the
-    mesh shaped like its own when one is searched, else on the first mesh it maps onto."""
-    from launcher.cfp.search.nearest import nearest_plans
+    mesh shaped like its own when one is searched, else on the first mesh it maps onto. Where
+    the nearest plan is not the built-in plan's own layout, ``log`` says why (``Nearest.reason``)."""
+    from launcher.cfp.search.nearest import nearest
 
     out = {}
     for name in names:
         natural = natural_shape(name, len(devices))
         order = sorted(range(len(analyses)), key=lambda i: list(analyses[i].mesh_shape) != natural)
         for i in order:
-            found = nearest_plans(analyses[i], program, [name], devices)
-            if name in found:
-                out[name] = (i, found[name])
+            found = nearest(analyses[i], program, name)
+            if found is not None:
+                out[name] = (i, found.assignment)
+                if not found.exact:
+                    log(f"plan nearest {name} on mesh {list(analyses[i].mesh_shape)} is not {name}'s layout: "
+                        f"{found.reason(analyses[i])}")
                 break
     return out
 

@@ -11,8 +11,12 @@ training step is traced again under the plan's activation rules, which adds its
 ``sharding_constraint`` operators (and ``reshard`` of literals) to an otherwise identical
 program; dropping them aligns it operator for operator with the analysed one. That gives a layout
 for every program input (parameters, optimizer state, batch, from the plan's shardings) and for
-every constrained activation. Each block then takes the plan under which the most of those
-tensors have exactly the built-in layout (the first such plan on a tie).
+every constrained activation: the plan's *reference* layout (``analysis/references.py``). Each
+block then takes the plan under which the most tensors it lays out have exactly the built-in
+layout. The analysis is given the same references (``builtin_references``), so its blocks offer
+the plans a built-in plan takes where the enumerated ones leave them out (a mesh axis unused:
+dp_tp's MoE router); ``nearest`` says which tensors the nearest plan still lays out otherwise,
+and why (``docs/cfp-layouts.md``).
 
 Mesh axes map in order: each of the built-in plan's axes must be a run of consecutive CFP axes of
 the same total size (dp's 8-device ``data`` axis is CFP axes (0, 1) of a 4x2 mesh; dp_tp's
@@ -22,10 +26,14 @@ nearest plan.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
+from launcher.cfp.analysis import references
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.analysis.strategies import Spec, operand_specs
+from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.references import Mismatch, Reference
+from launcher.cfp.analysis.strategies import Spec
 from launcher.errors import BAD_INPUT
 
 # Identity operators a plan's rules add to the traced step; everything else must line up.
@@ -56,24 +64,28 @@ def cfp_spec(partition_spec: Any, axes: dict[str, tuple[int, ...]], ndim: int) -
     return tuple(spec)
 
 
-def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]) -> dict[int, Spec] | None:
-    """var id (of ``a.graph``) -> the layout ``plan`` gives it, or None when the plan does not map
-    onto the analysis mesh, does not fit the model, or its traced step does not line up."""
+def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: Any) -> dict[int, Spec] | None:
+    """var id (of ``g``, the analysed step) -> the layout ``plan`` gives it on as many devices as
+    a mesh of ``mesh_shape`` has, or None when the plan does not map onto that mesh, does not fit
+    the model, or its traced step does not line up. Only shapes are traced, on a mesh without
+    devices: the layouts are the same whatever devices this process has."""
+    import math
+
     import jax
 
+    from launcher import jaxcompat
     from launcher.cfp.analysis.graph import trace
     from launcher.models.sharding import use_rules
     from launcher.models.train import make_train_step
 
     try:
-        mesh = plan.mesh(devices)
+        mesh = jaxcompat.abstract_mesh(plan.axis_sizes(math.prod(mesh_shape)))
         sh = plan.shardings(program.model, mesh, program.optimizer)
     except BAD_INPUT:  # the plan does not fit the model (ModelError) or the mesh
         return None
-    axes = axis_map(dict(mesh.shape), a.mesh_shape)
+    axes = axis_map(dict(mesh.shape), mesh_shape)
     if axes is None:
         return None
-    g = a.graph
     leaves = jax.tree_util.tree_leaves((sh.state, sh.batch))
     if len(leaves) != len(g.inputs):
         return None
@@ -103,28 +115,107 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any, devices: Sequence[Any]
     return known if next(ops, None) is None else None
 
 
-def nearest_assignment(a: Analysis, known: dict[int, Spec]) -> list[int]:
-    """Per block, the plan under which the most tensors with a known layout have exactly it."""
-    assignment = []
-    for b in a.blocks:
-        scores = []
-        for p in range(b.num_plans):
-            layouts = list(b.specs[p].items())
-            for op in b.contractions:
-                c = a.contractions[op]
-                layouts += zip((c.lhs, c.rhs, c.out), operand_specs(c, b.strategies[op][p]))
-            scores.append(sum(known.get(v) == tuple(spec) for v, spec in layouts))
-        assignment.append(scores.index(max(scores)))
-    return assignment
+def builtin_references(program: Any, names: Sequence[str] | None = None,
+                       natural_only: bool = False) -> Callable[[Graph, Sequence[int]], dict[str, Reference]]:
+    """For ``analysis.core.analyze``: (graph, mesh shape) -> {name: reference layout} for each
+    built-in plan of ``names`` (default: all) that maps onto the mesh; with ``natural_only``
+    (``mode.mesh_shape=auto``, where each is looked for on the mesh shaped like its own,
+    ``meshes.nearest_on_meshes``) only those whose own mesh it is."""
+    import math
+
+    from launcher.cfp.search.meshes import natural_shape
+    from launcher.models.plans import BUILTINS, builtin
+
+    def refs(g: Graph, mesh_shape: Sequence[int]) -> dict[str, Reference]:
+        out = {}
+        for name in names if names is not None else BUILTINS:
+            if natural_only and natural_shape(name, math.prod(mesh_shape)) != list(mesh_shape):
+                continue
+            known = reference_layouts(g, mesh_shape, program, builtin(name))
+            if known is not None:
+                out[name] = known
+        return out
+    return refs
 
 
-def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any]) -> dict[str, list[int]]:
-    """{built-in plan name: its nearest plan per block} for every name that maps."""
+def builtin_layouts(a: Analysis, program: Any, plan: Any) -> dict[int, Spec] | None:
+    """``reference_layouts`` on the analysis's graph and mesh; the analysis's own when it was
+    given the plan's (``Analysis.references``)."""
+    if plan.name in a.references and not plan.constraints:
+        return dict(a.references[plan.name])
+    return reference_layouts(a.graph, a.mesh_shape, program, plan)
+
+
+def nearest_assignment(a: Analysis, known: Reference) -> list[int]:
+    """Per block, the plan under which the most tensors it lays out have exactly the layout
+    ``known`` gives them (``analysis/references.py``)."""
+    return references.nearest_assignment(a.graph, a.blocks, a.contractions, known)
+
+
+@dataclass
+class Nearest:
+    """A built-in plan's nearest plan, and the tensors that plan still lays out otherwise."""
+    name: str
+    assignment: list[int]
+    mismatches: list[Mismatch]
+
+    @property
+    def exact(self) -> bool:
+        return not self.mismatches
+
+    def reason(self, a: Analysis) -> str:
+        """Why no plan of the space is the built-in one, in one line: what differs, block by
+        block (empty when the plan is exact). Two causes (``docs/cfp-layouts.md``): the built-in
+        plan stores inputs split otherwise than it computes with them (fsdp), or it changes a
+        layout between operators that CFP keeps in one communication-free block (ep)."""
+        if self.exact:
+            return ""
+        g = a.graph
+        inputs = dict(zip(g.inputs, g.input_names))
+        what = []
+        for m in self.mismatches:
+            if m.is_input(g):
+                tensor = f"input {inputs[m.var]}"
+            else:
+                op = g.ops[g.producer[m.var]]
+                tensor = f"{g.vars[m.var].type_str} of op {op.id} {op.prim} ({op.phase})"
+            what.append(f"block {m.block} (head op {a.blocks[m.block].head}): {tensor} is {_spec_str(m.want)} in "
+                        f"{self.name}, {_spec_str(m.got)} in the nearest plan")
+        made = sorted({m.block for m in self.mismatches if not m.is_input(g)})
+        if not made:
+            why = (f"{self.name} stores {len(self.mismatches)} program inputs split otherwise than it computes with "
+                   "them (XLA gathers each where it is used), while a CFP plan lays an input out as its first "
+                   "consumer computes with it")
+        else:
+            why = (f"{self.name} changes layouts inside block{'s' if len(made) > 1 else ''} "
+                   f"{', '.join(map(str, made))}: no plan of such a block gives every tensor it makes "
+                   f"{self.name}'s layout, and a block's operators share one plan (it is communication-free "
+                   "inside)")
+        more = f"; and {len(what) - 3} more" if len(what) > 3 else ""
+        return f"{why}: " + "; ".join(what[:3]) + more
+
+
+def _spec_str(spec: Spec) -> str:
+    return "[" + ", ".join("/".join(map(str, ax)) if ax else "-" for ax in spec) + "]"
+
+
+def nearest(a: Analysis, program: Any, name: str) -> Nearest | None:
+    """The plan nearest built-in plan ``name`` on ``a``'s mesh, or None where it does not map."""
     from launcher.models.plans import builtin
 
+    known = builtin_layouts(a, program, builtin(name))
+    if known is None:
+        return None
+    assignment = nearest_assignment(a, known)
+    return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
+
+
+def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any] = ()) -> dict[str, list[int]]:
+    """{built-in plan name: its nearest plan per block} for every name that maps. (``devices``
+    is not needed: the layouts depend on the mesh's shape only.)"""
     out = {}
     for name in names:
-        known = builtin_layouts(a, program, builtin(name), devices)
-        if known is not None:
-            out[name] = nearest_assignment(a, known)
+        found = nearest(a, program, name)
+        if found is not None:
+            out[name] = found.assignment
     return out
