@@ -8,7 +8,9 @@ dataclass.
 
 ``search`` takes one ``OnMesh`` per logical mesh searched (``mode.mesh_shape=auto``: several,
 ``search/meshes.py``) and keeps the fastest plan over all of them; ``analyze_meshes`` and
-``profile_meshes`` make them for a ``mode.mesh_shape``, as the modes do.
+``profile_meshes`` make them for a ``mode.mesh_shape``, as the modes do. Its ``answer`` (and
+``ilp_search``'s) is the plan to hand the user: the searched plan or, where the final race did
+not measure it faster by ``verify_margin``, the fastest baseline's (``Answer``, docs/cfp.md).
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
 has ``advance()`` (``None``: no progress bar). The modes (``launcher/modes/``) build the options
