@@ -54,6 +54,29 @@ full profile's own measure). Also, against the full profile: stopped candidates 
 there is under the ratio times their segment's best (stops the full profile disagrees with),
 and the median deviation between the two profiles' times of candidates both timed in full.
 Results go to bench/results/bench_cfp_search_shortcuts.json.
+
+    python bench/bench_cfp_search.py --users [--models ...] [--runs 1] [--nearest dp_tp ep]
+                                     [--store DIR] [--set mode.iterations=2 cluster.tasks_per_node=2 ...]
+
+runs instead the search as users get it: ``mode=cfp``'s defaults (``conf/mode/cfp.yaml``: the
+auto mesh, its shortlist, the 20-round final race) on the embedded default job (2 processes of 4
+CPU devices joined by gloo), ``alpa_ilp`` added to ``mode.baselines`` so that the Alpa-style
+ILP's plan races in the same rounds. Each model runs as a ``mode=run`` job whose function
+(``users_worker``) makes the calls ``mode=cfp`` makes (``launcher/modes/search.py``), with three
+more plans raced in the same final rounds, never dropped and never the answer: CFP's plan
+compiled a second time (the A/A floor) and the plans nearest ``--nearest`` (where each is not the
+plan kept: is the nearest plan as fast as the baseline it is nearest?). The profile store is one
+fresh directory for the whole bench (``--store`` to reuse one): each model's first run profiles
+from empty, later runs (``--runs``) reuse it, and the ILP's calibration is measured once.
+``--set`` overrides the composed config (``mode.``/``model.`` keys) or the job (any other key).
+Reported per run, every ratio paired over the final race's rounds (the slowest process's times,
+as the job decides): CFP's own plan over the best baseline (the fastest of the built-in plans and
+the ILP's, round by round) and over the best built-in plan, the answer (``plan.json``) over the
+best baseline, the ILP's plan over the best built-in plan, the A/A floor, whether CFP's plan is
+behind the best baseline beyond the floor and, where it is, what the same rounds measured of why
+(``diagnosis``: the plan kept, the plan nearest that baseline against it, the shortlist's duel);
+the job's wall time and its profile, calibration and race times. Results go to
+bench/results/bench_cfp_search_users.json.
 """
 
 from __future__ import annotations
@@ -71,6 +94,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = str(REPO / "bench" / "results" / "bench_cfp_search.json")
+DEFAULT_STORE = str(REPO / "outputs" / "cfp_profiles")
 
 
 def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, store: str, profile_repeats: int,
@@ -339,6 +363,209 @@ def paired(run: Any, other: Any) -> float:
     return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s))
 
 
+def users_worker(spec: str) -> dict:
+    """``mode=run``'s function on every process of the job (``--users``): the search as
+    ``mode=cfp`` runs it (``launcher/modes/search.py: _cfp``) with the mode and model config in
+    the file ``spec`` (the driver composed it), and the A/A and nearest plans raced beside it."""
+    import launcher
+    from hydra.utils import instantiate
+
+    from launcher.cfp import pipeline
+    from launcher.cfp.options import ILP_BASELINE
+    from launcher.cfp.search.measure import paired_over, paired_ratios, plan_runner
+    from launcher.modes.search import ilp_options, search_options
+
+    ctx = launcher.context()
+    s = json.loads(Path(spec).read_text())
+    cfg = s["mode"]
+    options = search_options(cfg, seed=s["seed"])
+    log = lambda line: print(line, flush=True)   # the rank's log
+    t0 = time.perf_counter()
+    on = pipeline.analyze_meshes(instantiate(s["model"], _convert_="all"), cfg["mesh_shape"],
+                                 learning_rate=cfg["learning_rate"], log=log)
+    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log)
+    t_profiled = time.perf_counter()
+    ilp = pipeline.ilp_plan(on, ilp_options(cfg), is_main=ctx.is_main, log=log) \
+        if ILP_BASELINE in options.baselines else None
+    t_ilp = time.perf_counter()
+    by_shape = {tuple(o.shape): o for o in on}
+
+    def also(chosen: Any, nearest: dict) -> list:
+        where = on[chosen.mesh_index]
+        kept = (tuple(where.shape), list(chosen.candidate.assignment))
+        runners = [plan_runner(where.analyzed.analysis, where.analyzed.program, dict(enumerate(kept[1])), where.mesh,
+                               seed=options.seed, name="cfp again")]
+        for name in s["nearest"]:
+            if name in nearest and (tuple(nearest[name][0]), list(nearest[name][1])) != kept:
+                o = by_shape[tuple(nearest[name][0])]
+                runners.append(plan_runner(o.analyzed.analysis, o.analyzed.program,
+                                           dict(enumerate(nearest[name][1])), o.mesh, seed=options.seed,
+                                           name=f"nearest {name}"))
+        return runners
+
+    out = pipeline.search(on, options, log=log, ilp=ilp, also=also)
+    t_end = time.perf_counter()
+    answer, cfp, runs, extra = out.answer, out.searched, out.baselines, out.also
+    n = len(cfp.repeat_times_s)
+    full = {k: r for k, r in runs.items() if len(r.repeat_times_s) == n}   # the race dropped none of these
+    builtin = {k: r for k, r in full.items() if k != ILP_BASELINE}
+    best_builtin = None
+    if builtin:
+        ratios = paired_ratios([r.repeat_times_s for r in builtin.values()])
+        best_builtin = list(builtin)[min(range(len(builtin)), key=ratios.__getitem__)]
+    pair = lambda a, b: paired_over(a.repeat_times_s, b.repeat_times_s)
+    floor = abs(pair(extra["cfp again"], cfp) - 1)
+    best = answer.best_baseline
+    behind = best is not None and answer.searched_vs_best_baseline_paired > 1 + floor
+    kept = {"mesh_shape": out.on.shape, "assignment": out.picked.assignment, "source": out.picked.source,
+            "nearest_of": [k for k, (shape, plan) in out.nearest.items()
+                           if list(shape) == out.on.shape and list(plan) == list(out.picked.assignment)]}
+    nearest = {}
+    for name in s["nearest"]:
+        run = extra.get(f"nearest {name}", cfp if name in kept["nearest_of"] else None)
+        if run is not None and name in full:
+            nearest[name] = {"is_kept_plan": run is cfp, "over_baseline_paired": pair(run, full[name]),
+                             "over_cfp_paired": pair(run, cfp)}
+    row = {
+        "mode_wall_s": t_end - t0, "profile_s": t_profiled - t0, "ilp_s": t_ilp - t_profiled,
+        "search_and_race_s": t_end - t_ilp, "rounds": n,
+        "profiled_configs": sum(o.profiles.profiled_configs for o in on),
+        "measured_configs": sum(o.profiles.measured for o in on),
+        "kept": kept, "candidates": out.candidates,
+        "answer": {"name": answer.name, "source": answer.source, "why": answer.why()},
+        "best_baseline": best, "best_builtin": best_builtin,
+        "cfp_over_best_paired": answer.searched_vs_best_baseline_paired,
+        "answer_over_best_paired": answer.vs_best_baseline_paired,
+        "cfp_over_best_builtin_paired": pair(cfp, builtin[best_builtin]) if best_builtin else None,
+        "ilp_over_best_builtin_paired": (pair(runs[ILP_BASELINE], builtin[best_builtin])
+                                         if ILP_BASELINE in full and best_builtin else None),
+        "ilp_over_cfp_paired": pair(runs[ILP_BASELINE], cfp) if ILP_BASELINE in full else None,
+        "ilp": ({"mesh_shape": ilp.mesh_shape, "cfp_blocks": ilp.block_assignment is not None,
+                 "calibration_time_s": ilp.calibration_time_s} if ilp is not None else None),
+        "aa_floor": floor, "cfp_behind_best_beyond_floor": behind,
+        "nearest": nearest,
+        "step_time_s": {"cfp": cfp.step_time_s, **{k: r.step_time_s for k, r in {**runs, **extra}.items()}},
+        "repeat_times_s": {"cfp": cfp.repeat_times_s, **{k: r.repeat_times_s for k, r in {**runs, **extra}.items()}},
+        "baselines_skipped": out.skipped,
+    }
+    row["diagnosis"] = diagnosis(row) if behind else ""
+    return row
+
+
+def diagnosis(row: dict) -> str:
+    """Why CFP's plan is behind the best baseline, from what the same rounds measured."""
+    best, kept, floor = row["best_baseline"], row["kept"], row["aa_floor"]
+    lead = (f"CFP's plan ({kept['source']} on mesh {kept['mesh_shape']}) ran {row['cfp_over_best_paired']:.3f}x "
+            f"{best}, beyond the A/A floor {floor:.3f}: ")
+    if best == "alpa_ilp":
+        return lead + (f"the ILP's plan (mesh {row['ilp']['mesh_shape']}, "
+                       + ("a CFP block assignment: CFP's space holds it, its search did not keep it)"
+                          if row["ilp"]["cfp_blocks"] else "per contraction: a plan outside CFP's space)"))
+    near = row["nearest"].get(best)
+    if near is None:
+        return lead + f"no plan nearest {best} was raced (--nearest) or CFP's space has none"
+    if near["is_kept_plan"]:
+        return lead + (f"the plan kept is the one nearest {best}: nearest to it is not its program "
+                       f"(compare their after_ir; search/nearest.py)")
+    if near["over_baseline_paired"] > 1 + floor:
+        return lead + (f"the plan nearest {best} ran {near['over_baseline_paired']:.3f}x it too: nearest to it is "
+                       f"not its program (search/nearest.py)")
+    duel = [c for c in row["candidates"] if c.get("duel_over_incumbent_paired") is not None and not c["incumbent"]]
+    return lead + (f"the plan nearest {best} ran {near['over_baseline_paired']:.3f}x it (within the floor) but another "
+                   f"was kept: " + (f"{duel[0]['source']} won the shortlist's duel at "
+                                    f"{duel[0]['duel_over_incumbent_paired']:.3f}x it" if duel else
+                                    "the shortlist's short race ranked it first") + ", which the final race did not "
+                   "bear out")
+
+
+def compose_job(overrides: list[str]) -> Any:
+    """The job's config as ``python -m launcher <overrides>`` composes it (typed by its schemas)."""
+    from hydra import compose, initialize_config_dir
+
+    from launcher import schema
+
+    schema.register()
+    with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
+        return schema.typed(compose("config", overrides=overrides))
+
+
+def users_bench(args: argparse.Namespace) -> None:
+    """Per model and run: a ``mode=run`` job of ``users_worker`` (module doc)."""
+    import shutil
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    sys.path.insert(0, str(REPO))
+    job = [o for o in args.set if not o.startswith(("mode.", "model."))]
+    composed = [o for o in args.set if o.startswith(("mode.", "model."))]
+    work = Path(tempfile.mkdtemp(prefix="bench-cfp-users-"))
+    fresh = args.store == DEFAULT_STORE
+    store = work / "store" if fresh else Path(args.store)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = Path(args.out if args.out != DEFAULT_OUT else REPO / "bench" / "results" / "bench_cfp_search_users.json")
+    rows: list[dict] = []
+    try:
+        for name in args.models:
+            cfg = compose_job(["mode=cfp", f"model={name}-tiny", f"mode.store_dir={store}", *composed])
+            mode = OmegaConf.to_container(cfg.mode, resolve=True)
+            if "alpa_ilp" not in mode["baselines"]:
+                mode["baselines"].append("alpa_ilp")
+            spec = work / f"{name}.json"
+            spec.write_text(json.dumps({"mode": mode, "model": OmegaConf.to_container(cfg.model, resolve=True),
+                                        "seed": cfg.seed, "nearest": args.nearest}))
+            for i in range(args.runs):
+                run_dir = work / f"{name}-{i}"
+                load = os.getloadavg()[0]
+                t = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-m", "launcher", "mode=run",
+                                       "mode.target=bench_cfp_search:users_worker", f"mode.code_dir={REPO / 'bench'}",
+                                       f"mode.kwargs.spec={spec}", f"hydra.run.dir={run_dir}", *job],
+                                      cwd=REPO, env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{name} run {i}: the job failed ({proc.returncode}); its run dir: {run_dir}\n"
+                                     + proc.stderr[-3000:])
+                result = json.loads((run_dir / "result.json").read_text())
+                row = {"model": f"{name}-tiny", "run": i, "wall_s": time.perf_counter() - t, "load_before": load,
+                       "num_processes": result["num_processes"], "global_devices": result["global_devices"],
+                       **result["returned"]}
+                rows.append(row)
+                ilp = row["ilp_over_best_builtin_paired"]
+                print(f"{row['model']:>14} run {i}: CFP's plan ({row['kept']['source']}, mesh "
+                      f"{row['kept']['mesh_shape']}) {row['cfp_over_best_paired']:.3f}x {row['best_baseline']}, answer "
+                      f"{row['answer']['name']} {row['answer_over_best_paired']:.3f}x; best built-in "
+                      f"{row['best_builtin']}: CFP {row['cfp_over_best_builtin_paired']:.3f}x, ILP "
+                      + (f"{ilp:.3f}x" if ilp is not None else "not raced")
+                      + f"; A/A floor {row['aa_floor']:.3f}; nearest "
+                      + ", ".join(f"{k} {v['over_baseline_paired']:.3f}x it" for k, v in row["nearest"].items())
+                      + f"; {row['wall_s']:.0f} s", flush=True)
+                if row["diagnosis"]:
+                    print(f"{'':>14} behind beyond the floor: {row['diagnosis']}", flush=True)
+                out.parent.mkdir(parents=True, exist_ok=True)   # after every run: a stopped bench keeps it
+                out.write_text(json.dumps({"machine": platform.platform(), "configuration": "mode=cfp defaults",
+                                           "set": args.set, "nearest": args.nearest,
+                                           "summary": users_summary(rows), "runs": rows}, indent=2) + "\n")
+    finally:
+        if fresh:
+            shutil.rmtree(work / "store", ignore_errors=True)
+    print(f"wrote {out}; run dirs in {work}")
+
+
+def users_summary(rows: list[dict]) -> dict:
+    """Per model: the worst CFP's plan and answer over the best baseline, and the runs behind beyond the floor."""
+    summary = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        summary[model] = {
+            "cfp_over_best_paired": [round(r["cfp_over_best_paired"], 3) for r in mine],
+            "answer_over_best_paired": [round(r["answer_over_best_paired"], 3) for r in mine],
+            "best_baseline": [r["best_baseline"] for r in mine],
+            "aa_floor": [round(r["aa_floor"], 3) for r in mine],
+            "cfp_behind_best_beyond_floor": [r["cfp_behind_best_beyond_floor"] for r in mine],
+            "wall_s": [round(r["wall_s"]) for r in mine]}
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["gpt", "bert", "llama2", "moe", "cfp-gpt", "cfp-llama", "cfp-moe"])
@@ -351,7 +578,7 @@ def main() -> None:
                     "besides the plans nearest the built-in ones (mode.verify_top_k)")
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--mesh", type=int, nargs="+", default=[4, 2])
-    ap.add_argument("--store", default=str(REPO / "outputs" / "cfp_profiles"))
+    ap.add_argument("--store", default=DEFAULT_STORE, help="the profile store (with --users: default a fresh one)")
     ap.add_argument("--out", default=DEFAULT_OUT)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--shortcuts", action="store_true", help="profile with and without CFP's profiling shortcuts "
@@ -360,6 +587,14 @@ def main() -> None:
     ap.add_argument("--max-segment-space", type=int, default=128, help="with --shortcuts (mode.max_segment_space; "
                     "mode=cfp's 27 with --mesh 8 profiles what the embedded default job does)")
     ap.add_argument("--shortcut-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--users", action="store_true", help="the search as users get it instead: mode=cfp's defaults "
+                    "on the embedded default job, the ILP raced beside it (see the module doc; results: "
+                    "bench/results/bench_cfp_search_users.json)")
+    ap.add_argument("--runs", type=int, default=1, help="with --users: runs per model")
+    ap.add_argument("--nearest", nargs="*", default=["dp_tp", "ep"], help="with --users: the baselines whose "
+                    "nearest plans race too")
+    ap.add_argument("--set", nargs="*", default=[], help="with --users: overrides (mode./model. keys: the "
+                    "composed config; others: the job)")
     ap.add_argument("--budget-gb", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -371,6 +606,9 @@ def main() -> None:
         return
     if args.shortcuts:
         shortcut_bench(args)
+        return
+    if args.users:
+        users_bench(args)
         return
 
     if args.worker:

@@ -143,21 +143,30 @@ def _train_line(r: dict) -> str:
 
 
 def _comparison(r: dict) -> str:
-    """The comparison table rank 0 wrote (plain text), and the chart beside it."""
+    """The comparison table rank 0 wrote (plain text; under it, which plan is the answer and
+    why), the chart beside it, and the answer's plan file."""
     table = Path(str(r.get("comparison", "")))
+    answer = r.get("answer") or {}
     if r.get("comparison") and table.is_file():
         lines = [table.read_text().rstrip("\n")]
     else:
         lines = [f"{r.get('mode')}: searched plan {seconds(r.get('step_time_s', math.nan))}/step"]
+        if answer.get("why"):
+            lines.append(answer["why"])
     if r.get("chart"):
         lines.append(f"chart: {r['chart']}")
+    if answer.get("plan_file"):
+        lines.append(f"plan: {answer['plan_file']} ({answer.get('name')}; mode=train mode.plan=<it> trains with it)")
     return "\n".join(lines)
 
 
 def _comparison_line(r: dict) -> str:
+    answer = r.get("answer") or {}
     if "vs_best_baseline" not in r:
-        return f"searched plan {seconds(r.get('step_time_s', math.nan))}/step"
-    return f"searched plan {r['vs_best_baseline']:.3f}x {r.get('best_baseline')}"
+        line = f"searched plan {seconds(r.get('step_time_s', math.nan))}/step"
+    else:
+        line = f"searched plan {r.get('vs_best_baseline_paired', r['vs_best_baseline']):.3f}x {r.get('best_baseline')}"
+    return f"answer {answer['name']}; {line}" if answer.get("name") else line
 
 
 for _mode in ("search", "cfp"):

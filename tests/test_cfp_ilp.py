@@ -239,19 +239,34 @@ def test_the_ilp_plan_trains_with_the_losses_of_one_device(tmp_path):
 @pytest.mark.slow
 def test_mode_search_with_the_ilp_writes_a_plan_measured_against_baselines(tmp_path):
     store = f"mode.store_dir={tmp_path / 'store'}"
-    run_cli("mode=search", "mode.algorithm=ilp", "model=gpt-tiny", "mode.mesh_shape=[4,2]", "mode.iterations=2",
-            "mode.run_repeats=1", "mode.baselines=[dp]", store, run_dir=tmp_path / "ilp", timeout=900)
+    # A margin no plan can beat by (99%): the answer falls back to the baseline, dp, whatever the timings.
+    proc = run_cli("mode=search", "mode.algorithm=ilp", "model=gpt-tiny", "mode.mesh_shape=[4,2]",
+                   "mode.iterations=2", "mode.run_repeats=1", "mode.baselines=[dp]", "mode.verify_margin=0.99", store,
+                   run_dir=tmp_path / "ilp", timeout=900)
     result = read_result(tmp_path / "ilp")
     assert result["algorithm"] == "ilp"
     for key in ("step_time_s", "tflops", "memory_gb", "solve_time_s", "num_variables", "predicted_step_time_s"):
         assert key in result, key
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}
-    for name in ("plan.json", "ilp_plan.txt", "comparison.txt", "comparison.png", "strategy_map.txt"):
+    for name in ("plan.json", "alpa_ilp_plan.json", "ilp_plan.txt", "comparison.txt", "comparison.png",
+                 "strategy_map.txt", "after_ir.txt", "alpa_ilp_after_ir.txt"):
         assert (tmp_path / "ilp" / name).stat().st_size > 0, name
-    assert "alpa_ilp" in (tmp_path / "ilp" / "comparison.txt").read_text()
+    answer = result["answer"]
+    assert (answer["source"], answer["name"], answer["searched"], answer["best_baseline"]) == \
+        ("baseline", "dp", "alpa_ilp", "dp")
+    assert answer["vs_best_baseline_paired"] == 1.0 and answer["searched_vs_best_baseline_paired"] > 0
+    assert answer["why"].startswith("the Alpa-style ILP's plan did not beat the fastest baseline, dp, by 99% round "
+                                    "by round (the Alpa-style ILP's plan: ")
+    assert result["plan"]["file"] == str(tmp_path / "ilp" / "alpa_ilp_plan.json")
+    table = (tmp_path / "ilp" / "comparison.txt").read_text()
+    assert "alpa_ilp" in table and "dp (answer)" in table and answer["why"] in table and answer["why"] in proc.stdout
+    assert json.loads((tmp_path / "ilp" / "plan.json").read_text())["mesh_axes"] == [["data", 8]]
+    # plan.json, a baseline's, trains like any plan file: the answer's losses and memory in the race.
     run_cli("mode=train", "model=gpt-tiny", f"mode.plan={tmp_path / 'ilp' / 'plan.json'}",
-            f"mode.steps={len(result['losses'])}", run_dir=tmp_path / "train", timeout=600)
-    assert read_result(tmp_path / "train")["losses"] == pytest.approx(result["losses"], rel=1e-5, abs=1e-6)
+            f"mode.steps={len(answer['losses'])}", run_dir=tmp_path / "train", timeout=600)
+    trained = read_result(tmp_path / "train")
+    assert trained["losses"] == pytest.approx(answer["losses"], rel=1e-5, abs=1e-6)
+    assert trained["peak_memory_bytes"] == round(answer["memory_gb"] * 2**30)
 
 
 @pytest.mark.parametrize("override,message", [

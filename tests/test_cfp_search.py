@@ -319,6 +319,73 @@ def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
     assert winner(hiccup, incumbents=[1, 2], margin=0.02) == 0
 
 
+def test_the_answer_is_the_searched_plan_only_where_it_beat_the_fastest_baseline_by_the_margin():
+    from launcher.cfp.search.measure import verdict
+
+    # Plan 0 the searched plan; 1 and 2 baselines (2 the faster: dp_tp); 3 a baseline the race
+    # dropped after 2 rounds; the machine drifts between rounds.
+    drift = [1.0, 1.2, 0.9, 1.1]
+    rounds = lambda searched: [[searched * k for k in drift], [1.3 * k for k in drift], [1.0 * k for k in drift],
+                               [0.5, 0.5]]
+    v = verdict(rounds(0.95), [1, 2, 3], margin=0.02)   # 5% ahead of dp_tp in every round: the answer
+    assert (v.answer, v.best_baseline, v.rounds) == (0, 2, 4)
+    assert v.searched_over_best == pytest.approx(0.95) and v.answer_over_best == pytest.approx(0.95)
+    v = verdict(rounds(0.99), [1, 2, 3], margin=0.02)   # ahead, but within the margin: the baseline
+    assert (v.answer, v.best_baseline) == (2, 2) and v.searched_over_best == pytest.approx(0.99)
+    assert v.answer_over_best == 1.0
+    v = verdict(rounds(1.135), [1, 2, 3], margin=0.02)  # behind it (moe-tiny, issue 28): the baseline
+    assert (v.answer, v.best_baseline) == (2, 2) and v.searched_over_best == pytest.approx(1.135)
+    assert verdict(rounds(0.99), [1, 2], margin=0.0).answer == 0     # no margin: the fastest
+    # Round by round, as every process decides it: one slow round among four does not hand the
+    # answer to the baseline, and a plan behind in most rounds never wins on a lucky one.
+    hiccup = rounds(0.95)
+    hiccup[0][1] *= 1.5
+    assert verdict(hiccup, [1, 2], margin=0.02).answer == 0
+    lucky = rounds(1.05)
+    lucky[0][1] *= 0.5
+    assert verdict(lucky, [1, 2], margin=0.02).answer == 2
+    # No baseline ran: the searched plan, with nothing to compare.
+    v = verdict([[1.0, 1.0]], [], margin=0.02)
+    assert (v.answer, v.best_baseline, v.searched_over_best, v.answer_over_best) == (0, None, None, None)
+
+
+def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
+    import numpy as np
+
+    from launcher.cfp.pipeline import Answer, answer
+    from launcher.cfp.search.measure import PlanRun
+    from launcher.models.plans import Plan, builtin
+
+    class Devices:   # a Runner's mesh: its axes and their sizes
+        axis_names, devices = ("data", "model"), np.zeros((4, 2))
+
+    class Ran:       # what answer reads of a Runner: the plan and mesh it ran on
+        plan, mesh = builtin("dp_tp"), Devices()
+
+    run = lambda name, times: PlanRun(name, times, [1.0], 0, 1.0, 0.0)
+    searched = Plan("cfp", (("cfp0", 4), ("cfp1", 2)), {"params": {}, "activations": {}, "inputs": {}})
+    plans = lambda i: {0: searched}[i]
+    a = answer([None, Ran()], [run("cfp", [1.135, 1.2]), run("dp_tp", [1.0, 1.05])], plans, 0.02)
+    assert (a.name, a.source, a.searched, a.best_baseline) == ("dp_tp", "baseline", "cfp", "dp_tp")
+    assert a.vs_best_baseline_paired == 1.0 and a.searched_vs_best_baseline_paired == pytest.approx(1.1389, abs=1e-3)
+    assert a.why() == ("no plan of CFP's space beat the fastest baseline, dp_tp, by 2% round by round (CFP's plan: "
+                       "1.139x its time, paired over 2 rounds): the answer is dp_tp's plan")
+    # plan.json: dp_tp's rules with the mesh axes sized as it ran, which mode=train loads as any plan file.
+    assert Plan.from_dict(json.loads(a.plan.to_json())) == builtin("dp_tp").with_axis_sizes(data=4, model=2)
+    a = answer([None, Ran()], [run("cfp", [0.9, 0.95]), run("dp_tp", [1.0, 1.05])], plans, 0.02)
+    assert (a.name, a.source, a.plan) == ("cfp", "cfp", searched) and a.vs_best_baseline_paired == pytest.approx(0.902, abs=1e-3)
+    assert a.why().startswith("CFP's plan beat the fastest baseline, dp_tp, by 2% round by round (0.902x")
+    # The Alpa-style ILP's plan, raced as a baseline, is the answer where it is the fastest.
+    ilp = Plan("alpa_ilp", searched.mesh_axes, searched.rules)
+    a = answer([None, Ran(), None], [run("cfp", [1.2, 1.2]), run("dp_tp", [1.0, 1.05]), run("alpa_ilp", [0.8, 0.8])],
+               lambda i: {0: searched, 2: ilp}[i], 0.02)
+    assert (a.name, a.source, a.plan, a.best_baseline) == ("alpa_ilp", "ilp", ilp, "alpa_ilp")
+    assert a.why().endswith("the answer is the Alpa-style ILP's plan")
+    # mode.algorithm=ilp: the ILP's plan is the searched one.
+    a = answer([None, Ran()], [run("alpa_ilp", [1.1, 1.1]), run("dp_tp", [1.0, 1.0])], lambda i: ilp, 0.02)
+    assert a.why().startswith("the Alpa-style ILP's plan did not beat the fastest baseline, dp_tp, by 2%")
+
+
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
     store = ProfileStore(tmp_path)
     key = {"model": "m", "combination": [0, 1]}
@@ -475,6 +542,27 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     assert [line.split()[1] for line in table.splitlines() if line.startswith("│")] == ["cfp", "dp", "dp_tp"]
     assert "not run: ep: " in table and f"chart: {tmp_path / 'cfp' / 'comparison.png'}" in table
     assert result["best_baseline"] in ("dp", "dp_tp") and result["vs_best_baseline"] > 0
+    # The answer (plan.json): CFP's plan only where it beat the fastest baseline by mode.verify_margin
+    # round by round; both figures kept, the table's row marked, the reason under the table.
+    answer = result["answer"]
+    assert answer["best_baseline"] == result["best_baseline"] and answer["rounds"] == 2
+    assert answer["searched_vs_best_baseline_paired"] == pytest.approx(result["vs_best_baseline_paired"])
+    beat = answer["searched_vs_best_baseline_paired"] < 1 - answer["verify_margin"]   # 2 rounds, both decide
+    assert (answer["source"], answer["name"]) == (("cfp", "cfp") if beat else ("baseline", result["best_baseline"]))
+    assert answer["vs_best_baseline_paired"] == (answer["searched_vs_best_baseline_paired"] if beat else 1.0)
+    assert answer["why"] in table and f"{answer['name']} (answer)" in table
+    assert answer["why"].endswith("the answer is " + ("CFP's plan" if beat else f"{answer['name']}'s plan"))
+    assert f"plan: {tmp_path / 'cfp' / 'plan.json'} ({answer['name']}" in proc.stdout
+    cfp_plan = json.loads((tmp_path / "cfp" / "cfp_plan.json").read_text())
+    assert result["plan"]["file"] == str(tmp_path / "cfp" / "cfp_plan.json") and cfp_plan["constraints"]
+    assert answer["plan_file"] == str(tmp_path / "cfp" / "plan.json")
+    saved = json.loads((tmp_path / "cfp" / "plan.json").read_text())
+    if beat:
+        assert saved == cfp_plan
+    else:   # the baseline's rules, with its mesh axes sized as it ran on the 8 devices
+        assert saved["name"] == answer["name"] and saved["constraints"] == {}
+        assert {"dp": [["data", 8]], "dp_tp": [["data", 4], ["model", 2]]}[answer["name"]] == saved["mesh_axes"]
+        assert (tmp_path / "cfp" / "cfp_after_ir.txt").stat().st_size > 0
     # The searched plan and the fastest baseline ran every round; a baseline that stopped is named
     # under the table with the rounds it ran, and both processes stopped it at the same round.
     rounds = {name: len(b["repeat_times_s"]) for name, b in result["baselines"].items()}
@@ -514,14 +602,16 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     plan = result["plan"]
     assert lines[0][0].endswith(f"{plan['assignment']} on mesh {plan['mesh_shape']} ({plan['source']})")
 
+    # The answer trains under mode=train, whichever plan it is: the losses and per-device memory of
+    # its run in the race (the searched layouts, or the baseline's mesh and rules).
     plan = tmp_path / "cfp" / "plan.json"
-    steps = len(result["losses"])
+    steps = len(answer["losses"])
     run_cli("mode=train", *model, *cluster, f"mode.plan={plan}", f"mode.steps={steps}", run_dir=tmp_path / "train",
             timeout=600)
     trained = read_result(tmp_path / "train")
-    assert trained["losses"] == pytest.approx(result["losses"], rel=1e-5, abs=1e-6)
-    # ... with the searched layouts: the same per-device memory as the searched run's program.
-    assert trained["peak_memory_bytes"] == round(result["memory_gb"] * 2**30)
+    assert trained["losses"] == pytest.approx(answer["losses"], rel=1e-5, abs=1e-6)
+    assert trained["peak_memory_bytes"] == round(answer["memory_gb"] * 2**30)
+    assert trained["plan"]["name"] == answer["name"]
 
 
 @pytest.mark.parametrize("override,message", [

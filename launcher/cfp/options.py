@@ -110,6 +110,8 @@ class SearchOptions(_Options):
     # A plan replaces the fastest plan nearest a baseline only when faster by this fraction,
     # round by round: short rounds cannot tell plans apart within their noise (the bench's A/A
     # floor, 0.01-0.07 on the tiny models), and there the baseline-like plan is the safe one.
+    # Likewise the answer (plan.json): the searched plan only where the final race measured it
+    # faster than the fastest baseline by this fraction, else that baseline's (docs/cfp.md).
     verify_margin: float = 0.02
     # The plans the searched one races, built-in plans and (alpa_ilp) the Alpa-style ILP's.
     baselines: tuple[str, ...] = BASELINES

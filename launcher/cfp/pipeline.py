@@ -8,7 +8,9 @@ dataclass.
 
 ``search`` takes one ``OnMesh`` per logical mesh searched (``mode.mesh_shape=auto``: several,
 ``search/meshes.py``) and keeps the fastest plan over all of them; ``analyze_meshes`` and
-``profile_meshes`` make them for a ``mode.mesh_shape``, as the modes do.
+``profile_meshes`` make them for a ``mode.mesh_shape``, as the modes do. Its ``answer`` (and
+``ilp_search``'s) is the plan to hand the user: the searched plan or, where the final race did
+not measure it faster by ``verify_margin``, the fastest baseline's (``Answer``, docs/cfp.md).
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
 has ``advance()`` (``None``: no progress bar). The modes (``launcher/modes/``) build the options
@@ -251,8 +253,77 @@ class Searched:
     plan: Any                      # models.plans.Plan of the picked plan (its layouts in constraints)
     on: OnMesh                     # the picked plan's mesh
     meshes: list[dict]             # per mesh searched: its shape and its DP optimum (or why none)
+    answer: Any = None             # Answer: the plan handed to the user (plan.json)
     budget_bytes: Optional[float] = None
     nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
+    also: dict[str, Any] = field(default_factory=dict)      # name -> PlanRun of ``search``'s ``also`` plans
+
+
+@dataclass
+class Answer:
+    """The plan handed to the user as ``plan.json``: the searched plan where the final race
+    measured it faster than the fastest baseline by ``mode.verify_margin``, round by round, by
+    the slowest process's times (``measure.verdict``), else that baseline's, which may be the
+    Alpa-style ILP's. The searched plan's own figures stay beside it, so the search's quality is
+    never hidden by the fallback."""
+    name: str                    # its row in the comparison: cfp, alpa_ilp, dp_tp, ...
+    searched: str                # the searched plan's row: cfp, or alpa_ilp under mode.algorithm=ilp
+    run: Any                     # its measure.PlanRun
+    plan: Any                    # its models.plans.Plan: plan.json
+    best_baseline: Optional[str]  # the fastest baseline that ran every round (None: none did)
+    searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
+    margin: float                # mode.verify_margin
+    rounds: int                  # the rounds decided on
+
+    @property
+    def source(self) -> str:
+        """cfp (CFP's searched plan), ilp (the Alpa-style ILP's) or baseline (a built-in plan)."""
+        return {"cfp": "cfp", ILP_BASELINE: "ilp"}.get(self.name, "baseline")
+
+    @property
+    def vs_best_baseline_paired(self) -> Optional[float]:
+        """The answer's time over the fastest baseline's, paired (1 where it is that baseline)."""
+        if self.best_baseline is None:
+            return None
+        return 1.0 if self.name == self.best_baseline else self.searched_vs_best_baseline_paired
+
+    def why(self) -> str:
+        """Which plan is the answer and why, in plain words."""
+        own, best = plan_title(self.searched), self.best_baseline
+        if best is None:
+            return f"no baseline ran every round beside it: the answer is {own}"
+        by = f" by {self.margin * 100:g}%" if self.margin else ""
+        measured = f"{self.searched_vs_best_baseline_paired:.3f}x its time, paired over {self.rounds} rounds"
+        if self.name == self.searched:
+            return (f"{own} beat the fastest baseline, {best},{by} round by round ({measured}): the answer is "
+                    f"{own}")
+        lost = "no plan of CFP's space beat" if self.searched == "cfp" else f"{own} did not beat"
+        return (f"{lost} the fastest baseline, {best},{by} round by round ({plan_title(self.searched)}: "
+                f"{measured}): the answer is {plan_title(self.name)}")
+
+
+def plan_title(name: str) -> str:
+    """A plan of the final race in words: "CFP's plan", "dp_tp's plan", ..."""
+    return {"cfp": "CFP's plan", ILP_BASELINE: "the Alpa-style ILP's plan"}.get(name, f"{name}'s plan")
+
+
+def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], Any], margin: float) -> Answer:
+    """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
+    searched plan first, then the baselines, built-in and the ILP's; ``runners`` theirs):
+    ``measure.verdict``'s pick. ``plans(i)``: the i-th plan's ``Plan`` where it is not built in
+    (the searched plan, the ILP's); a built-in plan is written with its mesh axes sized as it
+    ran, so ``mode=train mode.plan=`` runs it on the same mesh."""
+    from launcher.cfp.search.measure import verdict
+
+    v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
+    i = v.answer
+    if i == 0 or runs[i].name == ILP_BASELINE:
+        plan = plans(i)
+    else:
+        mesh = runners[i].mesh
+        plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape))))
+    best = runs[v.best_baseline].name if v.best_baseline is not None else None
+    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
 
 
 def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
@@ -267,17 +338,22 @@ def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
 
 def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
            progress: Optional[Progress] = None, ilp: Any = None,
-           final_run: Callable[[], ContextManager] = contextlib.nullcontext) -> Searched:
+           final_run: Callable[[], ContextManager] = contextlib.nullcontext,
+           also: Optional[Callable[[Any, dict], Sequence[Any]]] = None) -> Searched:
     """The search pass over one or more logical meshes of the same devices (``on``): the DP's
     optimum on each under the profile's memory budget, the fastest of their shortlists measured
     on the whole step (``choose``), then that plan run beside ``options.baselines``
     (``iterations`` steps, ``run_repeats`` interleaved rounds; after ``drop_after`` rounds a
     built-in baseline slower than ``drop_slower_than`` times the fastest one in each of them
-    stops, ``measure.Cut``, 0 keeps every one). ``ilp`` (``ilp_plan``'s, when the baselines name
-    ``alpa_ilp``): the ILP's plan, raced as that baseline. ``final_run``: a context around that
-    race (the run's profiler trace, ``launcher/runtime/trace.py``)."""
+    stops, ``measure.Cut``, 0 keeps every one), and the answer (``Answer``): the searched plan
+    only where it beat the fastest baseline by ``verify_margin`` in those rounds. ``ilp``
+    (``ilp_plan``'s, when the baselines name ``alpa_ilp``): the ILP's plan, raced as that
+    baseline. ``final_run``: a context around that race (the run's profiler trace,
+    ``launcher/runtime/trace.py``). ``also`` (a benchmark's): called with the chosen plan's
+    runner and the nearest plans (``choose``'s), more runners raced in the same rounds, never
+    dropped and never the answer (``Searched.also``)."""
     from launcher.cfp.search.dp import search as dp_search
-    from launcher.cfp.search.measure import Cut, baseline_runners, race
+    from launcher.cfp.search.measure import Cut, agreed, baseline_runners, race
 
     progress = progress or _no_progress
     ilp_named, baselines = ILP_BASELINE in options.baselines, list(options.builtin_baselines)
@@ -312,9 +388,12 @@ def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, lo
     runners += more
     if ilp_named and ilp is not None:
         runners.append(ilp.runner(where.analyzed.program, seed=seed))
+    extra = list(also(chosen, nearest)) if also is not None else []
     cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
-    with final_run(), progress(iterations * run_repeats * len(runners), "searched plan and baselines") as bar:
-        searched, *others = race(runners, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut)
+    with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
+        raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut))
+    raced, extra_runs = raced[:len(runners)], raced[len(runners):]
+    searched, *others = raced
     log("searched training cost: %s" % [round(t, 6) for t in searched.repeat_times_s])
     log("tflops: %s" % [round(t, 6) for t in searched.tflops_per_repeat()])
     runs = {r.name: r for r in others}
@@ -322,8 +401,11 @@ def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, lo
         log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device"
             + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
-    return Searched(founds[chosen.mesh_index], picked, candidates, searched, runs, skipped,
-                    plan_json(where.analyzed.analysis, picked.assignment), where, meshes, budget, nearest)
+    plan = plan_json(where.analyzed.analysis, picked.assignment)
+    chosen_answer = answer(runners, raced, lambda i: plan if i == 0 else ilp.plan, options.verify_margin)
+    log(chosen_answer.why())
+    return Searched(founds[chosen.mesh_index], picked, candidates, searched, runs, skipped, plan, where, meshes,
+                    chosen_answer, budget, nearest, {r.name: r for r in extra_runs})
 
 
 # --- the Alpa-style ILP (launcher/cfp/ilp/), CFP's comparison ---------------------------------
@@ -346,27 +428,39 @@ def ilp_plan(on: Sequence[OnMesh], options: IlpOptions = IlpOptions(), *, is_mai
                            time_limit_s=options.time_limit_s, is_main=is_main, log=log)
 
 
+@dataclass
+class IlpSearched:
+    run: Any                       # search.measure.PlanRun of the ILP's plan
+    baselines: dict[str, Any]      # name -> PlanRun
+    skipped: dict[str, str]        # baselines that do not fit, with the reason
+    answer: Answer                 # the plan handed to the user: the ILP's or the fastest baseline's
+
+
 def ilp_search(planned: Any, program: Any, options: SearchOptions = SearchOptions(), *, log: Log = _silent,
                progress: Optional[Progress] = None, final_run: Callable[[], ContextManager] = contextlib.nullcontext
-               ) -> tuple[Any, dict[str, Any], dict[str, str]]:
+               ) -> IlpSearched:
     """``mode.algorithm=ilp``: the ILP's plan (``ilp_plan``'s) run beside the built-in
-    ``options.baselines`` in interleaved rounds, as ``search`` runs CFP's. Returns its
-    ``PlanRun``, the baselines' and the baselines that do not fit (with why)."""
-    from launcher.cfp.search.measure import baseline_runners, race
+    ``options.baselines`` in interleaved rounds, and the answer chosen, as ``search`` does for
+    CFP's."""
+    from launcher.cfp.search.measure import agreed, baseline_runners, race
 
     progress = progress or _no_progress
     iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
     runners = [planned.runner(program, seed=seed)]
     more, skipped = baseline_runners(program, list(planned.mesh.devices.flat), seed=seed, log=log,
                                      names=list(options.builtin_baselines))
-    with final_run(), progress(iterations * run_repeats * (1 + len(more)), "ILP plan and baselines") as bar:
-        run, *others = race(runners + more, iterations=iterations, repeats=run_repeats, progress=bar)
+    runners += more
+    with final_run(), progress(iterations * run_repeats * len(runners), "ILP plan and baselines") as bar:
+        raced = agreed(race(runners, iterations=iterations, repeats=run_repeats, progress=bar))
+    run, *others = raced
     log("ILP plan: step %.3f ms, %.2f MiB per device (predicted %.3f ms)"
         % (run.step_time_s * 1e3, run.memory_bytes / 2**20, planned.predicted_step_time_s * 1e3))
     runs = {r.name: r for r in others}
     for name, r in runs.items():
         log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device")
-    return run, runs, skipped
+    chosen = answer(runners, raced, lambda i: planned.plan, options.verify_margin)
+    log(chosen.why())
+    return IlpSearched(run, runs, skipped, chosen)
 
 
 def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,

@@ -2,6 +2,11 @@
 (CFP's search, and the Alpa-style ILP of ``mode.algorithm=ilp``), from what ``pipeline.py``
 returns. The modes add only what belongs to the run dir (the paths of their files) and their
 wall time.
+
+A search's top-level fields (``plan``, ``step_time_s``, ``vs_best_baseline``, ...) are the
+searched plan's own, CFP's (or the ILP's under ``mode.algorithm=ilp``), whichever plan is the
+answer; ``answer`` says which plan ``plan.json`` holds, why, and how it compares
+(``answer_fields``; docs/cfp.md, "The answer").
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from launcher.cfp.options import ILP_BASELINE, ProfileOptions, SearchOptions
-from launcher.cfp.pipeline import OnMesh, Searched
+from launcher.cfp.pipeline import Answer, IlpSearched, OnMesh, Searched
 from launcher.cfp.search.report import best_baseline
 
 # Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
@@ -38,11 +43,27 @@ def profile_fields(on: Sequence[OnMesh]) -> dict:
     return {"meshes": rows, **{k: sum(row[k] for row in rows) for k in _SUMMED}}
 
 
+def answer_fields(answer: Answer, plan_file: str, searched_plan_file: str) -> dict:
+    """``answer``: the plan ``plan.json`` holds (``pipeline.Answer``): where it comes from
+    (``source``: cfp, ilp or baseline; ``name``: its row in the comparison), why in plain words,
+    its time over the fastest baseline's and the searched plan's (both paired, over the final
+    race's rounds, the slowest process's times, as decided), and its own run's figures (its
+    ``losses`` are what ``mode=train mode.plan=<plan_file>`` gives for as many steps)."""
+    run = answer.run
+    return {"source": answer.source, "name": answer.name, "plan_file": plan_file, "why": answer.why(),
+            "best_baseline": answer.best_baseline, "vs_best_baseline_paired": answer.vs_best_baseline_paired,
+            "searched": answer.searched, "searched_plan_file": searched_plan_file,
+            "searched_vs_best_baseline_paired": answer.searched_vs_best_baseline_paired,
+            "verify_margin": answer.margin, "rounds": answer.rounds,
+            "step_time_s": run.step_time_s, "memory_gb": run.memory_bytes / 2**30, "tflops": run.tflops,
+            "losses": run.losses}
+
+
 def race_fields(run: Any, baselines: Mapping[str, Any], skipped: Mapping[str, str], options: ProfileOptions,
-                ilp: Any = None) -> dict:
+                answer: Answer, ilp: Any = None) -> dict:
     """The fields of a plan's run (``search.measure.PlanRun``) beside the baselines' runs, as
-    CFP's search and the ILP both report them; ``ilp`` (raced as the ``alpa_ilp`` baseline) adds
-    its own fields to that baseline's."""
+    CFP's search and the ILP both report them, compared with the fastest baseline the answer
+    names; ``ilp`` (raced as the ``alpa_ilp`` baseline) adds its own fields to that baseline's."""
     return {
         "step_time_s": run.step_time_s,
         "repeat_times_s": run.repeat_times_s,
@@ -50,7 +71,7 @@ def race_fields(run: Any, baselines: Mapping[str, Any], skipped: Mapping[str, st
         "tflops": run.tflops,
         "flop_count": run.flops,
         "losses": run.losses,
-        **best_baseline(run, baselines),
+        **best_baseline(run, baselines, answer.best_baseline),
         "memory_budget_gb": options.memory_budget_gb,
         "baselines": {name: {**r.summary(), **(ilp.summary() if ilp is not None and name == ILP_BASELINE else {})}
                       for name, r in baselines.items()},
@@ -59,10 +80,11 @@ def race_fields(run: Any, baselines: Mapping[str, Any], skipped: Mapping[str, st
 
 
 def search_fields(out: Searched, on: Sequence[OnMesh], options: SearchOptions, plan_file: str,
-                  ilp: Any = None) -> dict:
+                  answer_file: str, ilp: Any = None) -> dict:
     """mode=search's fields (CFP's search): the analysis of the plan's mesh, each mesh's DP
-    optimum, the plan kept and the shortlist it was kept from, its run beside the baselines, and
-    the profiles' counts over every mesh."""
+    optimum, the plan kept (``plan_file``: CFP's own) and the shortlist it was kept from, its run
+    beside the baselines, the answer (``answer_file``: plan.json) and the profiles' counts over
+    every mesh."""
     analysis, picked, found = out.on.analyzed.analysis, out.picked, out.found
     profiles = [o.profiles for o in on]
     return {
@@ -80,18 +102,20 @@ def search_fields(out: Searched, on: Sequence[OnMesh], options: SearchOptions, p
         "reused_configs": sum(p.reused for p in profiles),
         "search_time_s": sum(m.get("search_time_s", 0.0) for m in out.meshes),
         "profile_time_s": sum(p.seconds for p in profiles),
-        **race_fields(out.searched, out.baselines, out.skipped, options.profile, ilp),
+        **race_fields(out.searched, out.baselines, out.skipped, options.profile, out.answer, ilp),
+        "answer": answer_fields(out.answer, answer_file, plan_file),
     }
 
 
-def ilp_fields(planned: Any, run: Any, baselines: Mapping[str, Any], skipped: Mapping[str, str],
-               options: SearchOptions, plan_file: str) -> dict:
+def ilp_fields(planned: Any, out: IlpSearched, options: SearchOptions, plan_file: str, answer_file: str) -> dict:
     """mode=search mode.algorithm=ilp's fields: the analysis of the plan's mesh, the ILP's own
-    (``ilp.plan.IlpPlanned.summary``), its plan's run beside the baselines."""
+    (``ilp.plan.IlpPlanned.summary``), its plan's run (``plan_file``) beside the baselines, and
+    the answer (``answer_file``: plan.json)."""
     return {
         **planned.analysis.summary(),
         "algorithm": "ilp",
         "plan": {"file": plan_file, "mesh_shape": planned.mesh_shape, "block_assignment": planned.block_assignment},
         **planned.summary(),
-        **race_fields(run, baselines, skipped, options.profile),
+        **race_fields(out.run, out.baselines, out.skipped, options.profile, out.answer),
+        "answer": answer_fields(out.answer, answer_file, plan_file),
     }

@@ -9,6 +9,12 @@ built-in plans, and the run dir gets ``plan.json`` (for ``mode=train mode.plan=.
 ``after_ir.txt`` (the compiled program with its shardings), ``comparison.txt`` and
 ``comparison.png``. ``mode=cfp`` is this mode with lighter defaults (``conf/mode/cfp.yaml``).
 
+``plan.json`` is the answer (``pipeline.Answer``): the searched plan where it beat the fastest
+baseline by ``mode.verify_margin`` in the final race, else that baseline's plan; the searched
+plan is always ``cfp_plan.json`` (``alpa_ilp_plan.json`` for the ILP's), and ``after_ir.txt``
+is the answer's program (the searched plan's too, ``<plan>_after_ir.txt``, where it is not the
+answer). The table, the chart and the console name the answer and say why (docs/cfp.md).
+
 ``alpa_ilp`` in ``mode.baselines`` races the Alpa-style ILP's plan (``launcher/cfp/ilp/``)
 beside CFP's (and writes ``alpa_ilp_plan.json``, ``ilp_plan.txt``). ``mode.algorithm=ilp`` runs
 that ILP instead of CFP's search, nothing profiled: every mesh of ``mode.mesh_shape`` analysed
@@ -110,12 +116,13 @@ def _cfp(ctx: Any, options: SearchOptions) -> dict:
     if ilp is not None:
         ctx.write_text("alpa_ilp_plan.json", ilp.plan.to_json())
         ctx.write_text("ilp_plan.txt", ilp.describe())
-    ctx.write_text("after_ir.txt", out.searched.compiled.as_text())
-    ctx.write_text("plan.json", out.plan.to_json())
+    ctx.write_text("cfp_plan.json", out.plan.to_json())
+    notes = _answer(ctx, out.answer, out.searched)
     files = _comparison(ctx, {"cfp": out.searched, **out.baselines}, out.skipped, rounds=options.run_repeats,
                         why_fewer=f"over {options.drop_slower_than:g}x the fastest baseline in each, "
-                                  "mode.drop_slower_than")
-    return {**results.search_fields(out, on, options, str(ctx.path("plan.json")), ilp=ilp), **files}
+                                  "mode.drop_slower_than", answer=out.answer.name, notes=notes)
+    return {**results.search_fields(out, on, options, str(ctx.path("cfp_plan.json")), str(ctx.path("plan.json")),
+                                    ilp=ilp), **files}
 
 
 def _ilp(ctx: Any, options: SearchOptions) -> dict:
@@ -128,22 +135,37 @@ def _ilp(ctx: Any, options: SearchOptions) -> dict:
         ctx.write_files(o.files())
     planned = pipeline.ilp_plan(on, ilp_options(cfg), is_main=ctx.is_main, log=log)
     program = next(o.analyzed.program for o in on if o.mesh is planned.mesh)
-    raced, runs, skipped = pipeline.ilp_search(planned, program, options, log=log, progress=ctx.progress,
-                                               final_run=lambda: trace.recording(ctx, "search"))
-    ctx.write_text("plan.json", planned.plan.to_json())
+    out = pipeline.ilp_search(planned, program, options, log=log, progress=ctx.progress,
+                              final_run=lambda: trace.recording(ctx, "search"))
+    ctx.write_text(f"{ILP_BASELINE}_plan.json", planned.plan.to_json())
     ctx.write_text("ilp_plan.txt", planned.describe())
-    ctx.write_text("after_ir.txt", raced.compiled.as_text())
-    files = _comparison(ctx, {ILP_BASELINE: raced, **runs}, skipped,
-                        title="The ILP's plan against the baselines (same devices)")
-    return {**results.ilp_fields(planned, raced, runs, skipped, options, str(ctx.path("plan.json"))), **files}
+    notes = _answer(ctx, out.answer, out.run)
+    files = _comparison(ctx, {ILP_BASELINE: out.run, **out.baselines}, out.skipped,
+                        title="The ILP's plan against the baselines (same devices)", answer=out.answer.name,
+                        notes=notes)
+    return {**results.ilp_fields(planned, out, options, str(ctx.path(f"{ILP_BASELINE}_plan.json")),
+                                 str(ctx.path("plan.json"))), **files}
 
 
-def _comparison(ctx: Any, runs: Mapping[str, Any], skipped: Mapping[str, str], **table: Any) -> dict:
+def _answer(ctx: Any, answer: pipeline.Answer, searched: Any) -> list[str]:
+    """``plan.json`` and ``after_ir.txt``: the answer's (the searched plan's program too, where
+    it is not the answer); the lines that say so under the table."""
+    ctx.write_text("plan.json", answer.plan.to_json())
+    ctx.write_text("after_ir.txt", answer.run.compiled.as_text())
+    if answer.name == answer.searched:
+        return [answer.why() + " (plan.json)"]
+    ctx.write_text(f"{answer.searched}_after_ir.txt", searched.compiled.as_text())
+    return [answer.why() + f" (plan.json; {pipeline.plan_title(answer.searched)} is {answer.searched}_plan.json)"]
+
+
+def _comparison(ctx: Any, runs: Mapping[str, Any], skipped: Mapping[str, str], answer: str = "",
+                **table: Any) -> dict:
     """``comparison.txt`` (also logged) and ``comparison.png``: the plan kept beside the
-    baselines (``launcher/cfp/search/report.py``); their paths, as result fields."""
-    text = table_text(runs, skipped, **table)
+    baselines, the answer marked (``launcher/cfp/search/report.py``); their paths, as result
+    fields."""
+    text = table_text(runs, skipped, answer=answer, **table)
     ctx.log.info("\n%s", text)
     ctx.write_text("comparison.txt", text)
     if ctx.is_main:
-        bar_chart(runs, ctx.path("comparison.png"))
+        bar_chart(runs, ctx.path("comparison.png"), answer=answer)
     return {"comparison": str(ctx.path("comparison.txt")), "chart": str(ctx.path("comparison.png"))}

@@ -245,6 +245,52 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
     return [statistics.median(t / m for t, m in zip(times, per_round)) for times in rounds]
 
 
+def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
+    """``runs`` (one race's, in the same order on every process) with each round's time the
+    slowest process's: one SPMD step ends when its slowest process does, and every process then
+    holds the same figures, so each decides (``verdict``) and reports alike."""
+    from dataclasses import replace
+
+    from launcher.cfp.profile.timing import slowest_process
+
+    slowest = slowest_process([t for r in runs for t in r.repeat_times_s])
+    out, at = [], 0
+    for r in runs:
+        out.append(replace(r, repeat_times_s=slowest[at:at + len(r.repeat_times_s)]))
+        at += len(r.repeat_times_s)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which plan of a final race is the answer (``verdict``), and the figures it was decided on."""
+    answer: int                        # index into the race's plans: 0 (the searched plan) or best_baseline
+    best_baseline: int | None          # the fastest baseline, round by round; None where none ran
+    searched_over_best: float | None   # the searched plan's time over best_baseline's, paired
+    rounds: int                        # the rounds decided on
+
+    @property
+    def answer_over_best(self) -> float | None:
+        return 1.0 if self.answer == self.best_baseline else self.searched_over_best
+
+
+def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin: float) -> Verdict:
+    """The answer of a final race (``rounds``: each plan's time in each round; plan 0 the searched
+    plan): the searched plan only where it beats the fastest of ``baselines`` by ``margin``,
+    round by round, else that baseline (``winner``, the baselines as incumbents): a plan handed
+    to the user is never one the same rounds measured slower than a plan beside it, and a tie
+    within the rounds' noise goes to the hand-written plan. Only plans that ran every round
+    count: a baseline the race dropped (``Cut``) was far behind the fastest."""
+    n = len(rounds[0])
+    full = [0, *(i for i in baselines if len(rounds[i]) == n)]
+    if len(full) == 1:
+        return Verdict(0, None, None, n)
+    ran = [rounds[i] for i in full]
+    ratios = paired_ratios(ran)
+    best = min(range(1, len(full)), key=lambda k: ratios[k])
+    return Verdict(full[winner(ran, range(1, len(full)), margin)], full[best], paired_over(ran[0], ran[best]), n)
+
+
 
 def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
                      names: Sequence[str]) -> tuple[list[Runner], dict[str, str]]:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import io
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with their schemas
     from launcher.cfp.search.measure import PlanRun
 
 
-def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun]) -> dict:
-    """The result fields comparing the searched plan with the fastest baseline: the ratio of
+def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun], name: str | None = None) -> dict:
+    """The result fields comparing the searched plan with the fastest baseline (``name``, as the
+    answer decided it, ``measure.verdict``; else the least median step time): the ratio of
     median step times, and paired (the median over rounds of the ratio within each round; the
     plans of a round ran together, so the machine's drift between rounds cancels)."""
     if not baselines:
         return {}
-    name = min(baselines, key=lambda n: baselines[n].step_time_s)
+    name = name or min(baselines, key=lambda n: baselines[n].step_time_s)
     best = baselines[name]
     paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s))
     return {"best_baseline": name, "vs_best_baseline": searched.step_time_s / best.step_time_s,
@@ -26,9 +27,10 @@ def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun]) -> dict:
 
 def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
                title: str = "CFP plan against the baselines (same devices)", rounds: int = 0,
-               why_fewer: str = "") -> str:
-    """The plans run, one row each; below it, the plans that ran fewer than ``rounds`` rounds
-    (``why_fewer``) and the baselines that could not run, each named once."""
+               why_fewer: str = "", answer: str = "", notes: Sequence[str] = ()) -> str:
+    """The plans run, one row each, the ``answer``'s marked; below it, the plans that ran fewer
+    than ``rounds`` rounds (``why_fewer``), the baselines that could not run, each named once,
+    and ``notes`` (which plan is the answer and why)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -37,7 +39,7 @@ def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
     for col in ("plan", "step time (ms)", "vs best", "TFLOPS", "memory (MiB/device)"):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for name, r in runs.items():
-        t.add_row(name, f"{r.step_time_s * 1e3:.3f}", f"{r.step_time_s / best:.3f}", f"{r.tflops:.4g}",
+        t.add_row(f"{name} (answer)" if name == answer else name, f"{r.step_time_s * 1e3:.3f}", f"{r.step_time_s / best:.3f}", f"{r.tflops:.4g}",
                   f"{r.memory_bytes / 2**20:.2f}")
     console = Console(width=110, record=True, file=io.StringIO())
     console.print(t)
@@ -46,10 +48,13 @@ def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
         console.print(f"fewer of the {rounds} rounds: {', '.join(fewer)}: {why_fewer}")
     for name, why in skipped.items():
         console.print(f"not run: {name}: {why}")
+    for line in notes:   # whole, however long: the console and the tests read it back
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     return console.export_text()
 
 
-def bar_chart(runs: Mapping[str, PlanRun], path: str | Path) -> Path:
+def bar_chart(runs: Mapping[str, PlanRun], path: str | Path, answer: str = "") -> Path:
+    """Step time, TFLOPS and memory per plan; the ``answer``'s bars hatched and outlined."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,13 +68,18 @@ def bar_chart(runs: Mapping[str, PlanRun], path: str | Path) -> Path:
                ("memory (MiB / device)", [runs[n].memory_bytes / 2**20 for n in names])]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     for ax, (label, values) in zip(axes, metrics):
-        ax.bar(names, values, color=colors)
+        bars = ax.bar(names, values, color=colors)
+        if answer in names:
+            bars[names.index(answer)].set(hatch="//", edgecolor="black", linewidth=1.5)
         ax.set_title(label)
         ax.tick_params(axis="x", rotation=30)
     title = "CFP searched plan (red)" if "cfp" in names else "Alpa-style ILP plan (orange)"
     if "cfp" in names and "alpa_ilp" in names:
         title += " and the Alpa-style ILP's (orange)"
-    fig.suptitle(title + " against built-in plans")
+    title += " against built-in plans"
+    if answer in names:
+        title += f"\nthe answer (plan.json, hatched): {answer}"
+    fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=100)
