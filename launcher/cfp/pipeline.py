@@ -88,8 +88,9 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
             two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
-    """The analysis pass over ``model``'s whole training step (or the HLO text module
-    ``hlo_file``) for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
+    """The analysis pass over ``model``'s whole training step (or the program itself, a
+    ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
+    ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
     ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
     from launcher.cfp.analysis.core import analyze as analyze_step
     from launcher.cfp.analysis.core import analyze_graph
@@ -102,7 +103,7 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         program = None
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
-        program = training_program(model, learning_rate)
+        program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
         result = analyze_step(program.step, program.args, mesh_shape, two_axis_only)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "

@@ -18,6 +18,13 @@ calibrated into ``mode.store_dir`` once per mesh, the ILP solved on each under
 ``plan.json``, ``ilp_plan.txt`` (every contraction's strategy), ``after_ir.txt`` and the
 comparison as above.
 
+``mode.step=pkg.module:make_step`` searches a user's own training step instead of the model
+(``launcher/cfp/autoshard.py``, docs/autoshard.md): the factory, importable from the directory
+the launcher starts in, returns the step function and its example arguments (or an
+``autoshard.Step``); the baselines are dp, fsdp and the user's own shardings where the factory
+gives them (the built-in plans that name the model's logical axes are skipped, saying why), and
+plan.json is the ``AutoPlan`` that ``AutoPlan.load`` reads.
+
 The options are ``launcher.cfp.options``' (``SearchOptions``, ``IlpOptions``, and the profile's
 through ``cfp_config.ProfileConfig``), the passes ``launcher.cfp.pipeline``'s, the result's
 fields ``launcher.cfp.results``'.
@@ -25,17 +32,21 @@ fields ``launcher.cfp.results``'.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
-from typing import Any, List, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, List, Mapping, Optional
 
 from launcher.cfp import pipeline, results
-from launcher.cfp.options import ILP_BASELINE, IlpOptions, SearchOptions
+from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, SearchOptions
+from launcher.cfp.program import TrainingProgram
 from launcher.cfp.search.meshes import AUTO
 from launcher.cfp.search.report import bar_chart, table_text
 from launcher.errors import UserError
-from launcher.modes.cfp_config import ProfileConfig
+from launcher.modes.cfp_config import AnalysisConfig, ProfileConfig
 from launcher.runtime import trace
+from launcher.runtime.program import check_target, parse_target
 
 
 @dataclass
@@ -62,17 +73,26 @@ class Config(ProfileConfig):
     # profiled); with cfp, mode.baselines may name alpa_ilp to race the ILP's plan beside CFP's.
     algorithm: str = "cfp"
     ilp_time_limit_s: float = IlpOptions.time_limit_s
+    # pkg.module:make_step: search this factory's training step instead of the model (docs/autoshard.md).
+    step: Optional[str] = None
 
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission: the profile's checks, the search's options (``SearchOptions``
-        refuses bad values: baselines that are neither built-in plans nor alpa_ilp...) and a
-        known algorithm."""
+        refuses bad values: baselines that are neither built-in plans nor alpa_ilp...), a
+        known algorithm, and a ``mode.step`` that can be imported without options it overrides."""
         super().check(mode, job)
         search_options(mode)
         if mode.algorithm not in ("cfp", "ilp"):
             raise UserError(f"mode.algorithm={mode.algorithm!r}: choose cfp (CFP's profiling search) or ilp (the "
                             "Alpa-style ILP)")
+        if mode.step:
+            parse_target(mode.step, "mode.step")
+            if mode.learning_rate != AnalysisConfig.learning_rate:
+                raise UserError(f"mode.learning_rate={mode.learning_rate} sets the optimizer of the model's step; "
+                                f"mode.step={mode.step} brings its own step and optimizer: leave mode.learning_rate out")
+            if job.same_python:
+                check_target(mode.step, {}, Path.cwd(), "mode.step")
 
 
 def search_options(cfg: Mapping[str, Any], seed: int = 0) -> SearchOptions:
@@ -88,15 +108,34 @@ def run(ctx: Any) -> dict:
     t0 = time.perf_counter()
     cfg = ctx.mode_cfg
     options = search_options(cfg, seed=ctx.cfg.seed)
-    result = _ilp(ctx, options) if cfg.algorithm == "ilp" else _cfp(ctx, options)
+    subject = _user_step(ctx) if cfg.step else ctx.model()
+    if isinstance(subject, TrainingProgram) and subject.in_shardings is not None \
+            and USER_BASELINE not in options.baselines:
+        options = replace(options, baselines=(*options.baselines, USER_BASELINE))  # the user's own, raced too
+    result = _ilp(ctx, options, subject) if cfg.algorithm == "ilp" else _cfp(ctx, options, subject)
     return {**result, "mode_wall_s": time.perf_counter() - t0}
 
 
-def _cfp(ctx: Any, options: SearchOptions) -> dict:
+def _user_step(ctx: Any) -> TrainingProgram:
+    """mode.step's program (``autoshard.load_step``)."""
+    from launcher.cfp.autoshard import load_step  # JAX: not at import, the mode schemas import this module
+
+    ctx.log.info("searching the step of mode.step=%s (the model group is not used)", ctx.mode_cfg.step)
+    return load_step(ctx.mode_cfg.step)
+
+
+def _step_plan(ctx: Any, plan: Any) -> dict:
+    """A user step's plan.json: its ``AutoPlan`` (``AutoPlan.load`` reads it); result.json's
+    fields of it (its step, and how it did against the user's own shardings where they ran)."""
+    ctx.write_text("plan.json", json.dumps(plan.to_json(), indent=1, default=float) + "\n")
+    return {"step": ctx.mode_cfg.step, **{k: v for k, v in plan.comparison().items() if k == "vs_user_paired"}}
+
+
+def _cfp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     """CFP's search: analyse and profile every mesh, the ILP's plan too where alpa_ilp races."""
     cfg = ctx.mode_cfg
     log = lambda line: ctx.log.info("%s", line)
-    on = pipeline.analyze_meshes(ctx.model(), cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
+    on = pipeline.analyze_meshes(subject, cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
     for o in on:
         ctx.write_files(o.files())
     on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, progress=ctx.progress)
@@ -111,18 +150,24 @@ def _cfp(ctx: Any, options: SearchOptions) -> dict:
         ctx.write_text("alpa_ilp_plan.json", ilp.plan.to_json())
         ctx.write_text("ilp_plan.txt", ilp.describe())
     ctx.write_text("after_ir.txt", out.searched.compiled.as_text())
-    ctx.write_text("plan.json", out.plan.to_json())
+    step = {}
+    if isinstance(subject, TrainingProgram):
+        from launcher.cfp.autoshard import AutoPlan  # JAX, as above
+
+        step = _step_plan(ctx, AutoPlan.from_search(subject, out))
+    else:
+        ctx.write_text("plan.json", out.plan.to_json())
     files = _comparison(ctx, {"cfp": out.searched, **out.baselines}, out.skipped, rounds=options.run_repeats,
                         why_fewer=f"over {options.drop_slower_than:g}x the fastest baseline in each, "
                                   "mode.drop_slower_than")
-    return {**results.search_fields(out, on, options, str(ctx.path("plan.json")), ilp=ilp), **files}
+    return {**results.search_fields(out, on, options, str(ctx.path("plan.json")), ilp=ilp), **files, **step}
 
 
-def _ilp(ctx: Any, options: SearchOptions) -> dict:
+def _ilp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     """mode.algorithm=ilp: the ILP alone on every mesh, analysed in full, nothing profiled."""
     cfg = ctx.mode_cfg
     log = lambda line: ctx.log.info("%s", line)
-    on = pipeline.analyze_meshes(ctx.model(), cfg.mesh_shape, learning_rate=cfg.learning_rate,
+    on = pipeline.analyze_meshes(subject, cfg.mesh_shape, learning_rate=cfg.learning_rate,
                                  two_axis_only=False, log=log)
     for o in on:
         ctx.write_files(o.files())
@@ -130,12 +175,19 @@ def _ilp(ctx: Any, options: SearchOptions) -> dict:
     program = next(o.analyzed.program for o in on if o.mesh is planned.mesh)
     raced, runs, skipped = pipeline.ilp_search(planned, program, options, log=log, progress=ctx.progress,
                                                final_run=lambda: trace.recording(ctx, "search"))
-    ctx.write_text("plan.json", planned.plan.to_json())
+    step = {}
+    if isinstance(subject, TrainingProgram):
+        from launcher.cfp.autoshard import AutoPlan  # JAX, as above
+
+        step = _step_plan(ctx, AutoPlan.from_ilp(subject, planned, raced, runs, skipped))
+    else:
+        ctx.write_text("plan.json", planned.plan.to_json())
     ctx.write_text("ilp_plan.txt", planned.describe())
     ctx.write_text("after_ir.txt", raced.compiled.as_text())
     files = _comparison(ctx, {ILP_BASELINE: raced, **runs}, skipped,
                         title="The ILP's plan against the baselines (same devices)")
-    return {**results.ilp_fields(planned, raced, runs, skipped, options, str(ctx.path("plan.json"))), **files}
+    return {**results.ilp_fields(planned, raced, runs, skipped, options, str(ctx.path("plan.json"))), **files,
+            **step}
 
 
 def _comparison(ctx: Any, runs: Mapping[str, Any], skipped: Mapping[str, str], **table: Any) -> dict:

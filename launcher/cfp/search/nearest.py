@@ -119,12 +119,16 @@ def nearest_assignment(a: Analysis, known: dict[int, Spec]) -> list[int]:
 
 
 def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any]) -> dict[str, list[int]]:
-    """{built-in plan name: its nearest plan per block} for every name that maps."""
+    """{built-in plan name: its nearest plan per block} for every name that maps. A user's step
+    (no model protocol, ``launcher/cfp/user_step.py``) has no logical axes: the layouts its
+    baseline of that name (dp, fsdp, the user's own) gives the step's inputs decide alone."""
+    from launcher.cfp.user_step import input_layouts
     from launcher.models.plans import builtin
 
     out = {}
     for name in names:
-        known = builtin_layouts(a, program, builtin(name), devices)
+        known = builtin_layouts(a, program, builtin(name), devices) if program.is_model else \
+            input_layouts(a, program, name, devices)
         if known is not None:
             out[name] = nearest_assignment(a, known)
     return out
