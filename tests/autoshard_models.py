@@ -121,3 +121,20 @@ def make_elementwise_step():
         return w - 0.1 * jnp.mean(jnp.tanh(w * x)), jnp.sum(x)
 
     return step, (jnp.ones((8, 8)), jnp.ones((8, 8)))
+
+
+def train_under_plan(plan: str, steps: int = 5) -> dict:
+    """``mode=run mode.target=tests.autoshard_models:train_under_plan mode.kwargs.plan=...``: the
+    Flax model trained ``steps`` steps under a saved plan, on every process of the job."""
+    from launcher.cfp.autoshard import AutoPlan
+
+    loaded = AutoPlan.load(plan)
+    step, (state, batch) = make_flax_step()
+    applied = loaded.apply(step, donate_argnums=(0,))
+    state, batch = loaded.place(state, batch)
+    losses = []
+    for _ in range(steps):
+        state, loss = applied(state, batch)
+        losses.append(float(loss))
+    return {"losses": losses, "processes": jax.process_count(),
+            "global_state": all(not x.is_fully_addressable for x in jax.tree.leaves(state))}

@@ -6,7 +6,8 @@ line (``mode=search mode.step=...``).
 
 Device work runs in subprocesses with virtual CPU devices (this process's JAX backend is
 shared with other test files); the settings are the smallest that still search (timings on
-this machine say nothing, and are not asserted). Not ``core``: the oldest-JAX venv has no Flax.
+this machine say nothing, and are not asserted). Only the plain-JAX unit tests are ``core``: the
+oldest-JAX venv has no Flax.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def test_a_saved_plan_loads_in_a_fresh_process_and_trains(searched):
 
 
 @pytest.mark.slow
-def test_search_of_a_user_step_from_the_command_line(tmp_path, searched):
+def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run(tmp_path, searched):
     r, _ = searched
     settings = [f"mode.{k}={v}" for k, v in {**SMALL, "run_repeats": 2, "iterations": 2}.items()]
     proc = run_cli("mode=search", "mode.step=tests.autoshard_models:make_flax_step", "mode.mesh_shape=[8]",
@@ -211,6 +212,14 @@ def test_search_of_a_user_step_from_the_command_line(tmp_path, searched):
     assert plan.measured["losses"] == result["losses"]
     for name in ("parallel_blocks.txt", "profiles.json", "comparison.txt", "after_ir.txt"):
         assert (tmp_path / "run" / name).stat().st_size > 0, name
+    # Loaded by a program of the user's own on every process of another job (mode=run), the plan
+    # lays the state out over both processes' devices and trains as one device does.
+    run_cli("mode=run", "mode.target=tests.autoshard_models:train_under_plan",
+            f"mode.kwargs.plan={tmp_path / 'run' / 'plan.json'}", f"mode.kwargs.steps={STEPS}",
+            "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", run_dir=tmp_path / "train", timeout=300)
+    trained = read_result(tmp_path / "train")["returned"]
+    assert trained["processes"] == 2 and trained["global_state"]
+    assert close(trained["losses"], r["flax_one_device"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +247,7 @@ def _mlp_args(n=8):
     return jnp.ones((4, 2)), {"x": jnp.ones((n, 4)), "y": jnp.zeros((n, 2))}
 
 
+@pytest.mark.core  # plain JAX: the oldest supported JAX runs these too
 def test_a_plan_runs_its_step_and_refuses_other_shapes_steps_and_device_counts(tmp_path):
     plan = _plan_for(_mlp_step, _mlp_args())
     w, loss = plan.apply(_mlp_step)(*_mlp_args())
@@ -262,6 +272,7 @@ def test_a_plan_runs_its_step_and_refuses_other_shapes_steps_and_device_counts(t
         AutoPlan.load(tmp_path / "missing.json")
 
 
+@pytest.mark.core  # plain JAX: the oldest supported JAX runs these too
 def test_a_step_without_contractions_or_unlike_its_arguments_is_refused_before_any_profile(tmp_path):
     store = tmp_path / "store"
     with pytest.raises(UserError, match="step has no tensor contraction .* nothing to shard"):
@@ -277,6 +288,7 @@ def test_a_step_without_contractions_or_unlike_its_arguments_is_refused_before_a
     assert not store.exists()   # nothing was profiled, nothing written
 
 
+@pytest.mark.core  # plain JAX: the oldest supported JAX runs these too
 def test_the_baselines_of_a_user_step():
     program = step_program(_mlp_step, _mlp_args())
     mesh = make_mesh([4], jax.devices()[:4])
