@@ -94,6 +94,8 @@ for algorithm, mesh_shape in (("cfp", [4]), ("ilp", "auto")):
     plan = autoshard(eq.fn, *eq.args, data_argnums=eq.data_argnums, in_shardings=in_shardings, mesh_shape=mesh_shape,
                      algorithm=algorithm, store_dir=store, log=quiet, **small)
     out[f"eqx_{algorithm}"] = {**summary(plan), **under(plan, eq.fn, eq.args, steps, 2)}
+    if algorithm == "cfp":  # the shortlist held the plans nearest each baseline, the user's own too
+        out["eqx_nearest"] = sorted(plan.searched.nearest)
     if algorithm == "ilp":
         out["eqx_meshes"] = plan.meshes
         try:  # the Flax plan applied to the Equinox step
@@ -145,9 +147,10 @@ def test_a_plan_of_either_algorithm_trains_as_one_device_does(searched, model, a
 
 
 @pytest.mark.slow
-def test_the_search_covers_every_mesh_and_linen_steps_are_read_as_they_are(searched):
+def test_the_search_covers_every_mesh_every_baselines_nearest_plan_and_linen_steps(searched):
     r, _ = searched
     assert [m["mesh_shape"] for m in r["eqx_meshes"]] == [[4], [2, 2]]   # mesh_shape="auto"
+    assert r["eqx_nearest"] == ["dp", "fsdp", "user"]
     assert r["eqx_ilp"]["mesh_shape"] in ([4], [2, 2])
     # Linen: params, opt_state, batch -> params, opt_state, loss; two dense layers forward and back.
     assert r["linen"]["feeds_back"] == [0, 1] and r["linen"]["loss_leaf"] is not None
