@@ -112,7 +112,8 @@ def worker(args: argparse.Namespace) -> dict:
     cfp, again = runs.pop("cfp"), runs.pop("cfp again")
     floor = abs(paired(again, cfp) - 1)
     return {
-        "model": MODEL, "algorithm": args.algorithm, "devices": jax.device_count(), "platform": jax.devices()[0].platform,
+        "model": MODEL, "algorithm": args.algorithm, "devices": jax.device_count(),
+        "platform": jax.devices()[0].platform,
         "search_settings": args.search_settings, "search_wall_s": search_s,
         "source": plan.source, "mesh_shape": plan.mesh_shape, "meshes": plan.meshes,
         "predicted_step_time_s": plan.predicted_step_time_s, "step_time_s": cfp.step_time_s,

@@ -73,7 +73,8 @@ def under(plan, step, args, n, keep):
 
 def summary(plan):
     return {"source": plan.source, "mesh_shape": plan.mesh_shape, "baselines": sorted(plan.baselines),
-            "skipped": sorted(plan.skipped), "comparison": plan.comparison(), "measured_losses": plan.measured["losses"],
+            "skipped": sorted(plan.skipped), "comparison": plan.comparison(),
+            "measured_losses": plan.measured["losses"],
             "predicted": plan.predicted_step_time_s, "table": plan.table()}
 
 
@@ -310,6 +311,24 @@ def test_the_baselines_of_a_user_step():
     assert program.flops == 2 * (2 * 8 * 4 * 2)   # x @ w and its weight gradient: 2 FLOPs per multiply-add
 
 
+@pytest.mark.core
+def test_a_step_given_as_shapes_runs_on_made_up_values_and_trains():
+    # Shapes only: the runs make the values up (floats in [0, 0.02), integers zero), the same on
+    # every device; the state the step returns is fed back, so the loss moves.
+    from launcher.cfp.search.measure import baseline_runner
+
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _mlp_args())
+    program = step_program(_mlp_step, shapes)
+    assert program.values is None
+    runner = baseline_runner(program, "dp", jax.devices())   # compiled, and one step run
+    w, batch = runner.args
+    assert w.shape == (4, 2) and 0 <= float(w.min()) and float(w.max()) < 0.02
+    assert tuple(batch["x"].sharding.spec)[:1] == ("cfp0",) and len(batch["x"].sharding.device_set) == 8
+    runner.steps(2)
+    assert len(runner.losses) == 3 and runner.losses[2] < runner.losses[0]
+    assert runner.result().flops == program.flops and runner.peak_memory_bytes > 0
+
+
 @pytest.mark.parametrize("override,message", [
     ("mode.step=not_a_module:make", "mode.step=not_a_module:make: no module not_a_module"),
     ("mode.step=tests.autoshard_models:missing", "defines no missing"),
@@ -317,7 +336,8 @@ def test_the_baselines_of_a_user_step():
     ("mode.learning_rate=0.1", "mode.learning_rate=0.1 sets the optimizer of the model's step"),
 ])
 def test_bad_mode_step_settings_fail_before_submission(tmp_path, override, message):
-    args = [override] if override.startswith("mode.step") else [override, "mode.step=tests.autoshard_models:make_flax_step"]
+    step = "mode.step=tests.autoshard_models:make_flax_step"
+    args = [override] if override.startswith("mode.step") else [override, step]
     proc = run_cli("mode=search", *args, run_dir=tmp_path / "run", check=False, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr.strip().splitlines()[-1], proc.stderr

@@ -104,7 +104,8 @@ def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> t
     if unknown:
         raise UserError(f"autoshard: no option {', '.join(unknown)}; the options are {', '.join(sorted(names))} and "
                         "ilp_time_limit_s (launcher/cfp/options.py says what each does)")
-    defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls) if f.name != "profile"}
+    defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls)
+                if f.name != "profile"}
     config = {**defaults, "seed": seed, **settings}
     if program.in_shardings is not None and USER_BASELINE not in config["baselines"]:
         config["baselines"] = [*config["baselines"], USER_BASELINE]

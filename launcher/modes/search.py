@@ -36,7 +36,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from launcher.cfp import pipeline, results
 from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, SearchOptions
@@ -90,7 +90,8 @@ class Config(ProfileConfig):
             parse_target(mode.step, "mode.step")
             if mode.learning_rate != AnalysisConfig.learning_rate:
                 raise UserError(f"mode.learning_rate={mode.learning_rate} sets the optimizer of the model's step; "
-                                f"mode.step={mode.step} brings its own step and optimizer: leave mode.learning_rate out")
+                                f"mode.step={mode.step} brings its own step and optimizer: leave "
+                                "mode.learning_rate out")
             if job.same_python:
                 check_target(mode.step, {}, Path.cwd(), "mode.step")
 
@@ -124,9 +125,17 @@ def _user_step(ctx: Any) -> TrainingProgram:
     return load_step(ctx.mode_cfg.step)
 
 
-def _step_plan(ctx: Any, plan: Any) -> dict:
-    """A user step's plan.json: its ``AutoPlan`` (``AutoPlan.load`` reads it); result.json's
-    fields of it (its step, and how it did against the user's own shardings where they ran)."""
+def _write_plan(ctx: Any, subject: Any, builtin: Any, of_step: Callable[[Any], Any]) -> dict:
+    """plan.json: the model's plan (``builtin``, for ``mode=train mode.plan=...``), or for a
+    user's step (mode.step) its ``AutoPlan`` (``of_step(AutoPlan)``, which ``AutoPlan.load``
+    reads). Returns the result fields of the latter: its step, and how it did against the
+    user's own shardings where they ran."""
+    if not isinstance(subject, TrainingProgram):
+        ctx.write_text("plan.json", builtin.to_json())
+        return {}
+    from launcher.cfp.autoshard import AutoPlan  # JAX: not at import, as above
+
+    plan = of_step(AutoPlan)
     ctx.write_text("plan.json", json.dumps(plan.to_json(), indent=1, default=float) + "\n")
     return {"step": ctx.mode_cfg.step, **{k: v for k, v in plan.comparison().items() if k == "vs_user_paired"}}
 
@@ -150,13 +159,7 @@ def _cfp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
         ctx.write_text("alpa_ilp_plan.json", ilp.plan.to_json())
         ctx.write_text("ilp_plan.txt", ilp.describe())
     ctx.write_text("after_ir.txt", out.searched.compiled.as_text())
-    step = {}
-    if isinstance(subject, TrainingProgram):
-        from launcher.cfp.autoshard import AutoPlan  # JAX, as above
-
-        step = _step_plan(ctx, AutoPlan.from_search(subject, out))
-    else:
-        ctx.write_text("plan.json", out.plan.to_json())
+    step = _write_plan(ctx, subject, out.plan, lambda plans: plans.from_search(subject, out))
     files = _comparison(ctx, {"cfp": out.searched, **out.baselines}, out.skipped, rounds=options.run_repeats,
                         why_fewer=f"over {options.drop_slower_than:g}x the fastest baseline in each, "
                                   "mode.drop_slower_than")
@@ -175,13 +178,7 @@ def _ilp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     program = next(o.analyzed.program for o in on if o.mesh is planned.mesh)
     raced, runs, skipped = pipeline.ilp_search(planned, program, options, log=log, progress=ctx.progress,
                                                final_run=lambda: trace.recording(ctx, "search"))
-    step = {}
-    if isinstance(subject, TrainingProgram):
-        from launcher.cfp.autoshard import AutoPlan  # JAX, as above
-
-        step = _step_plan(ctx, AutoPlan.from_ilp(subject, planned, raced, runs, skipped))
-    else:
-        ctx.write_text("plan.json", planned.plan.to_json())
+    step = _write_plan(ctx, subject, planned.plan, lambda plans: plans.from_ilp(subject, planned, raced, runs, skipped))
     ctx.write_text("ilp_plan.txt", planned.describe())
     ctx.write_text("after_ir.txt", raced.compiled.as_text())
     files = _comparison(ctx, {ILP_BASELINE: raced, **runs}, skipped,
