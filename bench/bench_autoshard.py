@@ -46,8 +46,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "bench_autoshard.json"
 
-# Larger than the tests' model; every dimension the plans split divides 8 devices.
-MODEL = dict(vocab=512, width=64, heads=4, ffn=256, layers=4, seq=32, batch=16)
+# Larger than the tests' model; every dimension the plans split divides 8 devices (a learning rate at
+# which its training is stable, so the losses under each layout stay comparable).
+MODEL = dict(vocab=512, width=64, heads=4, ffn=256, layers=4, seq=32, batch=16, lr=1e-3)
 SMALL = dict(repeats=2, max_segment_space=6, iterations=2, run_repeats=2, verify_top_k=1, verify_iterations=2,
              verify_repeats=2)
 

@@ -13,7 +13,7 @@ import optax
 
 # Small enough to search in seconds on 4 CPU devices, with choices to make: the batch (8), the
 # MLP width (32) and the vocabulary (64) divide 4 ways, the model width (12) and heads (3) do not.
-FLAX = dict(vocab=64, width=12, heads=3, ffn=32, layers=2, seq=8, batch=8)
+FLAX = dict(vocab=64, width=12, heads=3, ffn=32, layers=2, seq=8, batch=8, lr=1e-2)
 
 
 def make_flax_step(**overrides):
@@ -49,7 +49,7 @@ def make_flax_step(**overrides):
             return self.head(x)
 
     model = Transformer(nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, optax.adam(c["lr"]), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
 
     def train_step(state, batch):
