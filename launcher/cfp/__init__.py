@@ -9,7 +9,10 @@ benches call it.
     pipeline.py            the entry: the passes, on one mesh or on every mesh of mode.mesh_shape
     options.py             ProfileOptions, SearchOptions, IlpOptions: every option, its one default
     results.py             the result.json fields of each pass (for the modes)
-    program.py             shared: the training step CFP works on (TrainingProgram)
+    program.py             shared: the training step CFP works on (TrainingProgram), from a model
+    user_step.py           ... or from any function a user jits: what is read from it, its baselines
+    autoshard.py           the passes over a user's step from Python (autoshard -> AutoPlan: apply,
+                           shardings, save/load) and mode=search mode.step's factory
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
 
@@ -43,8 +46,8 @@ benches call it.
       meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
                            every pass that works mesh by mesh goes through
       nearest.py           the plan nearest each built-in plan
-      measure.py           whole-step runs on models.train's Trainer: race, pick, baselines, and
-                           mode=profile's communication study
+      measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
+                           race, pick, baselines, and mode=profile's communication study
       comm.py              collectives of a compiled program (volume by kind)
       report.py            the comparison table and chart
 
@@ -57,5 +60,6 @@ benches call it.
       solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
       plan.py              the steps in order; the solution as block plans or per-contraction layouts
 
-Nothing here imports JAX at module level except the modules that need it to do their work.
+Nothing here imports JAX at module level except the modules that need it to do their work (so
+``launcher.cfp.autoshard`` is imported explicitly: ``from launcher.cfp.autoshard import autoshard``).
 """

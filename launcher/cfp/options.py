@@ -27,6 +27,9 @@ from launcher.errors import UserError
 
 T = TypeVar("T", bound="_Options")
 BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")  # the built-in plans (models/plans.py) a search races by default
+# A user's step (launcher/cfp/user_step.py) laid out as the user's own code lays it out (the
+# in_shardings given with it): raced, and its nearest plan measured, like a built-in plan.
+USER_BASELINE = "user"
 
 
 class _Options:
@@ -136,7 +139,7 @@ class SearchOptions(_Options):
                             "race every baseline every round")
         if self.drop_after < 1:
             raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
-        others = [b for b in self.baselines if b not in BASELINES and b != ILP_BASELINE]
+        others = [b for b in self.baselines if b not in (*BASELINES, ILP_BASELINE, USER_BASELINE)]
         if others:  # the other built-in plans are models/plans.py's, which imports JAX: only then
             from launcher.models.plans import BUILTINS
 

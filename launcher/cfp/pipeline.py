@@ -91,8 +91,9 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
             two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
-    """The analysis pass over ``model``'s whole training step (or the HLO text module
-    ``hlo_file``) for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
+    """The analysis pass over ``model``'s whole training step (or the program itself, a
+    ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
+    ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
     ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
     from launcher.cfp.analysis.core import analyze as analyze_step
     from launcher.cfp.analysis.core import analyze_graph
@@ -107,9 +108,10 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
     else:
         from launcher.cfp.search.nearest import builtin_references
 
-        program = training_program(model, learning_rate)
-        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py).
-        references = builtin_references(program, natural_only=two_axis_only)
+        program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
+        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py); a
+        # user's step has no logical axes, and its baselines lay out its inputs alone.
+        references = builtin_references(program, natural_only=two_axis_only) if program.is_model else None
         result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
@@ -269,7 +271,7 @@ class Answer:
     name: str                    # its row in the comparison: cfp, alpa_ilp, dp_tp, ...
     searched: str                # the searched plan's row: cfp, or alpa_ilp under mode.algorithm=ilp
     run: Any                     # its measure.PlanRun
-    plan: Any                    # its models.plans.Plan: plan.json
+    plan: Any                    # its models.plans.Plan: plan.json (None: a user step's baseline)
     best_baseline: Optional[str]  # the fastest baseline that ran every round (None: none did)
     searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
     margin: float                # mode.verify_margin
@@ -319,6 +321,8 @@ def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], A
     i = v.answer
     if i == 0 or runs[i].name == ILP_BASELINE:
         plan = plans(i)
+    elif not hasattr(runners[i], "plan"):  # a user step's baseline: autoshard.AutoPlan.answered lays it out
+        plan = None
     else:
         mesh = runners[i].mesh
         plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape))))

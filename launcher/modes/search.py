@@ -24,6 +24,13 @@ calibrated into ``mode.store_dir`` once per mesh, the ILP solved on each under
 ``plan.json``, ``ilp_plan.txt`` (every contraction's strategy), ``after_ir.txt`` and the
 comparison as above.
 
+``mode.step=pkg.module:make_step`` searches a user's own training step instead of the model
+(``launcher/cfp/autoshard.py``, docs/autoshard.md): the factory, importable from the directory
+the launcher starts in, returns the step function and its example arguments (or an
+``autoshard.Step``); the baselines are dp, fsdp and the user's own shardings where the factory
+gives them (the built-in plans that name the model's logical axes are skipped, saying why), and
+plan.json is the ``AutoPlan`` that ``AutoPlan.load`` reads.
+
 The options are ``launcher.cfp.options``' (``SearchOptions``, ``IlpOptions``, and the profile's
 through ``cfp_config.ProfileConfig``), the passes ``launcher.cfp.pipeline``'s, the result's
 fields ``launcher.cfp.results``'.
@@ -31,17 +38,21 @@ fields ``launcher.cfp.results``'.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
-from typing import Any, List, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, List, Mapping, Optional
 
 from launcher.cfp import pipeline, results
-from launcher.cfp.options import ILP_BASELINE, IlpOptions, SearchOptions
+from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, SearchOptions
+from launcher.cfp.program import TrainingProgram
 from launcher.cfp.search.meshes import AUTO
 from launcher.cfp.search.report import bar_chart, table_text
 from launcher.errors import UserError
-from launcher.modes.cfp_config import ProfileConfig
+from launcher.modes.cfp_config import AnalysisConfig, ProfileConfig
 from launcher.runtime import trace
+from launcher.runtime.program import check_target, parse_target
 
 
 @dataclass
@@ -68,17 +79,27 @@ class Config(ProfileConfig):
     # profiled); with cfp, mode.baselines may name alpa_ilp to race the ILP's plan beside CFP's.
     algorithm: str = "cfp"
     ilp_time_limit_s: float = IlpOptions.time_limit_s
+    # pkg.module:make_step: search this factory's training step instead of the model (docs/autoshard.md).
+    step: Optional[str] = None
 
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission: the profile's checks, the search's options (``SearchOptions``
-        refuses bad values: baselines that are neither built-in plans nor alpa_ilp...) and a
-        known algorithm."""
+        refuses bad values: baselines that are neither built-in plans nor alpa_ilp...), a
+        known algorithm, and a ``mode.step`` that can be imported without options it overrides."""
         super().check(mode, job)
         search_options(mode)
         if mode.algorithm not in ("cfp", "ilp"):
             raise UserError(f"mode.algorithm={mode.algorithm!r}: choose cfp (CFP's profiling search) or ilp (the "
                             "Alpa-style ILP)")
+        if mode.step:
+            parse_target(mode.step, "mode.step")
+            if mode.learning_rate != AnalysisConfig.learning_rate:
+                raise UserError(f"mode.learning_rate={mode.learning_rate} sets the optimizer of the model's step; "
+                                f"mode.step={mode.step} brings its own step and optimizer: leave "
+                                "mode.learning_rate out")
+            if job.same_python:
+                check_target(mode.step, {}, Path.cwd(), "mode.step")
 
 
 def search_options(cfg: Mapping[str, Any], seed: int = 0) -> SearchOptions:
@@ -94,15 +115,27 @@ def run(ctx: Any) -> dict:
     t0 = time.perf_counter()
     cfg = ctx.mode_cfg
     options = search_options(cfg, seed=ctx.cfg.seed)
-    result = _ilp(ctx, options) if cfg.algorithm == "ilp" else _cfp(ctx, options)
+    subject = _user_step(ctx) if cfg.step else ctx.model()
+    if isinstance(subject, TrainingProgram) and subject.in_shardings is not None \
+            and USER_BASELINE not in options.baselines:
+        options = replace(options, baselines=(*options.baselines, USER_BASELINE))  # the user's own, raced too
+    result = _ilp(ctx, options, subject) if cfg.algorithm == "ilp" else _cfp(ctx, options, subject)
     return {**result, "mode_wall_s": time.perf_counter() - t0}
 
 
-def _cfp(ctx: Any, options: SearchOptions) -> dict:
+def _user_step(ctx: Any) -> TrainingProgram:
+    """mode.step's program (``autoshard.load_step``)."""
+    from launcher.cfp.autoshard import load_step  # JAX: not at import, the mode schemas import this module
+
+    ctx.log.info("searching the step of mode.step=%s (the model group is not used)", ctx.mode_cfg.step)
+    return load_step(ctx.mode_cfg.step)
+
+
+def _cfp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     """CFP's search: analyse and profile every mesh, the ILP's plan too where alpa_ilp races."""
     cfg = ctx.mode_cfg
     log = lambda line: ctx.log.info("%s", line)
-    on = pipeline.analyze_meshes(ctx.model(), cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
+    on = pipeline.analyze_meshes(subject, cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
     for o in on:
         ctx.write_files(o.files())
     on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, progress=ctx.progress)
@@ -116,20 +149,20 @@ def _cfp(ctx: Any, options: SearchOptions) -> dict:
     if ilp is not None:
         ctx.write_text("alpa_ilp_plan.json", ilp.plan.to_json())
         ctx.write_text("ilp_plan.txt", ilp.describe())
-    ctx.write_text("cfp_plan.json", out.plan.to_json())
-    notes = _answer(ctx, out.answer, out.searched)
+    notes, step = _answer(ctx, subject, out.answer, out.searched, out.plan,
+                          lambda plans: plans.searched_by_cfp(subject, out))
     files = _comparison(ctx, {"cfp": out.searched, **out.baselines}, out.skipped, rounds=options.run_repeats,
                         why_fewer=f"over {options.drop_slower_than:g}x the fastest baseline in each, "
                                   "mode.drop_slower_than", answer=out.answer.name, notes=notes)
     return {**results.search_fields(out, on, options, str(ctx.path("cfp_plan.json")), str(ctx.path("plan.json")),
-                                    ilp=ilp), **files}
+                                    ilp=ilp), **files, **step}
 
 
-def _ilp(ctx: Any, options: SearchOptions) -> dict:
+def _ilp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     """mode.algorithm=ilp: the ILP alone on every mesh, analysed in full, nothing profiled."""
     cfg = ctx.mode_cfg
     log = lambda line: ctx.log.info("%s", line)
-    on = pipeline.analyze_meshes(ctx.model(), cfg.mesh_shape, learning_rate=cfg.learning_rate,
+    on = pipeline.analyze_meshes(subject, cfg.mesh_shape, learning_rate=cfg.learning_rate,
                                  two_axis_only=False, log=log)
     for o in on:
         ctx.write_files(o.files())
@@ -137,25 +170,48 @@ def _ilp(ctx: Any, options: SearchOptions) -> dict:
     program = next(o.analyzed.program for o in on if o.mesh is planned.mesh)
     out = pipeline.ilp_search(planned, program, options, log=log, progress=ctx.progress,
                               final_run=lambda: trace.recording(ctx, "search"))
-    ctx.write_text(f"{ILP_BASELINE}_plan.json", planned.plan.to_json())
     ctx.write_text("ilp_plan.txt", planned.describe())
-    notes = _answer(ctx, out.answer, out.run)
+    notes, step = _answer(ctx, subject, out.answer, out.run, planned.plan,
+                          lambda plans: plans.searched_by_ilp(subject, planned, out))
     files = _comparison(ctx, {ILP_BASELINE: out.run, **out.baselines}, out.skipped,
                         title="The ILP's plan against the baselines (same devices)", answer=out.answer.name,
                         notes=notes)
     return {**results.ilp_fields(planned, out, options, str(ctx.path(f"{ILP_BASELINE}_plan.json")),
-                                 str(ctx.path("plan.json"))), **files}
+                                 str(ctx.path("plan.json"))), **files, **step}
 
 
-def _answer(ctx: Any, answer: pipeline.Answer, searched: Any) -> list[str]:
-    """``plan.json`` and ``after_ir.txt``: the answer's (the searched plan's program too, where
-    it is not the answer); the lines that say so under the table."""
-    ctx.write_text("plan.json", answer.plan.to_json())
+def _answer(ctx: Any, subject: Any, answer: pipeline.Answer, searched: Any, own: Any,
+            own_step: Callable[[Any], Any]) -> tuple[list[str], dict]:
+    """``plan.json``, the answer (docs/cfp.md, "The answer"); ``<searched>_plan.json``, the
+    searched plan's own (CFP's or the ILP's, ``own``); ``after_ir.txt``, the answer's program
+    (and ``<searched>_after_ir.txt`` the searched plan's, where it is not the answer). For a
+    user's step (mode.step) the plans are ``AutoPlan``s (``own_step(AutoPlan)`` the searched
+    one), which ``AutoPlan.load`` reads. Returns the lines that say so under the table, and the
+    result fields of a user's step: its step, and how the answer did against the user's own
+    shardings where they ran."""
+    own_file = f"{answer.searched}_plan.json"
+    step: dict = {}
+    if isinstance(subject, TrainingProgram):
+        # Imported here: it imports JAX, and the CLI imports this module for the mode's schema.
+        from launcher.cfp.autoshard import AutoPlan
+
+        searched_plan = own_step(AutoPlan)
+        plan = searched_plan.answered(subject, answer)
+        ctx.write_text(own_file, _auto_json(searched_plan))
+        ctx.write_text("plan.json", _auto_json(plan))
+        step = {"step": ctx.mode_cfg.step, **{k: v for k, v in plan.comparison().items() if k == "vs_user_paired"}}
+    else:
+        ctx.write_text(own_file, own.to_json())
+        ctx.write_text("plan.json", answer.plan.to_json())
     ctx.write_text("after_ir.txt", answer.run.compiled.as_text())
     if answer.name == answer.searched:
-        return [answer.why() + " (plan.json)"]
+        return [answer.why() + " (plan.json)"], step
     ctx.write_text(f"{answer.searched}_after_ir.txt", searched.compiled.as_text())
-    return [answer.why() + f" (plan.json; {pipeline.plan_title(answer.searched)} is {answer.searched}_plan.json)"]
+    return [answer.why() + f" (plan.json; {pipeline.plan_title(answer.searched)} is {own_file})"], step
+
+
+def _auto_json(plan: Any) -> str:
+    return json.dumps(plan.to_json(), indent=1, default=float) + "\n"
 
 
 def _comparison(ctx: Any, runs: Mapping[str, Any], skipped: Mapping[str, str], answer: str = "",

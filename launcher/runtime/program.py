@@ -39,12 +39,13 @@ class ProgramFailed(RuntimeError):
     """The user's program ended with a non-zero exit status."""
 
 
-def parse_target(target: str) -> tuple[str, str]:
-    """``"pkg.module:function"`` -> ("pkg.module", "function"); refused in one line otherwise."""
+def parse_target(target: str, option: str = "mode.target") -> tuple[str, str]:
+    """``"pkg.module:function"`` -> ("pkg.module", "function"); refused in one line otherwise.
+    ``option``: the config key that names it (mode=search's ``mode.step`` too)."""
     module, sep, name = target.partition(":")
     parts = [*module.split("."), *name.split(".")]
     if not sep or not all(p.isidentifier() for p in parts):
-        raise UserError(f"mode.target={target}: expected module:function, e.g. mode.target=mypkg.train:main "
+        raise UserError(f"{option}={target}: expected module:function, e.g. {option}=mypkg.train:main "
                         "(a module importable from the code directory, and a function in it)")
     return module, name
 
@@ -65,14 +66,14 @@ def find_module(module: str, search: Iterable[str]) -> importlib.machinery.Modul
     return spec
 
 
-def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path) -> None:
+def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path, option: str = "mode.target") -> None:
     """Before submission: the module is importable from ``code_dir`` or the launcher's python
     path, defines the function, and the function takes ``kwargs`` (and nothing required beside
     them). Raises UserError naming what is wrong; silent where the source cannot tell."""
-    module, name = parse_target(target)
+    module, name = parse_target(target, option)
     spec = find_module(module, [str(code_dir), *sys.path])
     if spec is None:
-        raise UserError(f"mode.target={target}: no module {module} in the code directory {code_dir} nor on the "
+        raise UserError(f"{option}={target}: no module {module} in the code directory {code_dir} nor on the "
                         "launcher's python path; give an importable module (run from the directory holding it, "
                         "or set mode.code_dir)")
     if spec.origin is None or not spec.origin.endswith(".py") or "." in name:
@@ -82,7 +83,7 @@ def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path) -> None
     node = defs.get(name)
     if node is None:
         if not _may_define(tree, name):
-            raise UserError(f"mode.target={target}: {spec.origin} defines no {name}; name a function of it")
+            raise UserError(f"{option}={target}: {spec.origin} defines no {name}; name a function of it")
         return
     if node.decorator_list:
         return  # a decorator may change what the function takes
@@ -92,7 +93,7 @@ def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path) -> None
                                                                   - len(params.defaults):]}
     optional |= {a.arg for a, d in zip(params.kwonlyargs, params.kw_defaults) if d is not None}
     _check_arguments(target, kwargs, names, optional, takes_any=params.kwarg is not None,
-                     positional_only={a.arg for a in params.posonlyargs})
+                     positional_only={a.arg for a in params.posonlyargs}, option=option)
 
 
 def _may_define(tree: ast.Module, name: str) -> bool:
@@ -111,8 +112,14 @@ def _may_define(tree: ast.Module, name: str) -> bool:
 
 
 def _check_arguments(target: str, kwargs: Mapping[str, Any], names: list[str], optional: set[str],
-                     takes_any: bool, positional_only: set[str] = frozenset()) -> None:
+                     takes_any: bool, positional_only: set[str] = frozenset(), option: str = "mode.target") -> None:
     shown = ", ".join(names) or "none"
+    if option != "mode.target":  # a function called with no arguments (mode.step's factory)
+        required = [key for key in names if key not in optional]
+        if required:
+            raise UserError(f"{option}={target}: it is called with no arguments, and {', '.join(required)} "
+                            "has no default; give every parameter a default")
+        return
     for key in kwargs:
         if key in positional_only or (key not in names and not takes_any):
             raise UserError(f"mode.kwargs.{key}: {target} takes no keyword argument {key!r} (its arguments: {shown})")
@@ -122,22 +129,22 @@ def _check_arguments(target: str, kwargs: Mapping[str, Any], names: list[str], o
                             f"mode.kwargs.{key}=<value>")
 
 
-def load_target(target: str, kwargs: Mapping[str, Any]) -> Callable[..., Any]:
+def load_target(target: str, kwargs: Mapping[str, Any], option: str = "mode.target") -> Callable[..., Any]:
     """In the task: the function ``target`` names, its arguments checked against ``kwargs``."""
-    module_name, name = parse_target(target)
+    module_name, name = parse_target(target, option)
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise UserError(f"mode.target={target}: no module {module_name} on this task's python path "
+            raise UserError(f"{option}={target}: no module {module_name} on this task's python path "
                             f"(the code directory {Path.cwd()} comes first)") from None
         raise  # the module itself failed to import something: its own error, with its traceback
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise UserError(f"mode.target={target}: {module_name} has no {name}; name a function of it")
+            raise UserError(f"{option}={target}: {module_name} has no {name}; name a function of it")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise UserError(f"mode.target={target}: {name} is a {type(obj).__name__}, not a function")
+        raise UserError(f"{option}={target}: {name} is a {type(obj).__name__}, not a function")
     try:
         params = inspect.signature(obj).parameters.values()
     except (TypeError, ValueError):
@@ -146,7 +153,7 @@ def load_target(target: str, kwargs: Mapping[str, Any]) -> Callable[..., Any]:
     names = [p.name for p in params if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)]
     optional = {p.name for p in params if p.default is not kinds.empty}
     _check_arguments(target, kwargs, names, optional, takes_any=any(p.kind == kinds.VAR_KEYWORD for p in params),
-                     positional_only={p.name for p in params if p.kind == kinds.POSITIONAL_ONLY})
+                     positional_only={p.name for p in params if p.kind == kinds.POSITIONAL_ONLY}, option=option)
     return obj
 
 

@@ -34,7 +34,7 @@ that list is not empty, no plan of CFP's space is the reference (``docs/cfp-layo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from launcher.cfp.analysis.blocks import Block, build_blocks
 from launcher.cfp.analysis.contractions import Contraction
@@ -118,3 +118,29 @@ def referenced_strategies(g: Graph, cons: Mapping[int, Contraction], mesh_shape:
                 names = out.setdefault(b.head, {}).setdefault(b.plans[p], ())
                 out[b.head][b.plans[p]] = names + (name,)
     return out
+
+
+# --- a named mesh's layouts on CFP's mesh axes (the built-in plans', a user's baselines') ----
+
+def axis_map(sizes: dict[str, int], mesh_shape: Sequence[int]) -> dict[str, tuple[int, ...]] | None:
+    """Named mesh axes (outermost first) -> the run of CFP mesh axes each covers, or None."""
+    out, i = {}, 0
+    for name, size in sizes.items():
+        run, n = [], 1
+        while n < size and i < len(mesh_shape):
+            run.append(i)
+            n *= mesh_shape[i]
+            i += 1
+        if n != size:
+            return None
+        out[name] = tuple(run)
+    return out if i == len(mesh_shape) or all(s == 1 for s in mesh_shape[i:]) else None
+
+
+def cfp_spec(partition_spec: Any, axes: dict[str, tuple[int, ...]], ndim: int) -> Spec:
+    entries = tuple(partition_spec) + (None,) * (ndim - len(partition_spec))
+    spec = []
+    for e in entries:
+        names = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+        spec.append(tuple(a for name in names for a in axes[name]))
+    return tuple(spec)

@@ -10,20 +10,30 @@ and another while it is low would compare the load, not the plans; a round the h
 interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean of its steps and
 the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
 device, from XLA's buffer assignment (``models.train.memory_stats``).
+
+A user's own step (``launcher/cfp/user_step.py``: no model protocol) runs on ``StepRunner``
+instead, with the same interface: its example arguments laid out by the plan, the state it
+returns fed back as the next step's (the data stay the example batch), each step timed alone;
+its baselines are dp, fsdp and the user's own shardings (``user_step.baseline_shardings``).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
 from launcher import jaxcompat
+from launcher.cfp import user_step
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.apply import assignment_transform
+from launcher.cfp.apply import assignment_transform, make_mesh, whole_step
 from launcher.cfp.profile.quiet import quiet
 from launcher.errors import BAD_INPUT
-from launcher.models.train import Trainer
+from launcher.models.train import Trainer, memory_stats
 
 
 @dataclass
@@ -70,21 +80,77 @@ class Runner(Trainer):
                        float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
 
 
+class StepRunner:
+    """A user's step (``program.model`` None) compiled with its arguments laid out as
+    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``user_step.py``). The
+    state the step returns is fed back (and donated), so successive steps train; its outputs
+    besides are replicated, its loss recorded where it has one."""
+
+    def __init__(self, name: str, program: Any, step: Any, in_shardings: tuple, *, seed: int = 0) -> None:
+        self.name, self.program = name, program
+        self.rounds: list[float] = []
+        self.candidate: Any = None
+        self.mesh_index = 0
+        mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
+        outs = user_step.out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        t0 = time.perf_counter()
+        self.args = user_step.materialize(program, in_shardings, seed)
+        self.compiled = jax.jit(step, in_shardings=tuple(in_shardings), out_shardings=outs,
+                                donate_argnums=program.feeds_back).lower(*self.args).compile()
+        self.compile_time_s = time.perf_counter() - t0
+        self.memory = memory_stats(self.compiled)
+        self.step_no = 0
+        self.losses: list[float] = []
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.memory["peak_bytes"]
+
+    def steps(self, n: int, progress: Any = None) -> list[float]:
+        """Runs the next ``n`` steps; the seconds of each (``Trainer.steps``)."""
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            out = jax.block_until_ready(self.compiled(*self.args))
+            times.append(time.perf_counter() - t)
+            loss = user_step.loss_of(self.program, out)
+            if loss is not None:
+                self.losses.append(loss)
+            self.args = user_step.next_args(self.program, self.args, out)
+            self.step_no += 1
+            if progress is not None:
+                progress.advance()
+        return times
+
+    def result(self) -> PlanRun:
+        return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes, self.program.flops_per_step,
+                       self.compile_time_s, self.compiled)
+
+
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
-                name: str = "cfp") -> Runner:
+                name: str = "cfp") -> Runner | StepRunner:
     """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
     from launcher.models.plans import Plan
 
+    if not program.is_model:
+        step, in_shardings, _ = whole_step(a, assignment, mesh)
+        return StepRunner(name, program, step, in_shardings, seed=seed)
     plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape)), {"params": {}, "activations": {}, "inputs": {}})
     return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
                   transform_step=assignment_transform(a, assignment))
 
 
-def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner:
+def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner | StepRunner:
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
-    plan does not fit the model or the devices."""
+    plan does not fit the model or the devices. A user's step: its baseline of that name
+    (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
     from launcher.models.plans import builtin
 
+    if not program.is_model:
+        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
+        runner = StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
+        runner.steps(1)
+        return runner
     runner = Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
     runner.steps(1)
     return runner

@@ -26,42 +26,27 @@ nearest plan.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import jax
+
+from launcher import jaxcompat
 from launcher.cfp.analysis import references
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.analysis.graph import Graph
-from launcher.cfp.analysis.references import Mismatch, Reference
+from launcher.cfp.analysis.graph import Graph, trace
+from launcher.cfp.analysis.references import Mismatch, Reference, axis_map, cfp_spec
 from launcher.cfp.analysis.strategies import Spec
+from launcher.cfp.search.meshes import natural_shape
+from launcher.cfp.user_step import input_layouts
 from launcher.errors import BAD_INPUT
+from launcher.models.plans import BUILTINS, builtin
+from launcher.models.sharding import use_rules
+from launcher.models.train import make_train_step
 
 # Identity operators a plan's rules add to the traced step; everything else must line up.
 _ADDED = ("sharding_constraint", "reshard")
-
-
-def axis_map(sizes: dict[str, int], mesh_shape: Sequence[int]) -> dict[str, tuple[int, ...]] | None:
-    """Named mesh axes (outermost first) -> the run of CFP mesh axes each covers, or None."""
-    out, i = {}, 0
-    for name, size in sizes.items():
-        run, n = [], 1
-        while n < size and i < len(mesh_shape):
-            run.append(i)
-            n *= mesh_shape[i]
-            i += 1
-        if n != size:
-            return None
-        out[name] = tuple(run)
-    return out if i == len(mesh_shape) or all(s == 1 for s in mesh_shape[i:]) else None
-
-
-def cfp_spec(partition_spec: Any, axes: dict[str, tuple[int, ...]], ndim: int) -> Spec:
-    entries = tuple(partition_spec) + (None,) * (ndim - len(partition_spec))
-    spec = []
-    for e in entries:
-        names = () if e is None else (e,) if isinstance(e, str) else tuple(e)
-        spec.append(tuple(a for name in names for a in axes[name]))
-    return tuple(spec)
 
 
 def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: Any) -> dict[int, Spec] | None:
@@ -69,15 +54,6 @@ def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: A
     a mesh of ``mesh_shape`` has, or None when the plan does not map onto that mesh, does not fit
     the model, or its traced step does not line up. Only shapes are traced, on a mesh without
     devices: the layouts are the same whatever devices this process has."""
-    import math
-
-    import jax
-
-    from launcher import jaxcompat
-    from launcher.cfp.analysis.graph import trace
-    from launcher.models.sharding import use_rules
-    from launcher.models.train import make_train_step
-
     try:
         mesh = jaxcompat.abstract_mesh(plan.axis_sizes(math.prod(mesh_shape)))
         sh = plan.shardings(program.model, mesh, program.optimizer)
@@ -121,10 +97,6 @@ def builtin_references(program: Any, names: Sequence[str] | None = None,
     built-in plan of ``names`` (default: all) that maps onto the mesh; with ``natural_only``
     (``mode.mesh_shape=auto``, where each is looked for on the mesh shaped like its own,
     ``meshes.nearest_on_meshes``) only those whose own mesh it is."""
-    import math
-
-    from launcher.cfp.search.meshes import natural_shape
-    from launcher.models.plans import BUILTINS, builtin
 
     def refs(g: Graph, mesh_shape: Sequence[int]) -> dict[str, Reference]:
         out = {}
@@ -199,11 +171,16 @@ def _spec_str(spec: Spec) -> str:
     return "[" + ", ".join("/".join(map(str, ax)) if ax else "-" for ax in spec) + "]"
 
 
-def nearest(a: Analysis, program: Any, name: str) -> Nearest | None:
-    """The plan nearest built-in plan ``name`` on ``a``'s mesh, or None where it does not map."""
-    from launcher.models.plans import builtin
-
-    known = builtin_layouts(a, program, builtin(name))
+def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -> Nearest | None:
+    """The plan nearest baseline ``name`` on ``a``'s mesh, or None where it does not map. A
+    built-in model's baselines are its built-in plans; a user's step (no model protocol,
+    ``launcher/cfp/user_step.py``) has no logical axes: the layouts its baseline of that name
+    (dp, fsdp, the user's own) gives the step's inputs decide alone (on ``devices``, default
+    every device)."""
+    if program.is_model:
+        known = builtin_layouts(a, program, builtin(name))
+    else:
+        known = input_layouts(a, program, name, list(devices) or jax.devices())
     if known is None:
         return None
     assignment = nearest_assignment(a, known)
@@ -211,11 +188,11 @@ def nearest(a: Analysis, program: Any, name: str) -> Nearest | None:
 
 
 def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any] = ()) -> dict[str, list[int]]:
-    """{built-in plan name: its nearest plan per block} for every name that maps. (``devices``
-    is not needed: the layouts depend on the mesh's shape only.)"""
+    """{baseline name: its nearest plan per block} for every name that maps (``nearest``;
+    ``devices`` matter for a user's step only)."""
     out = {}
     for name in names:
-        found = nearest(a, program, name)
+        found = nearest(a, program, name, devices)
         if found is not None:
             out[name] = found.assignment
     return out

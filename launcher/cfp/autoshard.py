@@ -1,0 +1,421 @@
+"""Auto-sharding a user's own training step: CFP's passes (or the Alpa-style ILP) over any
+function the user jits, the plan handed back as shardings the user's code applies.
+
+    from launcher.cfp.autoshard import autoshard, AutoPlan
+
+    plan = autoshard(train_step, state, batch, store_dir="profiles")   # every device JAX sees
+    step = plan.apply(train_step)              # jitted, under the plan's layouts
+    state, batch = plan.place(state, batch)    # or jax.device_put(x, plan.shardings(state, batch))
+    for _ in range(steps):
+        state, loss = step(state, batch)
+    plan.save("plan.json")                     # AutoPlan.load("plan.json").apply(train_step) elsewhere
+
+What is read from the step and its arguments (which are data, which state is fed back, what is
+static) is ``user_step.py``'s; the passes are ``pipeline.py``'s, as mode=search runs them for the
+built-in models, with the baselines a user would compare with: dp, fsdp and the user's own
+``in_shardings``. ``mode=search mode.step=pkg.module:make_step`` runs the same search from the
+command line (``load_step``: a factory returning the step and its example arguments, or a
+``Step``) and writes the ``AutoPlan`` as plan.json. docs/autoshard.md is the reference.
+
+Every process of a multi-process job calls ``autoshard`` alike (inside ``mode=run``, or after
+``jax.distributed.initialize``): each runs the same programs, the slowest process's times decide,
+so all get the same plan; process 0 writes the profile store and ``save``'s file.
+
+A plan is checked where it is used: ``shardings``, ``place`` and ``apply`` refuse, in one line
+(``UserError``), arguments shaped unlike the example ones, a step whose traced program differs
+from the one searched (its signature, ``apply.program_signature``) and another device count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from launcher.cfp import pipeline
+from launcher.cfp.apply import constrained_step, make_mesh, pspec, spec_from_json
+from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, ProfileOptions, SearchOptions
+from launcher.cfp.program import TrainingProgram
+from launcher.cfp.search.measure import PlanRun
+from launcher.cfp.search.meshes import AUTO
+from launcher.cfp.search.report import best_baseline, table_text
+from launcher.cfp.user_step import (STEP_BASELINES, ArrayStep, baseline_constraints, combine, describe_leaves,
+                                    out_shardings, place, shapes_of, split, step_program)
+from launcher.errors import UserError
+from launcher.runtime import program as user_program
+
+FORMAT = "xlaunch-autoshard-plan"
+VERSION = 1
+
+
+@dataclass
+class Step:
+    """What a ``mode.step`` factory may return instead of ``(step_fn, example_args)``."""
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+    data_argnums: Optional[Sequence[int]] = None  # default: the last argument
+    in_shardings: Any = None                      # the user's own layout, raced as the "user" baseline
+
+
+def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: str = "cfp",
+              memory_budget_gb: float = ProfileOptions.memory_budget_gb, store_dir: str = ProfileOptions.store_dir,
+              data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
+              baselines: Sequence[str] = STEP_BASELINES, log: Optional[Callable[[str], None]] = None,
+              **options: Any) -> "AutoPlan":
+    """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
+
+    ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
+    any pytree: Flax NNX state or modules, Linen variables, Equinox modules, dicts).
+    ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
+    kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``"cfp"`` (profile the
+    step's segments, then search) or ``"ilp"`` (the Alpa-style ILP, nothing profiled).
+    ``memory_budget_gb``: per device, 0 for none. ``store_dir``: the profile store (reused by
+    later searches). ``data_argnums``: which arguments are data (default: the last one).
+    ``in_shardings``: the shardings the user's own code gives the arguments (as for
+    ``jax.jit``), raced as the ``user`` baseline. ``baselines``: built-in names raced beside the
+    plan (dp, fsdp; ``alpa_ilp`` the ILP's plan beside CFP's). ``log``: a line at a time
+    (default: printed by process 0). ``options``: any other option of the passes by name
+    (``launcher/cfp/options.py``: iterations, run_repeats, repeats, max_segment_space,
+    verify_top_k, ..., and ilp_time_limit_s).
+
+    Returns the ``AutoPlan``. UserError (one line) for bad input: see ``user_step.step_program``.
+    """
+    if algorithm not in ("cfp", "ilp"):
+        raise UserError(f"algorithm={algorithm!r}: choose cfp (CFP's profiling search) or ilp (the Alpa-style ILP)")
+    log = log or _print_main
+    program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings)
+    search, ilp = search_options(program, {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir,
+                                           "baselines": list(baselines), **options})
+    return search_step(program, mesh_shape, algorithm, search, ilp, is_main=jax.process_index() == 0, log=log)
+
+
+def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> tuple[SearchOptions, IlpOptions]:
+    """The passes' options from ``settings`` (their fields by name, ``ilp_time_limit_s``); the
+    user's own shardings raced where the program has them."""
+    names = {f.name for cls in (SearchOptions, ProfileOptions) for f in fields(cls)} - {"profile"}
+    unknown = sorted(set(settings) - names - {"ilp_time_limit_s"})
+    if unknown:
+        raise UserError(f"autoshard: no option {', '.join(unknown)}; the options are {', '.join(sorted(names))} and "
+                        "ilp_time_limit_s (launcher/cfp/options.py says what each does)")
+    defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls)
+                if f.name != "profile"}
+    config = {**defaults, "seed": seed, **settings}
+    if program.in_shardings is not None and USER_BASELINE not in config["baselines"]:
+        config["baselines"] = [*config["baselines"], USER_BASELINE]
+    search = SearchOptions.of(config)
+    return search, IlpOptions(profile=search.profile,
+                              time_limit_s=settings.get("ilp_time_limit_s", IlpOptions.time_limit_s))
+
+
+def search_step(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions, ilp: IlpOptions, *,
+                is_main: bool, log: Callable[[str], None]) -> "AutoPlan":
+    """The passes over a user's step, as mode=search runs them (``launcher/modes/search.py``)."""
+    cfp = algorithm == "cfp"
+    on = pipeline.analyze_meshes(program, mesh_shape, two_axis_only=cfp, log=log)
+    if not cfp:
+        planned = pipeline.ilp_plan(on, ilp, is_main=is_main, log=log)
+        return AutoPlan.from_ilp(program, planned, pipeline.ilp_search(planned, program, search, log=log))
+    on = pipeline.profile_meshes(on, search.profile, is_main=is_main, log=log)
+    planned = pipeline.ilp_plan(on, ilp, is_main=is_main, log=log) if ILP_BASELINE in search.baselines else None
+    return AutoPlan.from_search(program, pipeline.search(on, search, log=log, ilp=planned))
+
+
+def _print_main(line: str) -> None:
+    if jax.process_index() == 0:
+        print(f"autoshard: {line}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class AutoPlan:
+    """A searched plan of a user's step: its mesh, its layouts (per operator and per argument,
+    ``apply.py``'s ``constraints``, with the step's signature), the arguments it was searched
+    for, and what was predicted and measured beside the baselines."""
+
+    mesh_shape: list[int]
+    constraints: dict[str, Any]
+    args: list[dict]                  # per array leaf of the arguments: path, shape, dtype
+    data_argnums: list[int]
+    device_count: int
+    algorithm: str                    # cfp | ilp
+    step: str                         # the step function's name
+    source: str                       # which plan the search kept (search optimum, nearest dp, ILP...)
+    predicted_step_time_s: Optional[float]   # the search's prediction (None for a baseline's plan)
+    predicted_memory_gb: Optional[float]
+    measured: dict                    # the plan's run: step_time_s, repeat_times_s, memory_gb, tflops, losses
+    baselines: dict[str, dict]        # name -> its run, likewise
+    skipped: dict[str, str] = field(default_factory=dict)  # baselines not run, and why
+    meshes: list[dict] = field(default_factory=list)       # per logical mesh searched: its optimum (or why none)
+    # Its row in the race: the searched plan's (cfp; alpa_ilp under the ILP), or the baseline
+    # that was the answer (dp, fsdp, user, alpa_ilp beside CFP); "" in files before there were answers.
+    name: str = ""
+    why: str = ""                     # which plan this is of the race, and why, in words
+    # This session's pipeline.Searched, where CFP searched (its shortlist, profiles...); not saved.
+    searched: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_search(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+        """The answer of CFP's search (``pipeline.search``'s ``Searched``): CFP's plan where the
+        final race measured it faster than the fastest baseline by the margin, else that
+        baseline's (``answered``)."""
+        return cls.searched_by_cfp(program, out).answered(program, out.answer)
+
+    @classmethod
+    def from_ilp(cls, program: TrainingProgram, planned: Any, out: Any) -> "AutoPlan":
+        """The answer of the ILP's search (``pipeline.ilp_plan``'s plan, ``pipeline.ilp_search``'s
+        race): the ILP's plan, or the faster baseline's."""
+        return cls.searched_by_ilp(program, planned, out).answered(program, out.answer)
+
+    @classmethod
+    def searched_by_cfp(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+        """CFP's own plan, whichever plan is the answer."""
+        plan = cls._of(program, "cfp", out.on.shape, out.plan.constraints, out.picked.source,
+                       out.picked.predicted_time_s, out.picked.predicted_memory_bytes, out.searched, out.baselines,
+                       out.skipped, out.meshes)
+        plan.searched = out
+        return plan
+
+    @classmethod
+    def searched_by_ilp(cls, program: TrainingProgram, planned: Any, out: Any) -> "AutoPlan":
+        """The ILP's own plan, whichever plan is the answer."""
+        meshes = planned.meshes or [{"mesh_shape": planned.mesh_shape,
+                                     "predicted_step_time_s": planned.predicted_step_time_s}]
+        return cls._of(program, "ilp", planned.mesh_shape, planned.plan.constraints, "ILP",
+                       planned.predicted_step_time_s, planned.solution.memory_bytes, out.run, out.baselines,
+                       out.skipped, meshes)
+
+    def answered(self, program: TrainingProgram, answer: Any) -> "AutoPlan":
+        """This plan where it is ``answer`` (``pipeline.Answer``, the fastest plan measured:
+        docs/cfp.md, "The answer"), else the answer's: a baseline's layouts (its argument
+        shardings, nothing pinned inside the step) or the ILP's, with the same race's figures."""
+        if answer.name == self.row:
+            return replace(self, why=answer.why())
+        runs = {self.row: self.measured, **self.baselines}
+        if answer.name == ILP_BASELINE:
+            mesh_shape = [int(n) for _, n in answer.plan.mesh_axes]
+            constraints, source = dict(answer.plan.constraints), "ILP"
+        else:
+            mesh_shape, constraints = baseline_constraints(program, answer.name)
+            source = f"baseline {answer.name}"
+        return replace(self, name=answer.name, why=answer.why(), mesh_shape=mesh_shape, constraints=constraints,
+                       source=source, predicted_step_time_s=None, predicted_memory_gb=None,
+                       measured=runs.pop(answer.name), baselines=runs)
+
+    @classmethod
+    def _of(cls, program: TrainingProgram, algorithm: str, mesh_shape: Sequence[int], constraints: dict, source: str,
+            predicted_s: float, predicted_bytes: float, run: PlanRun, baselines: dict[str, PlanRun],
+            skipped: dict[str, str], meshes: list[dict]) -> "AutoPlan":
+        return cls([int(n) for n in mesh_shape], dict(constraints), describe_leaves(program.args),
+                   list(program.data_argnums), jax.device_count(), algorithm, program.name, source, predicted_s,
+                   predicted_bytes / 2**30, _run_json(run), {name: _run_json(r) for name, r in baselines.items()},
+                   dict(skipped), list(meshes))
+
+    # --- what it says --------------------------------------------------------------------------
+
+    @property
+    def signature(self) -> str:
+        return self.constraints.get("program", "")
+
+    @property
+    def row(self) -> str:
+        """Its row in the comparison: cfp, alpa_ilp, or the baseline that was the answer."""
+        return self.name or (self.algorithm if self.algorithm == "cfp" else ILP_BASELINE)
+
+    @property
+    def step_time_s(self) -> float:
+        return self.measured["step_time_s"]
+
+    def comparison(self) -> dict:
+        """The plan against the fastest baseline (median step times and round by round), and
+        against the user's own shardings where they ran (``vs_user_paired``: below 1, the plan
+        beat them)."""
+        runs = self._runs()
+        mine, others = runs.pop(self.row), runs
+        out = best_baseline(mine, others)
+        if USER_BASELINE in others:
+            out["vs_user_paired"] = best_baseline(mine, {USER_BASELINE: others[USER_BASELINE]})[
+                "vs_best_baseline_paired"]
+        return out
+
+    def table(self) -> str:
+        """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
+        title = ("CFP plan" if self.algorithm == "cfp" else "The ILP's plan") + \
+            f" of {self.step} against the baselines (same devices)"
+        return table_text(self._runs(), self.skipped, title=title, answer=self.row,
+                          notes=[self.why] if self.why else None)
+
+    def _runs(self) -> dict[str, PlanRun]:
+        return {name: PlanRun(name, r["repeat_times_s"], r.get("losses", []), int(r["memory_gb"] * 2**30),
+                              r["flops"], r.get("compile_time_s", 0.0))
+                for name, r in {self.row: self.measured, **self.baselines}.items()}
+
+    # --- using it ------------------------------------------------------------------------------
+
+    def mesh(self, devices: Optional[Sequence[Any]] = None) -> Any:
+        """The plan's logical mesh over ``devices`` (default: every device, which must be as
+        many as it was searched on)."""
+        devices = list(devices) if devices is not None else jax.devices()
+        if len(devices) != self.device_count:
+            raise UserError(f"this plan was searched on {self.device_count} devices, and this job has {len(devices)}: "
+                            f"run on {self.device_count} devices, or autoshard the step again on these")
+        return make_mesh(self.mesh_shape, devices)
+
+    def shardings(self, *args: Any) -> tuple:
+        """A ``NamedSharding`` per array leaf of ``args`` (shaped as the example arguments), as
+        the plan lays out the step's inputs: ``jax.device_put(args, plan.shardings(*args))``
+        or ``jax.jit(step, in_shardings=...)``. Non-array leaves (static) get None."""
+        arrays, _ = split(args)
+        self._check_args(arrays)
+        mesh = self.mesh()
+        leaves, tree = jax.tree_util.tree_flatten_with_path(arrays)
+        return tuple(jax.tree.unflatten(tree, [self._sharding(jax.tree_util.keystr(p), mesh) for p, _ in leaves]))
+
+    def place(self, *args: Any) -> tuple:
+        """``args`` laid out as the plan says (``shardings``): a value the same on every process
+        (host arrays, or jax arrays each process holds whole) becomes a global array."""
+        arrays, static = split(args)
+        sharded = self.shardings(*arrays)
+        return tuple(combine(jax.tree.map(_placed, arrays, sharded), static))
+
+    def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
+        """``step_fn`` jitted under the plan: its arguments laid out as ``shardings`` (placed
+        there when they are not), every layout the plan fixes inside the step pinned (sharding
+        constraints), the state it returns laid out as it came in, the rest replicated."""
+        return Applied(self, step_fn, tuple(donate_argnums))
+
+    def _sharding(self, path: str, mesh: Any) -> NamedSharding:
+        entry = self.constraints.get(f"in:{path}")
+        return NamedSharding(mesh, pspec(spec_from_json(entry)) if entry is not None else PartitionSpec())
+
+    def _check_args(self, arrays: Any) -> None:
+        given = describe_leaves(shapes_of(arrays))
+        if [a["path"] for a in given] != [a["path"] for a in self.args]:
+            missing = sorted({a["path"] for a in self.args} ^ {a["path"] for a in given})
+            raise UserError(f"the arguments are not those the plan was searched for (leaves {missing[:3]} differ): "
+                            f"give {self.step}'s arguments as autoshard had them, or autoshard again")
+        for g, a in zip(given, self.args):
+            if g != a:
+                raise UserError(f"argument {g['path']} is {g['dtype']}{g['shape']}, and the plan was searched for "
+                                f"{a['dtype']}{a['shape']}: give arguments shaped as the example ones, or autoshard "
+                                "the step again for these shapes")
+
+    # --- saving ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        out = {"format": FORMAT, "version": VERSION,
+               **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "searched"}}
+        out["comparison"] = self.comparison()
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the plan as JSON (process 0 only, whole or not at all); ``AutoPlan.load`` reads it."""
+        path = Path(path)
+        if jax.process_index() == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp",
+                                             delete=False) as f:
+                json.dump(self.to_json(), f, indent=1, default=float)
+            os.replace(f.name, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "AutoPlan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such plan file; give the path autoshard's plan.save or mode=search "
+                            "mode.step=... wrote") from None
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: not a plan file ({e})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise UserError(f"{path} is not an auto-sharding plan (a plan.json of mode=search for a built-in model "
+                            "runs with mode=train mode.plan=...; this loads what autoshard or mode=search "
+                            "mode.step=... wrote)")
+        if data.get("version") != VERSION:
+            raise UserError(f"{path}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
+                            "autoshard the step again")
+        known = {f.name for f in fields(cls)} - {"searched"}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _placed(x: Any, sharding: Any) -> Any:
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        raise UserError("plan.place and plan.apply take arrays; a jax.ShapeDtypeStruct has no values to place")
+    return place(x, sharding)
+
+
+def _run_json(r: PlanRun) -> dict:
+    return {**r.summary(), "losses": list(r.losses), "flops": r.flops}
+
+
+class Applied:
+    """A plan applied to a step function (``AutoPlan.apply``): called as the step is. The first
+    call with arguments of a structure traces the step, checks it is the one searched, and jits
+    it under the plan; later calls run the compiled step."""
+
+    def __init__(self, plan: AutoPlan, fn: Callable[..., Any], donate_argnums: tuple[int, ...]) -> None:
+        self.plan, self.fn, self.donate_argnums = plan, fn, donate_argnums
+        self._compiled: dict[Any, tuple[ArrayStep, Any, Any]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        arrays, static = split(args)
+        key = (jax.tree.structure(arrays), jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
+        if key not in self._compiled:
+            self._compiled[key] = self._build(arrays, static)
+        step, jitted, shardings = self._compiled[key]
+        return step.whole(jitted(*jax.tree.map(_placed, arrays, shardings)))
+
+    def _build(self, arrays: Any, static: Any) -> tuple[ArrayStep, Any, Any]:
+        plan = self.plan
+        shardings = plan.shardings(*arrays)
+        program = step_program(self.fn, combine(shapes_of(arrays), static), data_argnums=plan.data_argnums)
+        if program.signature != plan.signature:
+            raise UserError(f"this plan was searched for another step ({plan.step}, signature {plan.signature}); "
+                            f"{program.name}'s traced program differs ({program.signature}): apply the plan to the "
+                            "step it was searched for, or autoshard this one")
+        mesh = plan.mesh()
+        body, in_shardings, _ = constrained_step(program.step, program.args, plan.constraints, mesh,
+                                                 plan=f"autoshard {plan.step}")
+        outs = out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=outs, donate_argnums=self.donate_argnums)
+        return program.step, jitted, shardings
+
+
+def _key(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return id(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# A step named on the command line (mode=search mode.step=pkg.module:make_step)
+
+
+def load_step(target: str, code_dir: Optional[str] = None) -> TrainingProgram:
+    """The program of the step factory ``target`` (``module:function``, importable from
+    ``code_dir``, default the working directory): called with no arguments, it returns
+    ``(step_fn, example_args)`` or a ``Step``."""
+    code_dir = str(Path(code_dir or os.getcwd()).resolve())
+    if code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    made = user_program.load_target(target, {}, option="mode.step")()
+    if isinstance(made, tuple) and len(made) == 2 and callable(made[0]):
+        made = Step(made[0], made[1])
+    if not isinstance(made, Step) or not callable(made.fn) or not isinstance(made.args, (tuple, list)):
+        raise UserError(f"mode.step={target} returned a {type(made).__name__}; a step factory returns (step_fn, "
+                        "example_args) or launcher.cfp.autoshard.Step(fn, args, data_argnums=..., in_shardings=...)")
+    return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings)
