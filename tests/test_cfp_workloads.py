@@ -117,8 +117,13 @@ def test_moe_layer_is_cfps_four_blocks_and_three_that_cfp_fuses_by_hand(moe):
     weights = head_weights(moe)
     layer0 = [(w[1] if w else None, b.num_plans) for b, w in zip(moe.blocks, weights)][:7]
     assert [name for name, _ in layer0] == ["attn.w_qkv", "attn.wo", "moe.gate", None, "moe.w_in", "moe.w_out", None]
-    cfp_kept = [n for name, n in layer0 if name in ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in")]
-    assert cfp_kept == CFP_MOE_LAYER_SPACE
+    # CFP's space is what the enumeration offers; the router's block offers after it the plan tp
+    # keeps it on (replicated: references.py, "Offered"), which CFP's space does not hold.
+    kept = [b for b, w in zip(moe.blocks[:7], weights) if w and w[1] in ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in")]
+    assert [b.enumerated for b in kept] == CFP_MOE_LAYER_SPACE
+    extra = {name: b.num_plans - b.enumerated for b, name in zip(kept, ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in"))}
+    assert extra == {"attn.w_qkv": 0, "attn.wo": 0, "moe.gate": 1, "moe.w_in": 0}, extra
+    assert kept[2].references == {kept[2].enumerated: ("tp",)}
     merged_by_cfp = [n for name, n in layer0 if name in (None, "moe.w_out")]
     assert len(merged_by_cfp) == 3 and all(n > 1 for n in merged_by_cfp)  # real choices in ours
     n_moe = sum(1 for w in weights if w and w[1] == "moe.gate")

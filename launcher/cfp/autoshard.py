@@ -162,6 +162,8 @@ class AutoPlan:
     why: str = ""                     # which plan this is of the race, and why, in words
     # This session's pipeline.Searched, where CFP searched (its shortlist, profiles...); not saved.
     searched: Any = field(default=None, repr=False, compare=False)
+    # The searched plan itself, where another plan is the answer (this one); not saved.
+    own: Optional["AutoPlan"] = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_search(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
@@ -209,7 +211,7 @@ class AutoPlan:
             source = f"baseline {answer.name}"
         return replace(self, name=answer.name, why=answer.why(), mesh_shape=mesh_shape, constraints=constraints,
                        source=source, predicted_step_time_s=None, predicted_memory_gb=None,
-                       measured=runs.pop(answer.name), baselines=runs)
+                       measured=runs.pop(answer.name), baselines=runs, own=self)
 
     @classmethod
     def _of(cls, program: TrainingProgram, algorithm: str, mesh_shape: Sequence[int], constraints: dict, source: str,
@@ -245,6 +247,8 @@ class AutoPlan:
         if USER_BASELINE in others:
             out["vs_user_paired"] = best_baseline(mine, {USER_BASELINE: others[USER_BASELINE]})[
                 "vs_best_baseline_paired"]
+        elif self.row == USER_BASELINE:
+            out["vs_user_paired"] = 1.0  # the user's own layout is the answer
         return out
 
     def table(self) -> str:
@@ -252,7 +256,7 @@ class AutoPlan:
         title = ("CFP plan" if self.algorithm == "cfp" else "The ILP's plan") + \
             f" of {self.step} against the baselines (same devices)"
         return table_text(self._runs(), self.skipped, title=title, answer=self.row,
-                          notes=[self.why] if self.why else None)
+                          notes=[self.why] if self.why else ())
 
     def _runs(self) -> dict[str, PlanRun]:
         return {name: PlanRun(name, r["repeat_times_s"], r.get("losses", []), int(r["memory_gb"] * 2**30),
@@ -313,7 +317,7 @@ class AutoPlan:
 
     def to_json(self) -> dict:
         out = {"format": FORMAT, "version": VERSION,
-               **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "searched"}}
+               **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SAVED}}
         out["comparison"] = self.comparison()
         return out
 
@@ -344,8 +348,11 @@ class AutoPlan:
         if data.get("version") != VERSION:
             raise UserError(f"{path}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
                             "autoshard the step again")
-        known = {f.name for f in fields(cls)} - {"searched"}
+        known = {f.name for f in fields(cls)} - _NOT_SAVED
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_NOT_SAVED = {"searched", "own"}  # this session's objects
 
 
 def _placed(x: Any, sharding: Any) -> Any:
