@@ -14,11 +14,15 @@ import sys
 from pathlib import Path
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from launcher import schema
+from launcher import commands, schema
 from launcher.errors import BAD_INPUT
+from launcher.submit import JobFailed, launch, summarize
 
 # The config groups travel inside the package (launcher/conf; in the repository a link to conf/).
 CONF_DIR = str(schema.CONF_DIR)
@@ -26,8 +30,6 @@ CONF_DIR = str(schema.CONF_DIR)
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def app(cfg: DictConfig) -> dict | None:
-    from launcher.submit import JobFailed, launch, summarize
-
     _restore_full_error()  # composition is over: the job's own errors are reported as Hydra does
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, `kill`: stop the job like Ctrl-C does
@@ -54,8 +56,6 @@ def _interrupt(signum, frame) -> None:
 
 
 def main() -> None:
-    from launcher import commands
-
     if sys.argv[1:2] and sys.argv[1] in commands.COMMANDS:  # never a Hydra override (key=value)
         sys.exit(commands.main(sys.argv[1:]))
     schema.register()
@@ -92,9 +92,6 @@ _user_full_error = _FULL_ERROR in os.environ
 
 def composition_error(e: BaseException, argv: list[str]) -> str | None:
     """One line for an error Hydra raised while composing the config (None: not one of those)."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
-
     if isinstance(e, MissingConfigException):
         first = str(e).splitlines()[0].replace("In 'config': ", "")
         m = re.search(r"Could not find '([^']+)/([^']+)'", first)
@@ -124,7 +121,6 @@ def _selected(group: str, argv: list[str]) -> str:
     chosen = [a.split("=", 1)[1] for a in argv if a.startswith(f"{group}=")]
     if chosen:
         return chosen[-1]
-    import yaml
 
     for entry in yaml.safe_load((Path(CONF_DIR) / "config.yaml").read_text()).get("defaults", []):
         if isinstance(entry, dict) and group in entry:

@@ -17,7 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from launcher import jobs
+from launcher.console import seconds
 from launcher.errors import BAD_INPUT
+from launcher.errors import BAD_INPUT as bad
 
 COMMANDS = ("status", "logs", "cancel", "runs")
 
@@ -73,8 +76,6 @@ def main(argv: list[str]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from launcher import jobs
-
     run = jobs.run_or_latest(args.run)
     st = jobs.job_state(run)
     if args.json:
@@ -100,8 +101,6 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from launcher import jobs
-
     run = jobs.run_or_latest(args.run)
     jobs.write_lines(jobs.log_lines(run, rank=args.rank, follow=args.follow))
     if args.follow:
@@ -111,8 +110,6 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from launcher import jobs
-
     run = jobs.run_or_latest(args.run)
     st = jobs.cancel(run)
     print(f"cancelled job {run.job_id} on {run.cluster_name} ({run.backend}); now {st.state}; what it wrote is in "
@@ -121,9 +118,6 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from launcher import jobs
-    from launcher.errors import BAD_INPUT as bad
-
     if args.last < 0:
         print(f"error: --last {args.last}: give a number of runs (0: all)", file=sys.stderr)
         return 2
@@ -148,7 +142,6 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _when(t: float) -> str:
-    from launcher.console import seconds
 
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t))} ({seconds(max(time.time() - t, 0))} ago)"
 

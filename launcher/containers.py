@@ -23,6 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from launcher.clusters._code import code_dir
 from launcher.clusters._shell import env_name, one_line, operand
 from launcher.errors import UserError
 
@@ -115,8 +116,6 @@ def _inner_command(cfg) -> list[str]:
 def _mounts(cfg, run_dir: Path) -> list[str]:
     """Run dir, source tree, working dir and the user's code dir (mode=run) at their host paths
     (a path inside another one is already visible), then container.binds as given."""
-    from launcher.clusters._code import code_dir
-
     auto: list[Path] = []
     paths = {Path(run_dir).resolve(), SOURCE_DIR, Path.cwd().resolve()} | ({code_dir(cfg)} - {None})
     for p in sorted(paths, key=lambda p: (len(p.parts), str(p))):

@@ -11,10 +11,14 @@ one line naming what was found.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import re
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, ContextManager
+
+from launcher.errors import UserError
 
 MINIMUM = (0, 4, 35)
 SUPPORTED = ">=" + ".".join(map(str, MINIMUM))
@@ -27,8 +31,6 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 def installed_version() -> str | None:
     """The installed jax's version, read from its metadata so that nothing imports jax."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("jax")
     except PackageNotFoundError:
@@ -37,8 +39,6 @@ def installed_version() -> str | None:
 
 def check_version(found: str | None = None) -> None:
     """Raises UserError unless the JAX found (default: the installed one) is in the supported range."""
-    from launcher.errors import UserError
-
     found = found if found is not None else installed_version()
     if found is None:
         raise UserError(f"JAX is not installed for this python: install jax{SUPPORTED} (on LUMI, use "
@@ -56,7 +56,7 @@ def set_cpu_device_count(n: int) -> None:
     The config option ``jax_num_cpu_devices`` appeared in 0.5.0; older releases read XLA's
     flag when the CPU client is created, which has not happened yet at this point.
     """
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -69,7 +69,7 @@ def set_cpu_device_count(n: int) -> None:
 
 def cpu_device_count_requested() -> int | None:
     """The virtual CPU device count asked for so far (by either spelling), or None."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     try:
         return int(jax.config.jax_num_cpu_devices)
@@ -85,7 +85,7 @@ def use_gloo_cpu_collectives() -> None:
     start the CPU backend. Before 0.5.0 consecutive programs' gloo messages can also cross (see
     ``settle_programs``); CPU programs then run synchronously, which narrows that window.
     """
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if _gloo_messages_cross_programs():
@@ -98,7 +98,7 @@ _settle_count = itertools.count()
 
 
 def _gloo_messages_cross_programs() -> bool:
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     return version_tuple(jax.__version__) < _GLOO_PROGRAMS_APART
 
@@ -128,11 +128,11 @@ def exchange_client() -> Any:
     sending, and gloo matched such a late message with the next program's (``op.preamble.length
     <= op.nbytes. 32 vs 4``: a gather's 32 bytes arriving at a 4-byte broadcast, in CI's
     two-process profiles on 0.4.35), which no barrier prevents."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     if jax.process_count() == 1 or not _gloo_messages_cross_programs() or jax.devices()[0].platform != "cpu":
         return None
-    from jax._src import distributed  # the coordination service's client: no public API before 0.5
+    from jax._src import distributed  # noqa: PLC0415  the coordination service's client: no public API before 0.5
 
     return distributed.global_state.client
 
@@ -145,9 +145,7 @@ def distributed_initialize(*, coordinator_address: str, num_processes: int, proc
     ``heartbeat_timeout_seconds`` is newer than 0.4.38; before it the coordinator's own default
     (100 s) applies, which the launcher's watchdog (launcher.peer_timeout_s) undercuts anyway.
     """
-    import inspect
-
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     kwargs: dict[str, Any] = dict(coordinator_address=coordinator_address, num_processes=num_processes,
                                   process_id=process_id, local_device_ids=local_device_ids,
@@ -162,11 +160,11 @@ def distributed_initialize(*, coordinator_address: str, num_processes: int, proc
 def shard_map(f: Callable, *, mesh: Any, in_specs: Any, out_specs: Any) -> Callable:
     """``jax.shard_map`` (top level since 0.6.1, ``check_vma``); before, ``jax.experimental.shard_map``
     (``check_rep``). Replication checking stays on in both."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     if hasattr(jax, "shard_map"):
         return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    from jax.experimental.shard_map import shard_map as experimental
+    from jax.experimental.shard_map import shard_map as experimental  # noqa: PLC0415  JAX: the CLI imports this module
 
     return experimental(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
@@ -176,11 +174,11 @@ def enable_x64() -> ContextManager:
     made (JAX narrows them to 32 bits unless ``jax_enable_x64`` is on): ``jax.enable_x64(True)``
     where the release has it (0.10 does), ``jax.experimental.enable_x64()`` before (0.4.35; gone
     since). Thread-local, like every JAX config context."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     if hasattr(jax, "enable_x64"):
         return jax.enable_x64(True)
-    from jax.experimental import enable_x64 as experimental
+    from jax.experimental import enable_x64 as experimental  # noqa: PLC0415  JAX: the CLI imports this module
 
     return experimental()
 
@@ -189,9 +187,7 @@ def abstract_mesh(sizes: dict[str, int]) -> Any:
     """A mesh of axis names and sizes without devices, for tracing under sharding constraints
     (``jax.sharding.AbstractMesh``): 0.4.35 takes ``((name, size), ...)``, newer releases
     ``(sizes, names)``."""
-    import inspect
-
-    from jax.sharding import AbstractMesh
+    from jax.sharding import AbstractMesh  # noqa: PLC0415  JAX: the CLI imports this module
 
     if "shape_tuple" in inspect.signature(AbstractMesh.__init__).parameters:
         return AbstractMesh(tuple(sizes.items()))
@@ -246,10 +242,8 @@ def orbax_checkpoint() -> Any:
     """``orbax.checkpoint``, or a UserError saying how to install the one that suits this JAX.
     The calls xlaunch makes (CheckpointManager, args.Composite/StandardSave/StandardRestore/
     JsonSave/JsonRestore) are the same in 0.11.5 and 0.12."""
-    from launcher.errors import UserError
-
     try:
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # noqa: PLC0415  optional dependency (the checkpoint extra)
     except ImportError as e:
         raise UserError(f"training checkpoints need orbax-checkpoint, which does not import here ({e}): "
                         f"pip install '{orbax_requirement()}' (or pip install -e '.[checkpoint]' with the "
@@ -267,7 +261,7 @@ def _give_client_key_value_try_get() -> None:
     have it) and the save fails with AttributeError. Given here as what it means: the value now,
     or JaxRuntimeError (what orbax catches as "no such key") when there is none. A key orbax asks
     for is one this process set itself just before, so a short deadline covers the round trip."""
-    from jax._src import distributed
+    from jax._src import distributed  # noqa: PLC0415  JAX: the CLI imports this module
 
     client = distributed.global_state.client
     if client is None or hasattr(client, "key_value_try_get"):
@@ -300,7 +294,7 @@ def start_trace(log_dir: str) -> None:
     0.4.35 has no such argument, but its jaxlib's ``ProfilerSession`` takes the options, so the
     session is started as its ``start_trace`` starts one, with them (``jax.profiler.stop_trace``
     ends either)."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     options = getattr(jax.profiler, "ProfileOptions", None)
     if options is not None:
@@ -308,9 +302,9 @@ def start_trace(log_dir: str) -> None:
         opts.python_tracer_level = 0
         jax.profiler.start_trace(log_dir, create_perfetto_trace=True, profiler_options=opts)
         return
-    from jax._src import profiler as _profiler
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
+    from jax._src import profiler as _profiler  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax._src import xla_bridge  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax._src.lib import xla_client  # noqa: PLC0415  JAX: the CLI imports this module
 
     state = getattr(_profiler, "_profile_state", None)
     native = getattr(xla_client.profiler, "ProfileOptions", None)

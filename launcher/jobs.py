@@ -26,8 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterator
 
+from omegaconf import OmegaConf
+
+from launcher.clusters.base import Cluster
+from launcher.console import headline_text, seconds
 from launcher.errors import UserError
 from launcher.runtime import status
+from launcher.submit import never_started, progress_line
 
 JOB_FILE = "job.json"  # launcher/submit.py writes it at submission
 # Where Hydra puts run dirs by default, relative to the working directory (conf/config.yaml).
@@ -55,8 +60,6 @@ class Run:
         return float(self.record.get("submitted", 0.0))
 
     def config(self):
-        from omegaconf import OmegaConf
-
         path = self.path / "resolved_config.yaml"
         if not path.is_file():
             raise UserError(f"{self.path}: its resolved_config.yaml is missing; the run dir is incomplete")
@@ -85,8 +88,6 @@ class Run:
 
     def cluster(self):
         """The run's Cluster (``launcher/clusters``), which asks its scheduler about the job."""
-        from launcher.clusters.base import Cluster
-
         # The run dir as the job's processes name it (a link or a relative path given here
         # would not match their command lines).
         return Cluster.for_config(self.config(), Path(self.record.get("run_dir") or self.path))
@@ -195,7 +196,6 @@ def job_state(run: Run) -> JobState:
 
     # What the run dir alone tells: a finished job needs no scheduler (and may be gone from it).
     if result is not None and n_done == len(ranks):
-        from launcher.console import headline_text
 
         return state("done", headline_text(result), "")
     cancelled = status.read_cancelled(run.path)
@@ -222,8 +222,6 @@ def job_state(run: Run) -> JobState:
     if sched.state == "running":
         progress = status.read_progress(run.path)
         if progress and statuses:
-            from launcher.submit import progress_line
-
             detail = progress_line(progress, "", run.submitted, time.time())
         else:
             detail = _count(ranks)
@@ -233,7 +231,6 @@ def job_state(run: Run) -> JobState:
     if sched.state == "cancelled":
         return state("cancelled", f"cancelled outside xlaunch ({sched.detail})", sched.detail)
     # Ended without a result and without a rank that says why.
-    from launcher.submit import never_started
 
     why = never_started(run.config(), run.path) or \
         f"the job ended ({sched.detail}) without result.json ({_count(ranks)})"
@@ -272,7 +269,6 @@ def _count(ranks: list[RankState]) -> str:
 
 
 def _ago(t: float) -> str:
-    from launcher.console import seconds
 
     return f"{seconds(max(time.time() - t, 0.0))} ago" if t else "at an unknown time"
 

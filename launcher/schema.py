@@ -21,15 +21,20 @@ import dataclasses
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import yaml
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from launcher import jaxcompat
+from launcher import clusters, jaxcompat
+from launcher.checks import Job
 from launcher.errors import UserError
+from launcher.models.configs import SCHEMAS, check as check_model
+from launcher.modes import MODES, find
 
 
 class Backend(str, Enum):
@@ -129,10 +134,8 @@ class Config:
 
 def cluster_schemas() -> Dict[str, type]:
     """Each backend's cluster schema (``Config`` in ``launcher/clusters/<backend>.py``), by backend."""
-    import launcher.clusters as pkg
-
     out = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
+    for info in pkgutil.iter_modules(clusters.__path__):
         module = importlib.import_module(f"launcher.clusters.{info.name}")
         schema = getattr(module, "Config", None)
         if isinstance(schema, type) and issubclass(schema, ClusterConfig):
@@ -142,8 +145,6 @@ def cluster_schemas() -> Dict[str, type]:
 
 def mode_schemas() -> Dict[str, type]:
     """Each mode's schema (its ``Config``), by mode: ``launcher.modes.MODES``."""
-    from launcher.modes import MODES  # the modes import this module's check helpers
-
     return {name: mode.config for name, mode in MODES.items()}
 
 
@@ -151,8 +152,6 @@ def mode_schema_of(mode: Any) -> type:
     """The schema of a mode config: its mode's (``launcher.modes.find``); UserError for none. A
     config saved before modes had a ``code`` (a run dir's .hydra/config.yaml) is the option its
     name names (mode=cfp's: search's)."""
-    from launcher.modes import find  # the modes import this module's check helpers
-
     if not mode.get("code") and mode.get("name") in mode_codes():
         mode = {**mode, "code": mode_codes()[mode["name"]]}
     return find(mode).config
@@ -160,8 +159,6 @@ def mode_schema_of(mode: Any) -> type:
 
 def mode_codes() -> Dict[str, str]:
     """Each mode option of conf/mode (cfp, search, ...) and the mode that runs it (its ``code``)."""
-    import yaml
-
     out = {}
     for path in sorted((CONF_DIR / "mode").glob("*.yaml")):
         out[path.stem] = (yaml.safe_load(path.read_text()) or {}).get("code") or path.stem
@@ -192,10 +189,6 @@ def register() -> None:
         cs.store(name=schema_name("cluster", backend), node=schema)
     for name, schema in mode_schemas().items():
         cs.store(name=schema_name("mode", name), node=schema)
-    try:
-        from launcher.models.configs import SCHEMAS
-    except ImportError:  # models not installed: user models still work through _target_
-        SCHEMAS = {}
     for name, schema in SCHEMAS.items():
         cs.store(name=schema_name("model", name), node=schema)
 
@@ -206,18 +199,6 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 # --- the composed config against its schemas --------------------------------------------------
-
-@dataclass(frozen=True)
-class Job:
-    """What a composed config says about the job, for the modes' checks (``Config.check``)."""
-
-    devices: Optional[int]  # global devices, where the config alone tells (None: TPU chips, ...)
-    files_here: bool  # input files are read from this machine's file systems (not a TPU VM's)
-    model: Any = None  # cfg.model, for a mode that checks how the model fits the devices
-    # The tasks run the launcher's own python (no container, not TPU workers): what it can
-    # import, they can.
-    same_python: bool = False
-
 
 def job_of(cfg: DictConfig) -> Job:
     c = cfg.cluster
@@ -238,9 +219,6 @@ def typed(cfg: DictConfig) -> DictConfig:
     what Hydra lets through: keys added with ``+`` (``+foo=1``, ``+cluster.partition=x`` on
     cluster=local). Raises UserError naming the key.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     raw = OmegaConf.to_container(cfg, resolve=False)
     for key in raw:
         if key not in _fields(Config):
@@ -293,8 +271,6 @@ def unknown_key_message(key: str, cluster: Optional[str], mode: Optional[str]) -
 
 def cluster_backends() -> Dict[str, str]:
     """Each cluster option of conf/cluster (local, lumi, ...) and its backend."""
-    import yaml
-
     out = {}
     for path in sorted((CONF_DIR / "cluster").glob("*.yaml")):
         backend = (yaml.safe_load(path.read_text()) or {}).get("backend")
@@ -347,7 +323,6 @@ def validate(cfg: DictConfig) -> None:
     cluster_schemas()[c.backend.value].check(cfg)
     # The model's own fields (models/configs.py: check): a built-in model that cannot be built
     # is refused here, not after queueing. (How it fits the devices is the mode's check.)
-    from launcher.models.configs import check as check_model
 
     check_model(cfg.model)
     _validate_mode_counts(cfg.mode)
@@ -371,34 +346,3 @@ def _validate_mode_counts(mode: DictConfig) -> None:
     for key in _NOT_NEGATIVE:
         if key in mode and mode[key] < 0:
             raise UserError(f"mode.{key}={mode[key]}: must be 0 or more")
-
-
-# --- shared pieces of the modes' checks -------------------------------------------------------
-
-def check_files(key: str, spec: Any, job: Job) -> None:
-    """``spec`` (a path, a glob, or a list of either) names at least one file each."""
-    import glob
-
-    patterns = [spec] if isinstance(spec, str) else list(spec or [])
-    if not patterns or not all(str(p) for p in patterns):
-        raise UserError(f"{key} is not set: give the input file, e.g. {key}=dump/module_0001.jit_step.before_optimizations.txt")
-    if not job.files_here:
-        return  # read on the TPU workers, whose file systems are not this machine's
-    for pattern in map(str, patterns):
-        if not any(Path(m).is_file() for m in glob.glob(pattern)):
-            where = "" if Path(pattern).is_absolute() else f" (relative to {Path.cwd()})"
-            raise UserError(f"{key}={pattern}{where}: no such file; give an existing file, or a glob that matches one")
-
-
-def check_mesh_shape(key: str, shape: Any, job: Job) -> None:
-    """Every entry positive, and their product the job's device count where the config tells it."""
-    shape = list(shape)
-    if any(s < 1 for s in shape):
-        raise UserError(f"{key}={shape}: every entry must be at least 1 (or leave it [] for 1-D over every device)")
-    n = 1
-    for s in shape:
-        n *= s
-    if shape and job.devices is not None and n != job.devices:
-        raise UserError(f"{key}={shape} has {n} devices but the job has {job.devices}: make the product of {key} "
-                        "the global device count (nodes x tasks_per_node x cpu_devices_per_task, or nodes x "
-                        "gpus_per_node), or leave it [] for 1-D")

@@ -14,11 +14,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher import console
 from launcher.clusters.base import Cluster, free_port
+from launcher.clusters.tpu import DEFAULT_TPU_COORDINATOR_PORT
+from launcher.console import seconds
+from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.task import Task
-
 
 JOB_FILE = "job.json"  # the submitted job's record in its run dir
 
@@ -39,7 +42,6 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     if cfg.launcher.dry_run:
         print(text, end="")
         print(f"# dry run: nothing submitted; saved to {saved}", file=sys.stderr)
-        from launcher.containers import WRAPPER_NAME
 
         if (run_dir / WRAPPER_NAME).exists():
             print(f"# the tasks' python runs in the container through {run_dir / WRAPPER_NAME}", file=sys.stderr)
@@ -79,8 +81,6 @@ def coordinator_port(cfg: DictConfig) -> int:
         return int(cfg.launcher.coordinator_port)
     backend = getattr(cfg.cluster.backend, "value", cfg.cluster.backend)
     if backend == "tpu":
-        from launcher.clusters.tpu import DEFAULT_TPU_COORDINATOR_PORT
-
         return DEFAULT_TPU_COORDINATOR_PORT
     if backend in ("local", "mpi"):
         return free_port()
@@ -222,8 +222,14 @@ class _ProgressView:
 
     def __enter__(self) -> "_ProgressView":
         if sys.stderr.isatty():
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (  # noqa: PLC0415  import cost: only a terminal draws the bar
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TimeRemainingColumn(), transient=True)
@@ -261,7 +267,6 @@ class _ProgressView:
 
 def progress_line(progress: dict | None, phase: str, since: float, now: float) -> str:
     """``what: done/total (pct), elapsed ..., eta ...`` from a progress.json, else the phase."""
-    from launcher.console import seconds
 
     if not progress:
         return f"{phase}, {seconds(now - since)} since submission"
@@ -274,7 +279,6 @@ def progress_line(progress: dict | None, phase: str, since: float, now: float) -
 
 def summarize(result: dict[str, Any], run_dir: Path) -> None:
     """The run's answer on the console (``launcher/console.py``), then where the rest is."""
-    from launcher import console
 
     print(console.summarize(result, run_dir), flush=True)
 

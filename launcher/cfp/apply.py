@@ -23,35 +23,37 @@ hands it to the models' trainer (``models.train.Trainer(transform_step=...)``).
 
 from __future__ import annotations
 
+import hashlib
 from typing import AbstractSet, Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from launcher import jaxcompat
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.graph import Graph, trace
 from launcher.cfp.analysis.propagation import ELEMENTWISE, PASS_THROUGH
 from launcher.cfp.analysis.strategies import Spec, operand_specs
+from launcher.errors import UserError
 
 AXIS_NAMES = ("cfp0", "cfp1")
 
 
 def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -> Any:
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.sharding import Mesh  # noqa: PLC0415  JAX: the CLI imports this module
 
     devices = list(devices) if devices is not None else jax.devices()
     n = 1
     for s in mesh_shape:
         n *= s
     if n != len(devices):
-        from launcher.errors import UserError
         raise UserError(f"mode.mesh_shape={list(mesh_shape)} has {n} devices but the job has {len(devices)}: "
                         "make the product of mode.mesh_shape the global device count (or leave it [] for 1-D)")
     return Mesh(np.asarray(devices, dtype=object).reshape(tuple(mesh_shape)), AXIS_NAMES[:len(mesh_shape)])
 
 
 def pspec(spec: Spec) -> Any:
-    from jax.sharding import PartitionSpec
+    from jax.sharding import PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
 
     return PartitionSpec(*[None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else tuple(AXIS_NAMES[a] for a in ax)
                            for ax in spec])
@@ -147,7 +149,7 @@ def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
 def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping[int, Any]) -> dict[int, Any]:
     """Runs operators ``op_ids`` (program order, top level only) over ``env`` (var id -> value),
     pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     for i in op_ids:
         op, eqn = g.ops[i], g.eqns[i]
@@ -166,7 +168,7 @@ def constants(g: Graph, needed: Iterable[int]) -> dict[int, Any]:
 
 
 def pins_for(specs: Mapping[int, Spec], mesh: Any) -> dict[int, Any]:
-    from jax.sharding import NamedSharding
+    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
 
     return {v: NamedSharding(mesh, pspec(s)) for v, s in specs.items()}
 
@@ -190,8 +192,6 @@ def plan_constraints(a: Analysis, assignment: Mapping[int, int]) -> dict[str, An
 def program_signature(g: Graph) -> str:
     """A hash of the traced step's operators (primitive, operand and result types) and inputs:
     equal exactly when a plan's operator ids mean the same tensors."""
-    import hashlib
-
     text = "\n".join([*g.input_names, *(f"{op.prim} {g.describe(op)}" for op in g.ops)])
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -209,10 +209,8 @@ def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
 
 def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
                                 plan: str = "cfp") -> tuple[Any, Any, Any]:
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from launcher.errors import UserError
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
 
     def sharding(key: str, entry: Any, shape: Sequence[int]) -> Any:
         try:
@@ -268,7 +266,7 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
 def _follow_inputs(g: Graph, in_shardings: Any, replicated: Any) -> Any:
     """Output shardings: a step returning its first argument's structure first (the training
     state) keeps that part laid out as it came in, so steps chain; the rest is replicated."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     outs, ins = g.out_tree.children(), g.in_tree.children()
     if outs and ins and outs[0] == ins[0]:
@@ -287,8 +285,6 @@ def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, A
     plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
     for ``jax.jit``; operator ids match the analysis because tracing and flattening are
     deterministic."""
-    from launcher.cfp.analysis.graph import trace
-
     _, g = trace(step, *args)
     return constrained_step_from_graph(g, constraints, mesh, plan)
 
@@ -307,3 +303,12 @@ def assignment_transform(a: Analysis, assignment: Mapping[int, int]) -> Any:
     """The step transform laying the whole traced step out as ``assignment`` (block -> plan)
     says (``whole_step``): the search's own runs of its plans."""
     return lambda step, shapes, mesh: whole_step(a, assignment, mesh)
+
+
+def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
+    """The searched plan in the models' plan format; layouts go in ``constraints``."""
+    from launcher.models.plans import Plan  # noqa: PLC0415  JAX: the CLI imports this module
+
+    axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
+    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},
+                plan_constraints(analysis, dict(enumerate(assignment))))

@@ -141,7 +141,7 @@ class SearchOptions(_Options):
             raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
         others = [b for b in self.baselines if b not in (*BASELINES, ILP_BASELINE, USER_BASELINE)]
         if others:  # the other built-in plans are models/plans.py's, which imports JAX: only then
-            from launcher.models.plans import BUILTINS
+            from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
 
             for name in others:
                 if name not in BUILTINS:

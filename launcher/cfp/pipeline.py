@@ -23,14 +23,35 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
-from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.analysis.core import Analysis, analyze_graph
+from launcher.cfp.analysis.core import analyze as analyze_step
+from launcher.cfp.analysis.hlo_text import read_hlo
+from launcher.cfp.apply import plan_json
+from launcher.cfp.apply import make_mesh as build
+from launcher.cfp.options import (
+    BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
+    ILP_BASELINE,
+    IlpOptions,
+    ProfileOptions,
+    SearchOptions,
+)
 from launcher.cfp.profile.budget import refuse_if_nothing_fits
-from launcher.cfp.options import BASELINES  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
-from launcher.cfp.options import ILP_BASELINE, IlpOptions, ProfileOptions, SearchOptions
-from launcher.cfp.program import TrainingProgram
-from launcher.cfp.search.meshes import for_each_mesh, is_auto, mesh_shapes
+from launcher.cfp.profile.candidates import Shortcuts
+from launcher.cfp.profile.profiler import Profiler
+from launcher.cfp.profile.store import ProfileStore
+from launcher.cfp.profile.units import split_parts
+from launcher.cfp.program import TrainingProgram, training_program
+from launcher.cfp.search.dp import search as dp_search
+from launcher.cfp.search.dp import shortlist
+from launcher.cfp.search.meshes import (
+    for_each_mesh,
+    is_auto,
+    merge_shortlists,
+    mesh_shapes,
+)
 from launcher.errors import NoPlanFits, UserError
 
 Log = Callable[[str], None]
@@ -77,15 +98,13 @@ class OnMesh:
 
 def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     """``mesh_shape``, or 1-D over every global device when it is empty."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     return list(mesh_shape) or [jax.device_count()]
 
 
 def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Any:
     """The logical mesh (axes cfp0, cfp1) over ``devices`` (default: all global devices)."""
-    from launcher.cfp.apply import make_mesh as build
-
     return build(list(mesh_shape), devices)
 
 
@@ -95,10 +114,6 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
     ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
     ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
     ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
-    from launcher.cfp.analysis.core import analyze as analyze_step
-    from launcher.cfp.analysis.core import analyze_graph
-    from launcher.cfp.analysis.hlo_text import read_hlo
-    from launcher.cfp.program import training_program
 
     mesh_shape = default_mesh_shape(mesh_shape)
     t0 = time.perf_counter()
@@ -106,7 +121,7 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         program = None
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
-        from launcher.cfp.search.nearest import builtin_references
+        from launcher.cfp.search.nearest import builtin_references  # noqa: PLC0415  JAX: the CLI imports this module
 
         program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
         # The built-in plans' layouts, so that the blocks offer them (analysis/references.py); a
@@ -131,7 +146,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
     an ``OnMesh`` each, not yet profiled. With ``auto`` a mesh the model cannot divide is left out
     (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
     one shape given is refused."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     auto = is_auto(mesh_shape)
     shapes = mesh_shapes(mesh_shape, jax.device_count())
@@ -186,13 +201,6 @@ def profile(analyzed: Analyzed, mesh: Any, options: ProfileOptions = ProfileOpti
     within the memory budget can hold is not timed (search under a budget no larger); with
     ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
     timed no further."""
-    from pathlib import Path
-
-    from launcher.cfp.profile.candidates import Shortcuts
-    from launcher.cfp.profile.profiler import Profiler
-    from launcher.cfp.profile.store import ProfileStore
-    from launcher.cfp.profile.units import split_parts
-
     o = options
     a = analyzed.analysis
     store = ProfileStore(Path(o.store_dir).expanduser().resolve())
@@ -237,7 +245,7 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
 def communication_study(analyzed: Analyzed, mesh: Any, *, iterations: int, repeats: int, seed: int = 0,
                         log: Log = _silent) -> list[dict]:
     """Every uniform plan of the whole step: collective volume, communication and step time."""
-    from launcher.cfp.search.measure import communication_study as study
+    from launcher.cfp.search.measure import communication_study as study  # noqa: PLC0415  JAX: the CLI imports this module
 
     return study(analyzed.analysis, analyzed.program, mesh, iterations=iterations, repeats=repeats, seed=seed, log=log)
 
@@ -315,7 +323,7 @@ def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], A
     ``measure.verdict``'s pick. ``plans(i)``: the i-th plan's ``Plan`` where it is not built in
     (the searched plan, the ILP's); a built-in plan is written with its mesh axes sized as it
     ran, so ``mode=train mode.plan=`` runs it on the same mesh."""
-    from launcher.cfp.search.measure import verdict
+    from launcher.cfp.search.measure import verdict  # noqa: PLC0415  JAX: the CLI imports this module
 
     v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
     i = v.answer
@@ -328,16 +336,6 @@ def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], A
         plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape))))
     best = runs[v.best_baseline].name if v.best_baseline is not None else None
     return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
-
-
-def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
-    """The searched plan in the models' plan format; layouts go in ``constraints``."""
-    from launcher.cfp.apply import AXIS_NAMES, plan_constraints
-    from launcher.models.plans import Plan
-
-    axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
-    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},
-                plan_constraints(analysis, dict(enumerate(assignment))))
 
 
 def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
@@ -356,8 +354,7 @@ def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, lo
     ``launcher/runtime/trace.py``). ``also`` (a benchmark's): called with the chosen plan's
     runner and the nearest plans (``choose``'s), more runners raced in the same rounds, never
     dropped and never the answer (``Searched.also``)."""
-    from launcher.cfp.search.dp import search as dp_search
-    from launcher.cfp.search.measure import Cut, agreed, baseline_runners, race
+    from launcher.cfp.search.measure import Cut, agreed, baseline_runners, race  # noqa: PLC0415  JAX: the CLI imports this module
 
     progress = progress or _no_progress
     ilp_named, baselines = ILP_BASELINE in options.baselines, list(options.builtin_baselines)
@@ -420,10 +417,7 @@ def ilp_plan(on: Sequence[OnMesh], options: IlpOptions = IlpOptions(), *, is_mai
     calibrated into the profile store (once per mesh), the ILP solved under the profile's memory
     budget on each mesh, the plan its cost model predicts fastest kept (``ilp.plan.IlpPlanned``:
     its ``plan`` for plan.json, its ``runner`` for the race)."""
-    from pathlib import Path
-
-    from launcher.cfp.ilp.plan import ilp_over_meshes
-    from launcher.cfp.profile.store import ProfileStore
+    from launcher.cfp.ilp.plan import ilp_over_meshes  # noqa: PLC0415  JAX: the CLI imports this module
 
     p = options.profile
     store = ProfileStore(Path(p.store_dir).expanduser().resolve())
@@ -446,7 +440,7 @@ def ilp_search(planned: Any, program: Any, options: SearchOptions = SearchOption
     """``mode.algorithm=ilp``: the ILP's plan (``ilp_plan``'s) run beside the built-in
     ``options.baselines`` in interleaved rounds, and the answer chosen, as ``search`` does for
     CFP's."""
-    from launcher.cfp.search.measure import agreed, baseline_runners, race
+    from launcher.cfp.search.measure import agreed, baseline_runners, race  # noqa: PLC0415  JAX: the CLI imports this module
 
     progress = progress or _no_progress
     iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
@@ -478,9 +472,9 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions =
     rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
     Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
     plans ({name: (mesh shape, plan per block)})."""
-    from launcher.cfp.search.dp import shortlist
-    from launcher.cfp.search.measure import pick
-    from launcher.cfp.search.meshes import merge_shortlists, nearest_on_meshes
+    from launcher.cfp.search.nearest import nearest_on_meshes  # noqa: PLC0415  JAX: the CLI imports this module
+
+    from launcher.cfp.search.measure import pick  # noqa: PLC0415  JAX: the CLI imports this module
 
     progress = progress or _no_progress
     verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines

@@ -53,10 +53,10 @@ class TrainingProgram:
 
 
 def training_program(model: Any, learning_rate: float = 1e-3) -> TrainingProgram:
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
-    from launcher.models.base import check_model
-    from launcher.models.train import init_state, make_optimizer, make_train_step
+    from launcher.models.base import check_model  # noqa: PLC0415  JAX: the CLI imports this module
+    from launcher.models.train import init_state, make_optimizer, make_train_step  # noqa: PLC0415  JAX: the CLI imports this module
 
     check_model(model)
     optimizer = make_optimizer(learning_rate)

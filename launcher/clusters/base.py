@@ -28,6 +28,8 @@ import submitit
 from omegaconf import DictConfig
 from submitit.core import job_environment
 
+from launcher import clusters
+from launcher.containers import python_command
 from launcher.errors import UserError
 from launcher.runtime import ranks
 
@@ -62,9 +64,7 @@ class Cluster:
 
     @classmethod
     def for_config(cls, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0) -> "Cluster":
-        import launcher.clusters as pkg
-
-        for info in pkgutil.iter_modules(pkg.__path__):
+        for info in pkgutil.iter_modules(clusters.__path__):
             importlib.import_module(f"launcher.clusters.{info.name}")
         backend = cfg.cluster.backend
         backend = getattr(backend, "value", backend)
@@ -83,8 +83,6 @@ class Cluster:
     # -- shared pieces ------------------------------------------------------------------------
     def python(self) -> str:
         """The python command the tasks run: the host's, or one inside the configured container."""
-        from launcher.containers import python_command
-
         return python_command(self.cfg, self.run_dir)
 
     def setup_lines(self) -> list[str]:

@@ -25,6 +25,8 @@ import jax.extend  # jax.extend.backend, .mlir, .sharding are looked up below
 import jaxlib
 import numpy as np
 from jaxlib import xla_client as xc
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func, stablehlo
 
 from launcher import jaxcompat
 from launcher.errors import UserError
@@ -332,8 +334,6 @@ def _flatten_tuples(module_text: str, context: Callable[[], Any]) -> str:
     """
     if "tuple<" not in module_text:
         return module_text
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import func, stablehlo
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(module_text)
@@ -501,8 +501,6 @@ def compile(module: bytes | str, assignment: np.ndarray, results: Signature, *, 
 
 def _without_func_result_shardings(module: bytes | str, context: Callable[[], Any]) -> str:
     """``module`` with every ``xla.sdy.FuncResultSharding`` custom call replaced by its operand."""
-    from jaxlib.mlir import ir
-
     with context():
         parsed = ir.Module.parse(module)
         calls = []

@@ -25,14 +25,15 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.hlo import _xla
 from launcher.hlo.arguments import Arguments, constant_filler
 from launcher.hlo.module import HloProgram, Parameter, load, participants
-from launcher.hlo.text import dtype_name
 from launcher.hlo.options import ArgumentMode, ReplayOptions
+from launcher.hlo.text import dtype_name
 
 _log = logging.getLogger("launcher.hlo")
 
@@ -269,7 +270,6 @@ def fetch(outputs: Sequence[jax.Array]) -> list[np.ndarray]:
     """
     if jax.process_count() == 1:
         return [np.asarray(o) for o in outputs]
-    from jax.experimental import multihost_utils
 
     values = []
     for o in outputs:

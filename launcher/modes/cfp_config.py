@@ -15,7 +15,7 @@ from launcher.cfp.options import ProfileOptions
 from launcher.cfp.search.meshes import AUTO, is_auto
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
-from launcher.schema import check_files, check_mesh_shape
+from launcher.checks import check_files, check_mesh_shape
 
 
 @dataclass
@@ -30,7 +30,7 @@ class AnalysisConfig(ModeConfig):
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the mesh fits the job's devices (a
         dumped module's mesh need not: it is analysed, not run), the module file exists.
-        ``job``: ``launcher.schema.Job``."""
+        ``job``: ``launcher.checks.Job``."""
         if mode.hlo_file:
             check_files("mode.hlo_file", mode.hlo_file, job)
         shape = mode.mesh_shape

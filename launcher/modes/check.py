@@ -8,7 +8,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from launcher.errors import UserError
+from launcher.jaxcompat import shard_map
 from launcher.modes.base import ModeConfig
+from launcher.runtime import hosts
+from launcher.runtime.status import read_statuses
 
 
 @dataclass
@@ -20,20 +26,14 @@ class Config(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``); ``job``: ``launcher.schema.Job``."""
-        from launcher.errors import UserError
-
+        """Before submission (``launcher.schema.validate``); ``job``: ``launcher.checks.Job``."""
         if mode.allgather_mb <= 0:
             raise UserError(f"mode.allgather_mb={mode.allgather_mb}: must be more than 0 (e.g. mode.allgather_mb=1)")
 
 
 def run(ctx) -> dict:
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    from launcher.jaxcompat import shard_map
-    from launcher.runtime import hosts
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: PLC0415  JAX: the CLI imports this module
 
     cfg = ctx.mode_cfg
     n = jax.device_count()
@@ -74,14 +74,12 @@ def run(ctx) -> dict:
     gbps = bytes_moved / median / 1e9
     ctx.log.info("all-gather %.1f MB/device: median %.4f s -> %.3f GB/s", cfg.allgather_mb, median, gbps)
     # Hosts come from the rank status files: every rank wrote its own before joining.
-    from launcher.runtime.status import read_statuses
-
-    hosts = {r: st.host for r, (st, _) in read_statuses(ctx.run_dir).items()}
+    host_of = {r: st.host for r, (st, _) in read_statuses(ctx.run_dir).items()}
     for p in processes:
-        p["host"] = hosts.get(p["process_id"], "?")
+        p["host"] = host_of.get(p["process_id"], "?")
     return {
         "processes": processes,
-        "hosts": sorted(set(hosts.values())),
+        "hosts": sorted(set(host_of.values())),
         "psum_ok": psum_ok,
         "psum_value": float(got[0]),
         "psum_expected": expected,

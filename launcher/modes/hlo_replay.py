@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from launcher.errors import UserError
 from launcher.hlo.options import ArgumentMode, ReplayOptions
 from launcher.modes.base import ModeConfig
+from launcher.runtime import trace
+from launcher.checks import check_files
 
 
 @dataclass
@@ -44,10 +47,7 @@ class Config(ModeConfig):
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the module files (and an arguments
-        file) exist. ``job``: ``launcher.schema.Job``."""
-        from launcher.errors import UserError
-        from launcher.schema import check_files
-
+        file) exist. ``job``: ``launcher.checks.Job``."""
         check_files("mode.hlo_file", mode.hlo_file, job)
         if mode.argument_mode == ArgumentMode.file and not mode.arguments_file:
             raise UserError("mode.argument_mode=file needs mode.arguments_file=<file.npz>")
@@ -59,9 +59,8 @@ class Config(ModeConfig):
 
 
 def run(ctx) -> dict:
-    from launcher.hlo.module import expand
-    from launcher.hlo.replay import replay
-    from launcher.runtime import trace
+    from launcher.hlo.module import expand  # noqa: PLC0415  JAX: the CLI imports this module
+    from launcher.hlo.replay import replay  # noqa: PLC0415  JAX: the CLI imports this module
 
     cfg = ctx.mode_cfg
     output_file = None

@@ -22,14 +22,19 @@ docs/run.md is the reference.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from launcher import api
+from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
+from launcher.runtime import program, requeue, stop
+from launcher.runtime.context import _json_default
 
 
 def _open_mapping() -> Any:
@@ -58,11 +63,6 @@ class Config(ModeConfig):
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): one program, and where the launcher's
         python can tell (``job.same_python``), that it exists and takes its arguments."""
-        from omegaconf import DictConfig
-
-        from launcher.errors import UserError
-        from launcher.runtime import program
-
         if bool(mode.target) == bool(mode.script):
             raise UserError("mode=run runs one program: give mode.target=module:function (with mode.kwargs) "
                             "or mode.script=path/to/script.py (with mode.args), not both" if mode.target else
@@ -94,12 +94,7 @@ def code_dir_of(mode) -> Path:
 
 
 def run(ctx) -> dict:
-    import json
-
-    from launcher import api
-    from launcher.errors import UserError
-    from launcher.runtime import checkpoint, program, stop
-    from launcher.runtime.context import _json_default
+    from launcher.runtime import checkpoint  # noqa: PLC0415  JAX: the CLI imports this module
 
     cfg = ctx.mode_cfg
     # A backend that copied the code (TPU) says where; elsewhere the launcher's directory is shared.
@@ -154,7 +149,7 @@ class _initialized_already:
         self.ctx = ctx
 
     def __enter__(self) -> None:
-        import jax
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
         self.original = jax.distributed.initialize
         rank = self.ctx.rank
@@ -167,15 +162,13 @@ class _initialized_already:
         jax.distributed.initialize = initialize
 
     def __exit__(self, *exc: Any) -> None:
-        import jax
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
         jax.distributed.initialize = self.original
 
 
 def _forced_end(ctx, requeued: bool) -> None:
     """Ends rank 0 when the program did not stop within its grace period (``StopRequests``)."""
-    from launcher.runtime import requeue
-
     if requeued:
         ctx.reporter.set("requeued", f"attempt {ctx.attempt} ended; the job was requeued")
         ctx.log.warning("this run ends here: the job was requeued")

@@ -125,7 +125,7 @@ def run(ctx: Any) -> dict:
 
 def _user_step(ctx: Any) -> TrainingProgram:
     """mode.step's program (``autoshard.load_step``)."""
-    from launcher.cfp.autoshard import load_step  # JAX: not at import, the mode schemas import this module
+    from launcher.cfp.autoshard import load_step  # noqa: PLC0415  JAX: not at import, the mode schemas import this module
 
     ctx.log.info("searching the step of mode.step=%s (the model group is not used)", ctx.mode_cfg.step)
     return load_step(ctx.mode_cfg.step)
@@ -193,7 +193,7 @@ def _answer(ctx: Any, subject: Any, answer: pipeline.Answer, searched: Any, own:
     step: dict = {}
     if isinstance(subject, TrainingProgram):
         # Imported here: it imports JAX, and the CLI imports this module for the mode's schema.
-        from launcher.cfp.autoshard import AutoPlan
+        from launcher.cfp.autoshard import AutoPlan  # noqa: PLC0415  JAX: the CLI imports this module
 
         searched_plan = own_step(AutoPlan)
         plan = searched_plan.answered(subject, answer)

@@ -16,10 +16,17 @@ with exactly the losses the uninterrupted run has.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, Optional
 
+from omegaconf import OmegaConf
+
+from launcher.cfp.apply import constraints_transform
+from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
+from launcher.runtime import trace
 
 
 @dataclass
@@ -43,11 +50,8 @@ class Config(ModeConfig):
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the plan exists, the steps leave some to
         time, the axis sizes are positive, a built-in plan's mesh splits the model's batch (and
-        experts) where the device count is known. ``job``: ``launcher.schema.Job``."""
-        from pathlib import Path
-
-        from launcher.errors import UserError
-        from launcher.models.plans import BUILTINS
+        experts) where the device count is known. ``job``: ``launcher.checks.Job``."""
+        from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
 
         if not 0 <= mode.warmup_steps < mode.steps:
             raise UserError(f"mode.warmup_steps={mode.warmup_steps} must be at least 0 and below "
@@ -75,15 +79,12 @@ class Config(ModeConfig):
 
 
 def run(ctx) -> dict:
-    import jax
-    from omegaconf import OmegaConf
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
-    from launcher.cfp.apply import constraints_transform
-    from launcher.runtime import trace
-    from launcher.models.base import check_model
-    from launcher.models.plans import load_plan
-    from launcher.models.step import make_optimizer
-    from launcher.models.train import Trainer
+    from launcher.models.base import check_model  # noqa: PLC0415  JAX: the CLI imports this module
+    from launcher.models.plans import load_plan  # noqa: PLC0415  JAX: the CLI imports this module
+    from launcher.models.step import make_optimizer  # noqa: PLC0415  JAX: the CLI imports this module
+    from launcher.models.train import Trainer  # noqa: PLC0415  JAX: the CLI imports this module
 
     cfg = ctx.mode_cfg  # Config.check held the step counts and the plan name before submission
     model = ctx.model()
@@ -150,8 +151,7 @@ def run(ctx) -> dict:
 def _resume(ctx, cfg, trainer, fingerprint) -> tuple:
     """(the run's Checkpoints or None, the step times so far): the trainer continues from the
     newest checkpoint in the run dir when there is one (and ``mode.resume`` allows)."""
-    from launcher.errors import UserError
-    from launcher.runtime import checkpoint
+    from launcher.runtime import checkpoint  # noqa: PLC0415  JAX: the CLI imports this module
 
     where = checkpoint.directory(ctx.run_dir)
     if not (cfg.checkpoint_every or checkpoint.present(ctx.run_dir)):
@@ -181,7 +181,7 @@ def _resume(ctx, cfg, trainer, fingerprint) -> tuple:
 
 def _traced_steps(trainer, n: int, bar) -> list:
     """``trainer.steps(n)``, each step marked as one in the trace (XProf's step-time views)."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     times = []
     for _ in range(n):
@@ -191,6 +191,4 @@ def _traced_steps(trainer, n: int, bar) -> list:
 
 
 def _median(xs: list) -> float:
-    import statistics
-
     return statistics.median(xs)

@@ -16,10 +16,13 @@ and the spec that suits the installed JAX, are in ``launcher/jaxcompat.py``.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import jax
 
 from launcher import jaxcompat
 from launcher.errors import UserError
@@ -82,8 +85,6 @@ class Checkpoints:
         """The newest checkpoint, restored into ``state_like``'s shapes and shardings (a pytree
         of jax.Arrays, the trainer's state), with where it stands; None when there is none.
         Raises UserError, touching nothing, when it is another run's or cannot be read."""
-        import jax
-
         steps = self.steps()
         if not steps:
             return None
@@ -139,8 +140,6 @@ def _unreadable(where: Path, e: BaseException) -> str:
 def _plain(obj: Any) -> Any:
     """JSON's view of ``obj`` (tuples as lists, keys as strings), so a fingerprint read back from
     a checkpoint compares equal to the one computed now."""
-    import json
-
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
@@ -160,7 +159,5 @@ def _differences(theirs: Any, ours: Any, prefix: str = "") -> list[str]:
 
 
 def json_short(x: Any, limit: int = 60) -> str:
-    import json
-
     text = json.dumps(x, sort_keys=True)
     return text if len(text) <= limit else text[:limit - 3] + "..."

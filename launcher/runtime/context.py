@@ -16,9 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.errors import BAD_INPUT, UserError
 from launcher.runtime.ranks import RankInfo
+from launcher.runtime.status import write_progress
 
 
 @dataclass
@@ -42,11 +46,6 @@ class TaskContext:
 
     def model(self) -> Any:
         """The configured model, built from ``cfg.model`` (its ``_target_`` and fields)."""
-        from hydra.errors import InstantiationException
-        from hydra.utils import instantiate
-
-        from launcher.errors import BAD_INPUT, UserError
-
         try:
             return instantiate(self.cfg.model, _convert_="all")
         except InstantiationException as e:
@@ -106,7 +105,6 @@ class _Progress:
             self.description = description
         if not self.ctx.is_main:
             return
-        from launcher.runtime.status import write_progress
 
         write_progress(self.ctx.run_dir, self.description, self.completed, self.total, self.started)
         tenth = int(10 * self.completed / self.total)

@@ -251,7 +251,7 @@ def _slurm_node_address(node: str) -> str:
 
 def _mpi_rank0_host() -> str:
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # noqa: PLC0415  optional dependency (the mpi extra)
     except ImportError:
         return "127.0.0.1"  # without mpi4py only single-host mpirun is supported
     host = socket.gethostname() if MPI.COMM_WORLD.Get_rank() == 0 else None

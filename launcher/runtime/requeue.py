@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from submitit.core.job_environment import JobEnvironment
+
 REQUEUEING_BACKENDS = ("slurm",)
 
 
 def signal_name() -> str:
     """The signal submitit requeues on (``SIGUSR2`` unless ``SUBMITIT_PREEMPT_SIGNAL`` says)."""
-    from submitit.core.job_environment import JobEnvironment
-
     return "SIG" + JobEnvironment.USR_SIG
 
 

@@ -39,7 +39,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.runtime import status
+import numpy as np
+from submitit.core.job_environment import JobEnvironment
+from submitit.core.utils import UncompletedJobError
+
+from launcher.runtime import hosts, status
 
 STOP_FILE = "stop.json"
 POLL_S = 0.5
@@ -72,8 +76,6 @@ class StopRequests:
     # -- set-up ---------------------------------------------------------------------------------
     def install(self) -> None:
         """Takes over submitit's signal (main thread only) and starts watching the run dir."""
-        from submitit.core.job_environment import JobEnvironment
-
         self._signum = JobEnvironment._usr_sig()
         previous = signal.getsignal(self._signum)
         self._submitit = previous if callable(previous) else None
@@ -118,10 +120,6 @@ class StopRequests:
         mine = self.requested.is_set()
         agreed = mine
         if self.num_processes > 1:
-            import numpy as np
-
-            from launcher.runtime import hosts
-
             agreed = bool(np.asarray(hosts.gather(np.array(int(mine), np.int32))).any())
         if agreed and not self.acknowledged:
             self.acknowledged = True
@@ -136,7 +134,6 @@ class StopRequests:
         if not self.acknowledged:
             self.close()
             return False
-        from launcher.runtime import hosts
 
         self.log.info("the program stopped as asked; waiting for every rank to have stopped")
         hosts.barrier("xlaunch-stop")
@@ -176,7 +173,6 @@ class StopRequests:
             return
         self.log.warning("the program has not stopped %g s after the request (mode.stop_grace_s): the job is handed "
                          "over without it; the next run resumes from what it saved by itself", self.grace_s)
-        from submitit.core.utils import UncompletedJobError
 
         try:
             if self._submitit is not None:

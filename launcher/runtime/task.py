@@ -27,6 +27,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from launcher import jaxcompat, modes
 from launcher.errors import BAD_INPUT
 from launcher.runtime import devices, ranks, requeue, status
+from launcher.runtime.context import TaskContext
 
 
 class Task(Checkpointable):
@@ -131,8 +132,8 @@ class Task(Checkpointable):
                                        # text dumps elide large constants; protos keep them for replay
                                        f" --xla_dump_hlo_as_proto").strip()
         jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
-        import jax
-        import jaxlib
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
+        import jaxlib  # noqa: PLC0415  JAX: the CLI imports this module
 
         log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
         if cluster.accelerator == "cpu":
@@ -162,7 +163,6 @@ class Task(Checkpointable):
                 os.abort()  # dies like a segfaulting or XLA-aborted process: no Python cleanup
             raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
 
-        from launcher.runtime.context import TaskContext
 
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter)
         mode = modes.find(cfg.mode)

@@ -33,7 +33,7 @@ def recording(ctx: Any, what: str = "") -> Iterator[Path | None]:
     if not ctx.cfg.launcher.get("trace", False):
         yield None
         return
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     out = rank_dir(ctx.run_dir, ctx.rank.process_id)
     out.mkdir(parents=True, exist_ok=True)

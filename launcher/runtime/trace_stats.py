@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+
+from launcher import jaxcompat
+
 # HLO collectives (sync and async -start/-done halves) and the NCCL/RCCL kernels that run them.
 COLLECTIVE = re.compile(r"all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast"
                         r"|\bsend\b|\brecv\b|nccl|rccl", re.IGNORECASE)
@@ -65,10 +69,6 @@ def op_times(trace_dir: Path | str) -> OpTimes | None:
 
 def timed(fn: Callable[[], Any]) -> tuple[OpTimes | None, Any]:
     """``fn()`` under a trace of its own (a temporary folder): its device ops' times, and its result."""
-    import jax
-
-    from launcher import jaxcompat
-
     with tempfile.TemporaryDirectory(prefix="xlaunch-trace-") as d:
         jaxcompat.start_trace(d)
         try:

@@ -24,11 +24,17 @@ import math
 import time
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
 from launcher import jaxcompat
 from launcher.cfp.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
 from launcher.cfp.profile.keys import collective_model_key
 from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.profile.timing import Timer, lower_quartile, overhead_program
+from launcher.runtime import hosts
 
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
 # sit inside the range, so their costs are read off the line, not extrapolated; the largest size
@@ -45,10 +51,6 @@ def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: boo
               log: Callable[[str], None] = print) -> tuple[CommModel, bool, float]:
     """(the model, whether it was measured now, seconds this took): the store's entry for this
     mesh, or every collective measured now and the entry written."""
-    import numpy as np
-
-    from launcher.runtime import hosts
-
     t0 = time.perf_counter()
     key = collective_model_key(mesh)
     entry = store.get(key) if is_main else None
@@ -80,11 +82,6 @@ def measure(mesh: Any, timer: Timer) -> CommModel:
 def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, timer: Timer) -> float:
     """Seconds of one ``kind`` over mesh ``axes`` with ``nbytes`` per device at its larger end:
     a program of ``CHAIN`` of them in a row, less its overhead program, over ``CHAIN``."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
     names = tuple(mesh.axis_names[a] for a in axes)
     n = math.prod(mesh.devices.shape[a] for a in axes)
     every = PartitionSpec(tuple(mesh.axis_names))
@@ -121,10 +118,6 @@ def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int,
 def matmul_rate(mesh: Any, timer: Timer) -> float:
     """FLOP/s of one device multiplying float32 matrices while every device does the same (on
     CPU devices they share the host's cores, as the training step's do)."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
     k = MATMUL_SIZE
     rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names), None))
     whole = NamedSharding(mesh, PartitionSpec())
@@ -141,10 +134,6 @@ def matmul_rate(mesh: Any, timer: Timer) -> float:
 
 def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...]) -> CommModel:
     """Rank 0's model on every process (as numbers in a fixed order; a no-op with one process)."""
-    import numpy as np
-
-    from launcher.runtime import hosts
-
     order = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES]
     if model is not None:
         flat = [x for k in order for x in (model.lines[k].latency_s, model.lines[k].bytes_per_s)]

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from launcher.cfp.analysis.strategies import Spec
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
@@ -51,8 +53,6 @@ def axis_groups(mesh_shape: Sequence[int]) -> list[Axes]:
 def fit_line(points: Sequence[tuple[float, float]]) -> Line:
     """The least-squares line through (bytes, seconds) points, with a latency and a slope that
     are not negative (noise on a shared machine can tilt a free fit either way)."""
-    import numpy as np
-
     x = np.array([p[0] for p in points], dtype=np.float64)
     t = np.array([p[1] for p in points], dtype=np.float64)
     slope, latency = np.polyfit(x, t, 1) if len(set(x)) > 1 else (0.0, float(t.mean()))

@@ -47,6 +47,8 @@ from launcher.cfp.analysis.strategies import Spec, allreduce_axes, operand_specs
 from launcher.cfp.apply import Layouts, _fits
 from launcher.cfp.ilp.costmodel import CommModel
 from launcher.cfp.ilp.operators import OperatorGraph, devices_used
+from launcher.cfp.profile.boundaries import find_boundaries
+from launcher.cfp.profile.units import Unit
 
 
 @dataclass
@@ -188,9 +190,6 @@ class _Pricer:
 
     def crossings(self):
         """(u, v, seconds[p, q]) for the tensors produced by one node and read by another."""
-        from launcher.cfp.profile.boundaries import find_boundaries
-        from launcher.cfp.profile.units import Unit
-
         units = [Unit(i, i, (i, 0), i, i + 1, [b.num_plans]) for i, b in enumerate(self.a.blocks)]
         for bd in find_boundaries(self.a, units):
             m = np.zeros((units[bd.left].plan_counts[0], units[bd.right].plan_counts[0]))

@@ -43,6 +43,7 @@ from launcher.cfp.analysis.contractions import Contraction
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.analysis.propagation import propagate
 from launcher.cfp.analysis.strategies import Spec, Strategy, enumerate_strategies, operand_specs
+from launcher.errors import UserError
 
 
 def devices_used(s: Strategy, mesh_shape: Sequence[int]) -> int:
@@ -127,8 +128,6 @@ def operator_graph(a: Analysis) -> OperatorGraph:
 
 def check_decidable(og: OperatorGraph) -> None:
     """Bad input when no contraction has a choice: the ILP would have nothing to decide."""
-    from launcher.errors import UserError
-
     a = og.analysis
     if all(b.num_plans == 1 for b in og.nodes):
         raise UserError(f"the ILP has no contraction to decide: each of the {len(og.nodes)} contractions has one "

@@ -6,7 +6,7 @@ expressed through the same layouts mechanism as CFP's plans:
 
 - where it coincides with a CFP plan, i.e. for every ParallelBlock some plan of the block gives
   each of its contractions exactly the strategy the ILP chose, it *is* that block assignment:
-  ``pipeline.plan_json(analysis, assignment)`` and ``measure.plan_runner`` build it, so a plan
+  ``apply.plan_json(analysis, assignment)`` and ``measure.plan_runner`` build it, so a plan
   both searches find is the very same program;
 - otherwise (the ILP splits a block CFP keeps together, e.g. a weight gradient laid out apart
   from its forward contraction) the layouts are per contraction: the operator graph is itself an
@@ -17,19 +17,24 @@ expressed through the same layouts mechanism as CFP's plans:
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.analysis.strategies import Strategy, notation
+from launcher.cfp.apply import AXIS_NAMES, plan_constraints, plan_json
 from launcher.cfp.ilp import NAME
+from launcher.cfp.ilp.calibrate import calibrate
 from launcher.cfp.ilp.costmodel import CommModel
-from launcher.cfp.ilp.formulate import Problem
-from launcher.cfp.ilp.operators import OperatorGraph
-from launcher.cfp.ilp.solve import Solution
+from launcher.cfp.ilp.formulate import Problem, formulate
+from launcher.cfp.ilp.operators import OperatorGraph, check_decidable, operator_graph
+from launcher.cfp.ilp.solve import Solution, require_solver, solve
+from launcher.cfp.search.measure import plan_runner
 from launcher.cfp.search.meshes import for_each_mesh
 from launcher.errors import NoPlanFits
+from launcher.models.plans import Plan
 
 
 @dataclass
@@ -61,8 +66,6 @@ class IlpPlanned:
 
     def runner(self, program: Any, *, seed: int = 0, name: str = NAME) -> Any:
         """The plan compiled on its mesh as a ``measure.Runner`` (raced like any other plan)."""
-        from launcher.cfp.search.measure import plan_runner
-
         if self.block_assignment is not None:
             return plan_runner(self.analysis, program, dict(enumerate(self.block_assignment)), self.mesh, seed=seed,
                                name=name)
@@ -131,14 +134,6 @@ def ilp_plan(a: Analysis, mesh: Any, store: Any, *, memory_budget_bytes: Optiona
              log: Callable[[str], None] = lambda line: None) -> IlpPlanned:
     """Calibrate (or read) the cost model of ``mesh``, formulate ``a``'s ILP, solve it, and
     express the solution as a plan (module doc)."""
-    from launcher.cfp.apply import AXIS_NAMES, plan_constraints
-    from launcher.cfp.ilp.calibrate import calibrate
-    from launcher.cfp.ilp.formulate import formulate
-    from launcher.cfp.ilp.operators import check_decidable, operator_graph
-    from launcher.cfp.ilp.solve import require_solver, solve
-    from launcher.cfp.pipeline import plan_json
-    from launcher.models.plans import Plan
-
     require_solver()
     og = operator_graph(a)
     check_decidable(og)
@@ -197,8 +192,6 @@ def ilp_over_meshes(meshes: Sequence[tuple[Analysis, Any]], store: Any, *,
 def brute_force(problem: Problem, budget: Optional[float] = None) -> tuple[float, list[int]]:
     """The least communication over every plan of a small problem, and its plan (for tests and
     small checks: it enumerates ``problem.space`` plans)."""
-    import itertools
-
     best: tuple[float, list[int]] = (float("inf"), [])
     for choice in itertools.product(*(range(n) for n in problem.sizes)):
         if budget is not None and problem.memory_bytes(choice) > budget:

@@ -49,7 +49,7 @@ class Solution:
 def require_solver() -> Any:
     """The ``highspy`` module, or bad input saying how to get it (before any measuring)."""
     try:
-        import highspy
+        import highspy  # noqa: PLC0415  a dependency, but a broken install gets the line below
     except ImportError as e:
         raise UserError(f"the ILP solver is missing ({e}): install it with `python -m pip install highspy` "
                         "(xlaunch depends on it: `python -m pip install -e .` installs it too)") from None

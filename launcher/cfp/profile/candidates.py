@@ -47,11 +47,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.keys import StoreKeys
-from launcher.cfp.profile.segment_program import SegmentProgram, boundary_bytes, build, input_layouts, \
-    segment_program, synthetic_inputs
+from launcher.cfp.profile.segment_program import (
+    SegmentProgram,
+    boundary_bytes,
+    build,
+    input_layouts,
+    segment_program,
+    synthetic_inputs,
+)
 from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.profile.timing import EarlyStop, Timer, overhead_program
 from launcher.cfp.profile.units import Unit, first_units
@@ -123,8 +131,6 @@ class CandidateLoop:
         """Which candidates the store lacks, or holds an entry this run's shortcuts may not reuse
         for (``Shortcuts.reuses``); rank 0 decides for every process. Also takes each kind's best
         from the entries timed in full, and every stored candidate's memory (for the floor)."""
-        import numpy as np
-
         # (missing, time_s and overhead_s of an entry timed in full else inf, mem_bytes else -1)
         rows = np.zeros((len(candidates), 4), dtype=np.float64)
         rows[:, 1:3], rows[:, 3] = math.inf, -1
@@ -182,7 +188,7 @@ class CandidateLoop:
         """(compiled program, its overhead program, arguments, bytes of its inputs from other
         units, compile seconds) of ``u`` under ``combo``. The overhead program is None when the
         program is over the memory budget (it will not be timed, so it is not compiled)."""
-        import jax
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
         sp = self.program(u)
         assignment = u.assignment(combo)
@@ -306,6 +312,4 @@ def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
 
 def _rank0_flag(flag: bool) -> bool:
     """Rank 0's ``flag`` on every process (the identity with one process)."""
-    import numpy as np
-
     return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])

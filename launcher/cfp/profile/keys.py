@@ -29,7 +29,7 @@ def model_signature(a: Analysis) -> str:
 
 
 def device_signature(mesh: Any) -> str:
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     d = mesh.devices.flat[0]
     return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"

@@ -42,12 +42,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.cfp.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts
 from launcher.cfp.profile.keys import StoreKeys
-from launcher.cfp.profile.programs import allreduce_time, gradient_allreduces, reshard_time, whole_overhead_entry
+from launcher.cfp.profile.programs import (
+    allreduce_time,
+    gradient_allreduces,
+    reshard_time,
+    whole_overhead_entry,
+)
 from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.profile.timing import CacheFlush, Timer
 from launcher.cfp.profile.units import Unit, profiling_units
@@ -228,12 +235,8 @@ class Profiler:
 # Multi-process agreement (no-ops with one process)
 
 def _broadcast_flag(flag: bool) -> bool:
-    import numpy as np
-
     return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])
 
 
 def _broadcast_float(x: float) -> float:
-    import numpy as np
-
     return float(hosts.broadcast(np.array([x], dtype=np.float64))[0])

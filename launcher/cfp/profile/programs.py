@@ -15,11 +15,13 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+import numpy as np
+
 from launcher import jaxcompat
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.analysis.strategies import Spec, allreduce_axes
 from launcher.cfp.apply import Layouts, pspec
-from launcher.cfp.profile.segment_program import build, segment_program, synthetic_inputs
+from launcher.cfp.profile.segment_program import _host_value, build, segment_program, synthetic_inputs
 from launcher.cfp.profile.timing import Timer, lower_quartile, overhead_program, slowest_process
 from launcher.cfp.profile.units import Unit
 
@@ -27,11 +29,8 @@ from launcher.cfp.profile.units import Unit
 def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, timer: Timer) -> dict:
     """The store entry (median seconds, and its overhead program's) of turning layout ``src``
     into ``dst``."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding
-
-    from launcher.cfp.profile.segment_program import _host_value
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
 
     s_in, s_out = NamedSharding(mesh, pspec(src)), NamedSharding(mesh, pspec(dst))
     host = _host_value(tuple(shape), dtype, 0)
@@ -45,9 +44,8 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
 def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
     """The store entry (lower-quartile seconds, and its overhead program's) of one small
     all-reduce over mesh ``axes``."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
 
     every = PartitionSpec(tuple(mesh.axis_names))
     sharding = NamedSharding(mesh, every)
@@ -87,7 +85,7 @@ def gradient_allreduces(a: Analysis, units: Sequence[Unit]) -> list[list[frozens
 def whole_overhead_entry(a: Analysis, mesh: Any, timer: Timer) -> dict:
     """The store entry of the whole step's overhead program, timed: its arguments laid out as
     under every block's first plan (the overhead hardly depends on layouts; it grows with buffers)."""
-    from jax.sharding import NamedSharding
+    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
 
     sp = segment_program(a, 0, len(a.blocks))
     assignment = {b.id: 0 for b in a.blocks}

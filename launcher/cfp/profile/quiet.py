@@ -19,6 +19,10 @@ import os
 import time
 from typing import Callable, TypeVar
 
+import numpy as np
+
+from launcher.runtime import hosts
+
 T = TypeVar("T")
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -61,9 +65,5 @@ def quiet(measure: Callable[[], T], *, tries: int = TRIES) -> T:
 
 def _worst(share: float, interrupted: bool) -> tuple[float, bool]:
     """(the largest stolen share, whether any process was interrupted) over all processes."""
-    import numpy as np
-
-    from launcher.runtime import hosts
-
     gathered = hosts.gather(np.array([share, float(interrupted)]))
     return float(gathered[:, 0].max()), bool(gathered[:, 1].any())

@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
+from launcher import jaxcompat
 from launcher.cfp.profile.quiet import quiet
+from launcher.runtime import hosts
 
 # Bytes each accelerator (GPU, TPU) rewrites to evict its cache: triton.testing.do_bench's 256
 # MiB, several times any current GPU's L2 (50 MiB on an H100, 8 MiB per MI250X die).
@@ -40,9 +44,8 @@ class CacheFlush:
     how much of it each adds up to (README, Benchmarks)."""
 
     def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
-        import jax
-        import numpy as np
-        from jax.sharding import NamedSharding, PartitionSpec
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
+        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
 
         n = mesh.devices.size
         self.bytes_per_device = bytes_per_device or flush_bytes(mesh)
@@ -59,7 +62,7 @@ class CacheFlush:
 def flush_bytes(mesh: Any) -> int:
     """Per device: ``ACCELERATOR_FLUSH_BYTES`` on accelerators; on CPU devices, which share their
     host's caches, twice the host's largest cache split among the devices this process has."""
-    import jax
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     device = mesh.devices.flat[0]
     if device.platform != "cpu":
@@ -94,9 +97,7 @@ class Timer:
         """Seconds per run of each program on ``args``, the programs taking turns (this
         process's own times). With ``stop``, after ``stop.after`` turns (when more were to
         come) ``stop(times)`` decides whether to end there: the lists are then that short."""
-        import jax
-
-        from launcher import jaxcompat
+        import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
         def run(program: Any) -> float:
             if self.flush is not None:
@@ -181,10 +182,6 @@ class EarlyStop:
         ``times[1]`` its overhead program's; ``Timer.runs`` calls it on every process at the
         same point): taken on the slowest process's times, run by run, and rank 0's decision
         broadcast, so every process stops together or none does (the programs hold collectives)."""
-        import numpy as np
-
-        from launcher.runtime import hosts
-
         overhead = slowest_process(times[1]) if len(times) > 1 else []
         decision = self.slower(slowest_process(times[0]), overhead)
         return bool(hosts.broadcast(np.array([int(decision)], dtype=np.int32))[0])
@@ -198,8 +195,8 @@ def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardin
     """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
     with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
     any program with these arguments and results costs."""
-    import jax
-    import jax.numpy as jnp
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    import jax.numpy as jnp  # noqa: PLC0415  JAX: the CLI imports this module
 
     shapes = [(tuple(r.shape), r.dtype) for r in results]
     return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
@@ -207,8 +204,4 @@ def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardin
 
 
 def slowest_process(times: list[float]) -> list[float]:
-    import numpy as np
-
-    from launcher.runtime import hosts
-
     return [float(x) for x in hosts.gather(np.asarray(times, dtype=np.float64)).max(axis=0)]

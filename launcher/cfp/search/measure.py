@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
@@ -32,8 +33,12 @@ from launcher.cfp import user_step
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.apply import assignment_transform, make_mesh, whole_step
 from launcher.cfp.profile.quiet import quiet
+from launcher.cfp.profile.timing import Timer, slowest_process
+from launcher.cfp.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT
+from launcher.models.plans import Plan, builtin
 from launcher.models.train import Trainer, memory_stats
+from launcher.runtime import trace_stats
 
 
 @dataclass
@@ -130,8 +135,6 @@ class StepRunner:
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
                 name: str = "cfp") -> Runner | StepRunner:
     """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
-    from launcher.models.plans import Plan
-
     if not program.is_model:
         step, in_shardings, _ = whole_step(a, assignment, mesh)
         return StepRunner(name, program, step, in_shardings, seed=seed)
@@ -144,8 +147,6 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices. A user's step: its baseline of that name
     (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
-    from launcher.models.plans import builtin
-
     if not program.is_model:
         in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
         runner = StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
@@ -186,8 +187,6 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
     the plan run last, seconds later, went from 0.66 to 1.57 over 10 rounds. In a fixed order the
     plans run first and last always meet different moments; reversed, a drift counts against
     each in turn."""
-    from launcher.cfp.profile.timing import slowest_process
-
     for r in runners:
         if r.step_no == 0:
             r.steps(1)
@@ -240,8 +239,6 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
     10 rounds; the duel costs a few seconds beside compiling the shortlist. Returns the chosen
     runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
-    from launcher.cfp.profile.timing import slowest_process
-
     runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
                for a, program, mesh, c in entries]
     measured: list[float | None] = [None] * len(runners)
@@ -315,10 +312,6 @@ def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
     """``runs`` (one race's, in the same order on every process) with each round's time the
     slowest process's: one SPMD step ends when its slowest process does, and every process then
     holds the same figures, so each decides (``verdict``) and reports alike."""
-    from dataclasses import replace
-
-    from launcher.cfp.profile.timing import slowest_process
-
     slowest = slowest_process([t for r in runs for t in r.repeat_times_s])
     out, at = [], 0
     for r in runs:
@@ -380,9 +373,6 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
     records device ops (GPU, TPU: ``launcher/runtime/trace_stats.py``). The CPU backend's trace
     does not separate collectives from computation, so there it is an estimate: collective bytes
     over the all-reduce bandwidth measured on the same mesh (each row says which)."""
-    from launcher.cfp.search.comm import collectives, total_bytes
-    from launcher.runtime import trace_stats
-
     bandwidth = allreduce_bandwidth(mesh)
     log(f"all-reduce bandwidth on the mesh: {bandwidth / 1e9:.3f} GB/s per device")
     rows = []
@@ -412,12 +402,6 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
 
 def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
     """Bytes per second per device of an all-reduce over every device of ``mesh``."""
-    import jax
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from launcher.cfp.profile.timing import Timer, slowest_process
-
     n = mesh.devices.size
     per = max(int(mib * 2**20 / 4), 1)
     sharded = NamedSharding(mesh, PartitionSpec(mesh.axis_names))

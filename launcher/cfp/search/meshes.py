@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from launcher.errors import BAD_INPUT
+
 R = TypeVar("R")
 
 AUTO = "auto"
@@ -49,36 +51,12 @@ def mesh_shapes(mesh_shape: Any, n: int) -> list[list[int]]:
 def natural_shape(name: str, n: int) -> list[int] | None:
     """The mesh a built-in plan lays itself out on over ``n`` devices, axes of one left out
     (dp: [8], dp_tp: [4, 2]); None when it does not fit ``n``."""
-    from launcher.errors import BAD_INPUT
-    from launcher.models.plans import builtin
+    from launcher.models.plans import builtin  # noqa: PLC0415  JAX: the CLI imports this module
 
     try:
         return [s for s in builtin(name).axis_sizes(n).values() if s > 1] or [n]
     except BAD_INPUT:
         return None
-
-
-def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
-                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None
-                      ) -> dict[str, tuple[int, list[int]]]:
-    """{built-in plan name: (index of the analysis, its nearest plan there)}: each plan on the
-    mesh shaped like its own when one is searched, else on the first mesh it maps onto. Where
-    the nearest plan is not the built-in plan's own layout, ``log`` says why (``Nearest.reason``)."""
-    from launcher.cfp.search.nearest import nearest
-
-    out = {}
-    for name in names:
-        natural = natural_shape(name, len(devices))
-        order = sorted(range(len(analyses)), key=lambda i: list(analyses[i].mesh_shape) != natural)
-        for i in order:
-            found = nearest(analyses[i], program, name)
-            if found is not None:
-                out[name] = (i, found.assignment)
-                if not found.exact:
-                    log(f"plan nearest {name} on mesh {list(analyses[i].mesh_shape)} is not {name}'s layout: "
-                        f"{found.reason(analyses[i])}")
-                break
-    return out
 
 
 def merge_shortlists(shortlists: Sequence[Sequence[Any]], k: int) -> list[tuple[int, Any]]:

@@ -96,7 +96,7 @@ def builtin_references(program: Any, names: Sequence[str] | None = None,
     """For ``analysis.core.analyze``: (graph, mesh shape) -> {name: reference layout} for each
     built-in plan of ``names`` (default: all) that maps onto the mesh; with ``natural_only``
     (``mode.mesh_shape=auto``, where each is looked for on the mesh shaped like its own,
-    ``meshes.nearest_on_meshes``) only those whose own mesh it is."""
+    ``nearest_on_meshes``) only those whose own mesh it is."""
 
     def refs(g: Graph, mesh_shape: Sequence[int]) -> dict[str, Reference]:
         out = {}
@@ -195,4 +195,25 @@ def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequ
         found = nearest(a, program, name, devices)
         if found is not None:
             out[name] = found.assignment
+    return out
+
+
+def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
+                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None
+                      ) -> dict[str, tuple[int, list[int]]]:
+    """{built-in plan name: (index of the analysis, its nearest plan there)}: each plan on the
+    mesh shaped like its own when one is searched, else on the first mesh it maps onto. Where
+    the nearest plan is not the built-in plan's own layout, ``log`` says why (``Nearest.reason``)."""
+    out = {}
+    for name in names:
+        natural = natural_shape(name, len(devices))
+        order = sorted(range(len(analyses)), key=lambda i: list(analyses[i].mesh_shape) != natural)
+        for i in order:
+            found = nearest(analyses[i], program, name)
+            if found is not None:
+                out[name] = (i, found.assignment)
+                if not found.exact:
+                    log(f"plan nearest {name} on mesh {list(analyses[i].mesh_shape)} is not {name}'s layout: "
+                        f"{found.reason(analyses[i])}")
+                break
     return out

@@ -7,6 +7,9 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from rich.console import Console
+from rich.table import Table
+
 if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with their schemas
     from launcher.cfp.search.measure import PlanRun
 
@@ -31,8 +34,6 @@ def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
     """The plans run, one row each, the ``answer``'s marked; below it, the plans that ran fewer
     than ``rounds`` rounds (``why_fewer``), the baselines that could not run, each named once,
     and ``notes`` (which plan is the answer and why)."""
-    from rich.console import Console
-    from rich.table import Table
 
     best = min(r.step_time_s for r in runs.values())
     t = Table(title=title)
@@ -55,10 +56,10 @@ def table_text(runs: Mapping[str, PlanRun], skipped: Mapping[str, str],
 
 def bar_chart(runs: Mapping[str, PlanRun], path: str | Path, answer: str = "") -> Path:
     """Step time, TFLOPS and memory per plan; the ``answer``'s bars hatched and outlined."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  import cost; the backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  import cost; the backend is chosen before pyplot loads
 
     names = list(runs)
     # CFP's plan red, the Alpa-style ILP's orange (launcher/cfp/ilp/), built-in plans blue.
