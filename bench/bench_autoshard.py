@@ -128,13 +128,13 @@ def worker(args: argparse.Namespace) -> dict:
         "search_comparison": plan.comparison(),   # the search's own race (its settings' rounds)
         # The same training under every layout: the largest relative difference of a loss from the
         # searched plan's at the same step (float sums in another order: ~1e-6 to 1e-5).
-        "losses_max_rel_diff": max(abs(a - b) / abs(a) for r in runs.values() for a, b in zip(cfp.losses, r.losses)),
+        "losses_max_rel_diff": max(abs(a - b) / abs(a) for r in runs.values() for a, b in zip(cfp.losses, r.losses, strict=True)),
         "losses": {"cfp": cfp.losses, **{name: r.losses for name, r in runs.items()}},
     }
 
 
 def paired(run, other) -> float:
-    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s))
+    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s, strict=True))
 
 
 def main() -> None:

@@ -126,7 +126,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     by_round = {how: [refreshed(how, slice(r, r + 1)) for r in range(rounds)] for how in timers}
 
     rows = {}
-    for (label, plan), runner in zip(plans.items(), runners):
+    for (label, plan), runner in zip(plans.items(), runners, strict=True):
         run = runs[runner.name]
         whole = collectives(run.compiled.as_text())
         cost = jaxcompat.cost_analysis(run.compiled)
@@ -150,7 +150,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
             "fresh_warm_over_measured": warm / run.step_time_s,
             "fresh_cold_over_measured": cold_now / run.step_time_s,
             **{f"per_round_{how}_over_measured": [predict(p, plan)[0] / t for p, t in zip(by_round[how],
-                                                                                       run.repeat_times_s)]
+                                                                                       run.repeat_times_s, strict=True)]
                for how in timers},
             "whole_collectives": whole,
             "segment_collectives": segs,

@@ -360,7 +360,7 @@ def shortcut_summary(rows: list[dict]) -> dict:
 def paired(run: Any, other: Any) -> float:
     """The median over rounds of ``run``'s round time over ``other``'s in the same round: the
     machine's speed moves between rounds (README, Benchmarks), and a ratio within a round cancels it."""
-    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s))
+    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s, strict=True))
 
 
 def users_worker(spec: str) -> dict:

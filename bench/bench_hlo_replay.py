@@ -129,7 +129,7 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
 
     got = fetch(replay.result.outputs)
     want = [np.asarray(x) for x in jax.tree.leaves(expected)]
-    max_diff = max(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) for g, w in zip(got, want))
+    max_diff = max(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) for g, w in zip(got, want, strict=True))
 
     row = {
         "plan": plan_name,
@@ -152,7 +152,7 @@ def bench_layout(model, plan_name: str, devices, repeats: int, compiles: int, wo
     }
     row["step_ratio"] = row["step_replay_s"] / row["step_original_s"]
     # The median of the per-pair ratios: each pair ran back to back, so load drift cancels.
-    row["step_ratio_paired"] = statistics.median(r / o for r, o in zip(replay_step_s, original_step_s))
+    row["step_ratio_paired"] = statistics.median(r / o for r, o in zip(replay_step_s, original_step_s, strict=True))
     row["compile_ratio"] = row["compile_replay_s"] / row["compile_original_s"]
     return row
 

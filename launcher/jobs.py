@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 from omegaconf import OmegaConf
 
@@ -195,15 +195,9 @@ def job_state(run: Run) -> JobState:
         return JobState(name, detail, scheduler, ranks, attempt.get("attempt", 0))
 
     # What the run dir alone tells: a finished job needs no scheduler (and may be gone from it).
-    if result is not None and n_done == len(ranks):
-
-        return state("done", headline_text(result), "")
-    cancelled = status.read_cancelled(run.path)
-    if cancelled:
-        return state("cancelled", f"cancelled {_ago(cancelled.get('time', 0.0))} by {cancelled.get('by', '?')}", "")
-    failure = status.refusal(run.path) or _failure(run.path)
-    if failure:
-        return state("failed", failure, "")
+    ended = _ended(run, result if n_done == len(ranks) else None)
+    if ended is not None:
+        return state(*ended, "")
 
     cluster = run.cluster()
     host = run.record.get("host", "")
@@ -231,10 +225,23 @@ def job_state(run: Run) -> JobState:
     if sched.state == "cancelled":
         return state("cancelled", f"cancelled outside xlaunch ({sched.detail})", sched.detail)
     # Ended without a result and without a rank that says why.
-
     why = never_started(run.config(), run.path) or \
         f"the job ended ({sched.detail}) without result.json ({_count(ranks)})"
     return state("failed", why, sched.detail)
+
+
+def _ended(run: Run, result: Any) -> tuple[str, str] | None:
+    """(state, detail) of a job its run dir shows ended (``result``: result.json, where every
+    rank is done), or None."""
+    if result is not None:
+        return "done", headline_text(result)
+    cancelled = status.read_cancelled(run.path)
+    if cancelled:
+        return "cancelled", f"cancelled {_ago(cancelled.get('time', 0.0))} by {cancelled.get('by', '?')}"
+    failure = status.refusal(run.path) or _failure(run.path)
+    if failure:
+        return "failed", failure
+    return None
 
 
 def _failure(run_dir: Path) -> str:

@@ -158,7 +158,7 @@ def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping
             outs = jaxcompat.bind_equation(eqn, args)
         if not eqn.primitive.multiple_results:
             outs = [outs]
-        for v, x in zip(op.outputs, outs):
+        for v, x in zip(op.outputs, outs, strict=True):
             env[v] = jax.lax.with_sharding_constraint(x, pins[v]) if v in pins else x
     return env
 
@@ -184,7 +184,7 @@ def plan_constraints(a: Analysis, assignment: Mapping[int, int]) -> dict[str, An
     input's layout (as its first planned consumer wants it) and every pinned tensor's."""
     layouts, g = Layouts(a, assignment), a.graph
     constraints: dict[str, Any] = {"program": program_signature(g)}
-    constraints.update({f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(g.inputs, g.input_names)})
+    constraints.update({f"in:{name}": spec_json(layouts.wanted(v)) for v, name in zip(g.inputs, g.input_names, strict=True)})
     constraints.update(pin_constraints(g, layouts.pinned()))
     return constraints
 
@@ -242,14 +242,14 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
         raise UserError(f"plan {plan!r}: constraints for inputs {sorted(unknown)} that this training step does not "
                         f"have; {_STALE}")
     in_specs = []
-    for v, name in zip(g.inputs, g.input_names):
+    for v, name in zip(g.inputs, g.input_names, strict=True):
         entry = constraints.get(f"in:{name}")
         in_specs.append(sharding(f"in:{name}", entry, g.shape(v)) if entry is not None
                         else NamedSharding(mesh, PartitionSpec()))
     top = [op.id for op in g.ops if op.loop is None]
 
     def flat_step(*leaves: Any) -> list[Any]:
-        env = dict(zip(g.inputs, leaves))
+        env = dict(zip(g.inputs, leaves, strict=True))
         env.update(constants(g, g.const_values))
         env = evaluate(g, top, env, pins)
         return [env[v] if v is not None else None for v in g.outputs]

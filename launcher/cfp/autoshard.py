@@ -307,7 +307,7 @@ class AutoPlan:
             missing = sorted({a["path"] for a in self.args} ^ {a["path"] for a in given})
             raise UserError(f"the arguments are not those the plan was searched for (leaves {missing[:3]} differ): "
                             f"give {self.step}'s arguments as autoshard had them, or autoshard again")
-        for g, a in zip(given, self.args):
+        for g, a in zip(given, self.args, strict=True):
             if g != a:
                 raise UserError(f"argument {g['path']} is {g['dtype']}{g['shape']}, and the plan was searched for "
                                 f"{a['dtype']}{a['shape']}: give arguments shaped as the example ones, or autoshard "

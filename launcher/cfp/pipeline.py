@@ -160,7 +160,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
         none_fit=lambda why: UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: "
                                        "%s" % (jax.device_count(), why)))
     return [OnMesh(a, mesh, folder=f"mesh_{'x'.join(map(str, shape))}/" if auto else "")
-            for a, mesh, shape in zip(analyzed, meshes, shapes) if a is not None]
+            for a, mesh, shape in zip(analyzed, meshes, shapes, strict=True) if a is not None]
 
 
 # --- profile ----------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], A
         plan = None
     else:
         mesh = runners[i].mesh
-        plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape))))
+        plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
     best = runs[v.best_baseline].name if v.best_baseline is not None else None
     return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
 
@@ -365,7 +365,7 @@ def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, lo
         [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
         refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
     meshes: list[dict] = []
-    for o, found, why in zip(on, founds, reasons):
+    for o, found, why in zip(on, founds, reasons, strict=True):
         if found is None:
             meshes.append({"mesh_shape": o.shape, "skipped": why})
             continue

@@ -159,7 +159,7 @@ def _data_argnums(name: str, data_argnums: Optional[Sequence[int]], n: int) -> t
 
 def _alike(a: Any, b: Any) -> bool:
     return jax.tree.structure(a) == jax.tree.structure(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def state_outputs(args: tuple, out: Any, data_argnums: Sequence[int]) -> tuple[int, ...]:
@@ -204,8 +204,8 @@ def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
         raise UserError(f"in_shardings of {name}: give NamedShardings on one mesh (None: replicated), e.g. "
                         "NamedSharding(mesh, PartitionSpec('data'))")
     mesh = meshes.pop()
-    full = [jax.tree.map(lambda _: s if s is not None else NamedSharding(mesh, PartitionSpec()), sub)
-            for s, sub in zip(given, subtrees)]
+    full = [jax.tree.map(lambda _, s=s: s if s is not None else NamedSharding(mesh, PartitionSpec()), sub)
+            for s, sub in zip(given, subtrees, strict=True)]
     return tuple(prefix.unflatten(full))
 
 
@@ -256,7 +256,7 @@ def baseline_constraints(program: TrainingProgram, name: str) -> tuple[list[int]
     shape = [int(n) for n in mesh.devices.shape]
     axes = axis_map(dict(mesh.shape), shape)
     constraints: dict[str, Any] = {"program": program.signature}
-    for leaf, sharding in zip(describe_leaves(program.args), leaves):
+    for leaf, sharding in zip(describe_leaves(program.args), leaves, strict=True):
         constraints[f"in:{leaf['path']}"] = spec_json(cfp_spec(sharding.spec, axes, len(leaf["shape"])))
     return shape, constraints
 
@@ -276,7 +276,7 @@ def input_layouts(a: Any, program: TrainingProgram, name: str, devices: Sequence
     axes = axis_map(dict(next(iter(meshes)).shape), a.mesh_shape)
     if axes is None:
         return None
-    return {v: cfp_spec(s.spec, axes, len(a.graph.shape(v))) for v, s in zip(a.graph.inputs, leaves)}
+    return {v: cfp_spec(s.spec, axes, len(a.graph.shape(v))) for v, s in zip(a.graph.inputs, leaves, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,9 +315,9 @@ def materialize(program: TrainingProgram, in_shardings: tuple, seed: int = 0) ->
         key = jax.random.key(seed)
         return [_made_up(jax.random.fold_in(key, k), shapes[k]) for k in missing]
 
-    made = dict(zip(missing, jax.jit(make, out_shardings=[shardings[k] for k in missing])() if missing else []))
+    made = dict(zip(missing, jax.jit(make, out_shardings=[shardings[k] for k in missing])() if missing else [], strict=True))
     return tuple(jax.tree.unflatten(tree, [made[k] if k in made else place(v, s)
-                                           for k, (v, s) in enumerate(zip(values, shardings))]))
+                                           for k, (v, s) in enumerate(zip(values, shardings, strict=True))]))
 
 
 def _made_up(key: Any, s: jax.ShapeDtypeStruct) -> jax.Array:

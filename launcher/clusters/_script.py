@@ -69,7 +69,7 @@ class ScriptExecutor(core.PicklingExecutor):
                              tasks=list(range(self._num_tasks())))
         job.paths.folder.mkdir(parents=True, exist_ok=True)
         job.paths.submission_file.write_text(text)
-        for tmp_path, path in zip((out, err), self._script_logs(job)):
+        for tmp_path, path in zip((out, err), self._script_logs(job), strict=True):
             tmp_path.rename(path)
         return job
 

@@ -121,7 +121,7 @@ class _DetachedLocalExecutor(submitit.LocalExecutor):
                 os.dup2(f.fileno(), 2)
             return super()._submit_command(command)
         finally:
-            for fd, copy in zip((1, 2), saved):
+            for fd, copy in zip((1, 2), saved, strict=True):
                 os.dup2(copy, fd)
                 os.close(copy)
 

@@ -365,9 +365,9 @@ def _flatten_tuples(module_text: str, context: Callable[[], Any]) -> str:
         arg_attrs = list(main.attributes["arg_attrs"]) if "arg_attrs" in main.attributes else []
         res_attrs = list(main.attributes["res_attrs"]) if "res_attrs" in main.attributes else []
         flat_args = [(leaf, a) for i, t in enumerate(inputs)
-                     for leaf, a in zip(leaves(t), leaf_attrs(arg_attrs, i, t))]
+                     for leaf, a in zip(leaves(t), leaf_attrs(arg_attrs, i, t), strict=True)]
         flat_results = [(leaf, a) for i, t in enumerate(results)
-                        for leaf, a in zip(leaves(t), leaf_attrs(res_attrs, i, t))]
+                        for leaf, a in zip(leaves(t), leaf_attrs(res_attrs, i, t), strict=True)]
 
         main.attributes["sym_name"] = ir.StringAttr.get("main_tupled")
         main.attributes["sym_visibility"] = ir.StringAttr.get("private")
@@ -401,7 +401,7 @@ def _flatten_tuples(module_text: str, context: Callable[[], Any]) -> str:
                             for leaf in unpack(stablehlo.GetTupleElementOp(value, i).result, tt.get_type(i))]
                 return [value]
 
-            func.ReturnOp([leaf for value, t in zip(call.results, results) for leaf in unpack(value, t)])
+            func.ReturnOp([leaf for value, t in zip(call.results, results, strict=True) for leaf in unpack(value, t)])
         return str(module)
 
 
@@ -533,7 +533,7 @@ class Executable:
         # The handlers that turn per-device results into global jax.Arrays, made once, as
         # jax.jit makes them: this keeps the per-call overhead at jit's level.
         self._handlers = [xc.array_result_handler(jax.core.ShapedArray(shape, dtype), sharding, True, True)
-                          for (shape, dtype), sharding in zip(results, self.output_shardings(len(results)))]
+                          for (shape, dtype), sharding in zip(results, self.output_shardings(len(results)), strict=True)]
 
     def _shardings(self, ops: Sequence[Any] | None, count: int) -> list[Any]:
         # None: XLA did not partition the value. With several replicas every replica holds a
@@ -556,5 +556,5 @@ class Executable:
     def execute(self, arguments: Sequence[jax.Array]) -> list[jax.Array]:
         if self._stand_in:  # none of the devices is this process's: outputs with no shards here
             return [make_array(shape, sharding, [], dtype) for (shape, dtype), sharding
-                    in zip(self._results, self.output_shardings(len(self._results)))]
+                    in zip(self._results, self.output_shardings(len(self._results)), strict=True)]
         return self._loaded.execute_sharded(list(arguments)).consume_with_handlers(self._handlers)

@@ -55,7 +55,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def _flat_positions(shape: tuple[int, ...], index: Index) -> np.ndarray:
     """Row-major positions, in the global array of ``shape``, of the elements of ``index``."""
     positions = np.zeros((), np.uint64)
-    for k, (s, n) in enumerate(zip(index, shape)):
+    for k, (s, n) in enumerate(zip(index, shape, strict=True)):
         axis = np.arange(*s.indices(n), dtype=np.uint64) * np.uint64(math.prod(shape[k + 1:]))
         positions = positions[..., None] + axis
     return positions
@@ -112,7 +112,7 @@ class Arguments:
             return random_values(self.seed, i, p.shape, index, p.dtype)
         if self.mode is ArgumentMode.file:
             return np.array(self._arrays[i][index])  # a copy; keeps 0-d arrays 0-d
-        block = tuple(len(range(*s.indices(n))) for s, n in zip(index, p.shape))
+        block = tuple(len(range(*s.indices(n))) for s, n in zip(index, p.shape, strict=True))
         if self.mode is ArgumentMode.zeros:
             return np.zeros(block, p.dtype)
         if self.mode is ArgumentMode.device_id:
@@ -138,7 +138,7 @@ def load_arguments_file(path: Path, parameters: Sequence[Parameter]) -> list[np.
         raise UserError(f"mode.arguments_file: {path} holds {len(arrays)} arrays but the module has "
                         f"{len(parameters)} parameters ({wanted}): give one array per parameter, in order")
     out = []
-    for i, (name, array, p) in enumerate(zip(names, arrays, parameters)):
+    for i, (name, array, p) in enumerate(zip(names, arrays, parameters, strict=True)):
         if array.dtype != p.dtype and array.dtype.kind == "V" and array.dtype.itemsize == p.dtype.itemsize:
             array = array.view(p.dtype)  # np.savez stores bfloat16 and friends as raw bytes
         if array.shape != p.shape or array.dtype != p.dtype:

@@ -70,7 +70,7 @@ class ReplayResult:
             "execution_times_s": self.execution_times_s,
             "parameters": [{"name": p.name, "shape": list(p.shape), "dtype": dtype_name(p.dtype),
                             "shard_shape": list(s.shard_shape(p.shape))}
-                           for p, s in zip(self.parameters, self.parameter_shardings)],
+                           for p, s in zip(self.parameters, self.parameter_shardings, strict=True)],
             "outputs": [{"shape": list(o.shape), "dtype": dtype_name(o.dtype)} for o in self.outputs],
         }
         if self.outputs_file is not None:
@@ -241,7 +241,7 @@ def make_arguments(source: Arguments, shardings: Sequence[jax.sharding.Sharding]
     """One global jax.Array per parameter, each process making only its own devices' shards."""
     arrays = []
     with _wide(p.dtype for p in source.parameters):
-        for i, (parameter, sharding) in enumerate(zip(source.parameters, shardings)):
+        for i, (parameter, sharding) in enumerate(zip(source.parameters, shardings, strict=True)):
             made: dict[tuple, np.ndarray] = {}  # replicated shards are made once per process
             shards = []
             for device, index in sharding.addressable_devices_indices_map(parameter.shape).items():

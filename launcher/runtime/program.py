@@ -91,7 +91,7 @@ def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path, option:
     names = [a.arg for a in [*params.posonlyargs, *params.args, *params.kwonlyargs]]
     optional = {a.arg for a in [*params.posonlyargs, *params.args][len(params.posonlyargs) + len(params.args)
                                                                   - len(params.defaults):]}
-    optional |= {a.arg for a, d in zip(params.kwonlyargs, params.kw_defaults) if d is not None}
+    optional |= {a.arg for a, d in zip(params.kwonlyargs, params.kw_defaults, strict=True) if d is not None}
     _check_arguments(target, kwargs, names, optional, takes_any=params.kwarg is not None,
                      positional_only={a.arg for a in params.posonlyargs}, option=option)
 

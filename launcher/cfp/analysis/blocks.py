@@ -72,7 +72,7 @@ class Block:
         return sorted(self.roles)
 
 
-def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int],
+def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[int],  # noqa: C901  (18: to split into named steps)
                  two_axis_only: bool = False, extra: Mapping[int, Mapping[Strategy, tuple[str, ...]]] | None = None
                  ) -> tuple[list[Block], list[int]]:
     """The blocks in head order, and the owner block of every operator (``two_axis_only``:
@@ -133,7 +133,7 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
             ins = [b.specs[p].get(v) if owner_of(v) == b.id else None for v in op.inputs]
             outs, needs = propagate(g, op, ins, mesh_shape)
             comm = comm or needs
-            for v, s in zip(op.outputs, outs):
+            for v, s in zip(op.outputs, outs, strict=True):
                 b.specs[p][v] = s
         if not comm and any(is_member(v, b) for v in op.inputs):
             b.members.add(op.id)

@@ -105,7 +105,7 @@ def _dot(g: Graph, op: Op) -> Contraction | None:
     (lc, rc), (lb, rb) = op.params["contracting"], op.params["batch"]
     ls, rs = g.shape(lhs), g.shape(rhs)
     dims = []
-    for o, (l, r) in enumerate(zip(lb, rb)):
+    for o, (l, r) in enumerate(zip(lb, rb, strict=True)):
         dims.append(LoopDim("batch", ls[l], l, r, o))
     o = len(lb)
     for l in range(len(ls)):
@@ -116,7 +116,7 @@ def _dot(g: Graph, op: Op) -> Contraction | None:
         if r not in rc and r not in rb:
             dims.append(LoopDim("rhs_free", rs[r], None, r, o))
             o += 1
-    for l, r in zip(lc, rc):
+    for l, r in zip(lc, rc, strict=True):
         dims.append(LoopDim("contracting", ls[l], l, r, None))
     return _make(g, op, "dot", lhs, rhs, dims)
 
@@ -134,7 +134,7 @@ def _conv(g: Graph, op: Op) -> Contraction | None:
     # would be wrong, so they are windows here (not split).
     dims.append(LoopDim("window" if grouped else "rhs_free", rs[ro], None, ro, oc))
     dims.append(LoopDim("window" if grouped else "contracting", ls[lc], lc, ri, None))
-    for a, b, c in zip(lsp, rsp, osp):
+    for a, b, c in zip(lsp, rsp, osp, strict=True):
         dims.append(LoopDim("window", ls[a], a, b, c))
     return _make(g, op, "conv", lhs, rhs, dims)
 

@@ -122,7 +122,7 @@ def from_jaxpr(closed: Any, input_names: Sequence[str] | None = None) -> Graph:
     g = Graph(source="jaxpr")
     jaxpr = closed.jaxpr
     env: dict[Any, int] = {}
-    for v, value in zip(jaxpr.constvars, closed.consts):
+    for v, value in zip(jaxpr.constvars, closed.consts, strict=True):
         env[v] = _new(g, v)
         g.const_values[env[v]] = value
     for v in jaxpr.invars:
@@ -191,10 +191,10 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None
         if target is not None:
             sub, consts = target
             inner: dict[Any, int] = {}
-            for cv, value in zip(sub.constvars, consts):
+            for cv, value in zip(sub.constvars, consts, strict=True):
                 inner[cv] = _new(g, cv)
                 g.const_values[inner[cv]] = value
-            for iv, ov in zip(sub.invars, eqn.invars):
+            for iv, ov in zip(sub.invars, eqn.invars, strict=True):
                 src = _read(env, ov)
                 if src is None:  # a literal passed into the call
                     src = _new(g, iv)
@@ -202,7 +202,7 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None
                 inner[iv] = src
             label = eqn.params.get("name", eqn.primitive.name)
             _walk(g, sub, inner, f"{path}{label}/", loop)
-            for ov, iv in zip(eqn.outvars, sub.outvars):
+            for ov, iv in zip(eqn.outvars, sub.outvars, strict=True):
                 src = _read(inner, iv)
                 if src is None:  # the call returns a literal
                     src = _new(g, ov)
@@ -221,7 +221,7 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None
                 inner = {}
                 for cv in body.constvars:
                     inner[cv] = _new(g, cv)
-                for iv, ov in zip(body.invars, bound):
+                for iv, ov in zip(body.invars, bound, strict=True):
                     src = _read(env, ov) if ov is not None else None
                     inner[iv] = src if src is not None else _new(g, iv)
                 _walk(g, body, inner, f"{path}{eqn.primitive.name}/", op.id)

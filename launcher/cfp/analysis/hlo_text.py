@@ -119,7 +119,7 @@ def _emit(g: Graph, comps: dict[str, list[Instr]], ins: Instr, env: dict[str, An
         callee = a.get("to_apply") or a.get("calls")
         if callee and callee in comps:
             params = sorted((i for i in comps[callee] if i.opcode == "parameter"), key=lambda i: int(i.operands[0]))
-            inner = {p.name: arg(o) for p, o in zip(params, ins.operands)}
+            inner = {p.name: arg(o) for p, o in zip(params, ins.operands, strict=True)}
             return _inline(g, comps, callee, inner, origin)
     inputs = [v for o in ins.operands for v in _leaves(arg(o))]
     out = _fresh(g, ins.type)

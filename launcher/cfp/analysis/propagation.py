@@ -56,7 +56,7 @@ RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
 def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence[int]) -> tuple[list[Spec], bool]:
     shapes = [g.shape(v) for v in op.outputs]
     replicated = [((),) * len(s) for s in shapes]
-    known = [(g.shape(v), s) for v, s in zip(op.inputs, ins) if v is not None and s is not None]
+    known = [(g.shape(v), s) for v, s in zip(op.inputs, ins, strict=True) if v is not None and s is not None]
     p = op.params
 
     if not op.inputs:
@@ -64,13 +64,13 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
     if op.prim in ELEMENTWISE:
         out_shape = shapes[0]
         same = [s for shape, s in known if len(shape) == len(out_shape)
-                and all(d in (n, 1) for d, n in zip(shape, out_shape))]
+                and all(d in (n, 1) for d, n in zip(shape, out_shape, strict=True))]
         if not same:
             return replicated, False
         merged = merge(same)
         return ([merged], False) if merged is not None else ([same[0]], True)
     if op.prim in PASS_THROUGH:
-        return [s if s is not None else ((),) * len(sh) for s, sh in zip(ins, shapes)], False
+        return [s if s is not None else ((),) * len(sh) for s, sh in zip(ins, shapes, strict=True)], False
     if not known or ins[0] is None:
         # The first operand carries the layout of every structural rule below; without it
         # there is nothing to propagate.
@@ -100,9 +100,9 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
                       for i, ax in enumerate(spec)) if len(sh) == len(spec) else ((),) * len(sh) for sh in shapes]
         return outs, comm
     if op.prim in ("pad", "slice", "dynamic_slice", "dynamic_update_slice"):
-        changed = set(p.get("padded", ())) | {i for i, (a, b) in enumerate(zip(in_shape, shapes[0])) if a != b}
+        changed = set(p.get("padded", ())) | {i for i, (a, b) in enumerate(zip(in_shape, shapes[0], strict=True)) if a != b}
         if op.prim == "dynamic_update_slice" and op.inputs[1] is not None:
-            changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]))) if a != b}
+            changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]), strict=True)) if a != b}
         return [spec], any(spec[i] for i in changed)
     return replicated, True
 

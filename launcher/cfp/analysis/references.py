@@ -64,7 +64,7 @@ def laid_out(b: Block, cons: Mapping[int, Contraction], p: int) -> Iterator[tupl
     yield from ((v, spec, True) for v, spec in b.specs[p].items())
     for op in b.contractions:
         c = cons[op]
-        for v, spec in zip((c.lhs, c.rhs), operand_specs(c, b.strategies[op][p])[:2]):
+        for v, spec in zip((c.lhs, c.rhs), operand_specs(c, b.strategies[op][p])[:2], strict=True):
             if v is not None and v not in b.specs[p]:
                 yield v, spec, False
 
@@ -113,7 +113,7 @@ def referenced_strategies(g: Graph, cons: Mapping[int, Contraction], mesh_shape:
     blocks, _ = build_blocks(g, cons, mesh_shape, two_axis_only, wider)
     out: dict[int, dict[Strategy, tuple[str, ...]]] = {}
     for name, known in references.items():
-        for b, p in zip(blocks, nearest_assignment(g, blocks, cons, known)):
+        for b, p in zip(blocks, nearest_assignment(g, blocks, cons, known), strict=True):
             if p >= b.enumerated:
                 names = out.setdefault(b.head, {}).setdefault(b.plans[p], ())
                 out[b.head][b.plans[p]] = names + (name,)

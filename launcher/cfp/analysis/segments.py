@@ -89,7 +89,7 @@ def find_segments(signatures: Sequence[str], plan_counts: Sequence[int]) -> tupl
     segments: list[Segment] = []
     templates: list[Template] = []
     by_sig: dict[tuple[str, ...], Template] = {}
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in zip(cuts, cuts[1:], strict=True):
         sig = tuple(signatures[a:b])
         t = by_sig.get(sig)
         if t is None:
@@ -109,7 +109,7 @@ def _layer_cuts(ids: Sequence[int]) -> list[int]:
     if repeats >= 2:
         unit = ids[start:start + period]
         offsets = [i for i in range(period) if unit[i] == unit[0]]
-        layers = [tuple(unit[a:b]) for a, b in zip(offsets, offsets[1:] + [period])]
+        layers = [tuple(unit[a:b]) for a, b in zip(offsets, offsets[1:] + [period], strict=True)]
         cuts = [start + r * period + i for r in range(repeats) for i in offsets]
         lo, hi = start, start + repeats * period
         # A layer that does not complete the period (an odd MoE layer count) still maps onto

@@ -115,7 +115,7 @@ def operand_specs(c: Contraction, s: Strategy) -> tuple[Spec, Spec, Spec]:
     lhs: list[Axes] = [()] * len(c.lhs_shape)
     rhs: list[Axes] = [()] * len(c.rhs_shape)
     out: list[Axes] = [()] * len(c.out_shape)
-    for d, ax in zip(c.dims, s.axes):
+    for d, ax in zip(c.dims, s.axes, strict=True):
         if d.lhs is not None:
             lhs[d.lhs] = ax
         if d.rhs is not None:
@@ -126,7 +126,7 @@ def operand_specs(c: Contraction, s: Strategy) -> tuple[Spec, Spec, Spec]:
 
 
 def allreduce_axes(c: Contraction, s: Strategy) -> Axes:
-    return tuple(sorted({a for d, ax in zip(c.dims, s.axes) if d.role == "contracting" for a in ax}))
+    return tuple(sorted({a for d, ax in zip(c.dims, s.axes, strict=True) if d.role == "contracting" for a in ax}))
 
 
 def from_operand_specs(c: Contraction, lhs: Spec, rhs: Spec) -> tuple[Strategy, bool]:

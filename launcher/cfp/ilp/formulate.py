@@ -65,7 +65,7 @@ class Problem:
         return [0, *np.cumsum(self.sizes)[:-1].tolist()]
 
     def flat(self, choice: Sequence[int]) -> list[int]:
-        return [o + p for o, p in zip(self.offsets, choice)]
+        return [o + p for o, p in zip(self.offsets, choice, strict=True)]
 
     def comm_s(self, choice: Sequence[int]) -> float:
         """The ILP's objective: seconds of communication of a strategy index per node."""
@@ -85,7 +85,7 @@ class Problem:
     def memory_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Per point, the least and the most bytes any plan can have live there."""
         lo, hi = self.mem_const.copy(), self.mem_const.copy()
-        for o, n in zip(self.offsets, self.sizes):
+        for o, n in zip(self.offsets, self.sizes, strict=True):
             block = self.mem_rows[:, o:o + n]
             lo += block.min(axis=1)
             hi += block.max(axis=1)
@@ -175,9 +175,9 @@ class _Pricer:
         if op.prim in REDUCTIONS and ins and ins[0] is not None:
             reduced = set(op.params.get("axes", ()))
             axes = [a for d, ax in enumerate(ins[0]) if d in reduced for a in ax]
-            return sum(self.model.seconds("all-reduce", axes, self.bytes(v, s)) for v, s in zip(op.outputs, outs))
+            return sum(self.model.seconds("all-reduce", axes, self.bytes(v, s)) for v, s in zip(op.outputs, outs, strict=True))
         total = 0.0
-        for v, spec in zip(op.inputs, ins):
+        for v, spec in zip(op.inputs, ins, strict=True):
             if v is None or spec is None or not any(spec):
                 continue
             if op.prim in ELEMENTWISE and len(self.g.shape(v)) == len(outs[0]):
@@ -326,5 +326,5 @@ def _state_pairs(g) -> list[tuple[int, int]]:
     if not (outs and ins and outs[0] == ins[0]):
         return []
     n = ins[0].num_leaves
-    return [(v, o) for v, o in zip(g.inputs[:n], g.outputs[:n]) if o is not None]
+    return [(v, o) for v, o in zip(g.inputs[:n], g.outputs[:n], strict=True) if o is not None]
 

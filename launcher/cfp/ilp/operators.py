@@ -74,7 +74,7 @@ class OperatorGraph:
 
     def choice(self, assignment: Sequence[int]) -> dict[int, Strategy]:
         """contraction op id -> its strategy, for a strategy index per node."""
-        return {b.head: b.plans[p] for b, p in zip(self.nodes, assignment)}
+        return {b.head: b.plans[p] for b, p in zip(self.nodes, assignment, strict=True)}
 
 
 def operator_graph(a: Analysis) -> OperatorGraph:
@@ -111,7 +111,7 @@ def operator_graph(a: Analysis) -> OperatorGraph:
             ins = [b.specs[p].get(v) if owner_of(v) == b.id else None for v in op.inputs]
             outs, needs = propagate(g, op, ins, mesh_shape)
             per_plan.append((ins, outs) if needs else None)
-            for v, s in zip(op.outputs, outs):
+            for v, s in zip(op.outputs, outs, strict=True):
                 b.specs[p][v] = s
         if any(per_plan):
             glue[op.id] = per_plan

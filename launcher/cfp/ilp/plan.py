@@ -95,7 +95,7 @@ class IlpPlanned:
                  "# CFP block plans: " + (str(self.block_assignment) if self.block_assignment is not None else
                                           "none (the ILP lays out contractions of one block apart): per-contraction "
                                           "layouts"), ""]
-        for u, (b, p) in enumerate(zip(self.operators.nodes, self.solution.choice)):
+        for u, (b, p) in enumerate(zip(self.operators.nodes, self.solution.choice, strict=True)):
             c = a.contractions[b.head]
             lines.append(f"{a.contraction_line(b.head)}  [CFP block {a.owner[b.head]}]")
             lines.append(f"    {p}: {notation(c, b.plans[p])}   node cost {self.problem.node_s[u][p] * 1e6:.1f} us "
@@ -180,7 +180,7 @@ def ilp_over_meshes(meshes: Sequence[tuple[Analysis, Any]], store: Any, *,
             {"mesh_shape": p.mesh_shape, "predicted_step_time_s": p.predicted_step_time_s,
              "predicted_memory_gb": p.solution.memory_bytes / 2**30, "solve_time_s": p.solution.solve_time_s,
              "num_variables": p.solution.num_variables}
-            for shape, p, why in zip(shapes, found, reasons)]
+            for shape, p, why in zip(shapes, found, reasons, strict=True)]
     best = min((p for p in found if p is not None), key=lambda p: p.predicted_step_time_s)
     if len(meshes) > 1:
         best.meshes = rows

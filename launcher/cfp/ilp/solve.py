@@ -130,7 +130,7 @@ class _Model:
             lower.append(lo)
             upper.append(hi)
 
-        for o, n in zip(offsets, sizes):
+        for o, n in zip(offsets, sizes, strict=True):
             row(list(range(o, o + n)), [1.0] * n, 1.0, 1.0)
         col = n_s
         e_costs = []
@@ -203,4 +203,4 @@ class _Model:
 
     def choice(self, h: Any) -> list[int]:
         values = np.asarray(h.getSolution().col_value[:self.n_s])
-        return [int(np.argmax(values[o:o + n])) for o, n in zip(self.problem.offsets, self.problem.sizes)]
+        return [int(np.argmax(values[o:o + n])) for o, n in zip(self.problem.offsets, self.problem.sizes, strict=True)]

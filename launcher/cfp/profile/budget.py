@@ -68,6 +68,6 @@ def refuse_if_nothing_fits(shapes: Sequence[Sequence[int]], profiles: Sequence[A
     if len(profiles) == 1:
         raise UserError(profiles[0].infeasible)
     least = min(p.least_plan_bytes for p in profiles)
-    each = ", ".join(f"{list(s)}: {p.least_plan_bytes / 2**30:.6g} GB" for s, p in zip(shapes, profiles))
+    each = ", ".join(f"{list(s)}: {p.least_plan_bytes / 2**30:.6g} GB" for s, p in zip(shapes, profiles, strict=True))
     raise UserError(no_plan_fits(profiles[0].budget_bytes, least, "on any mesh searched ",
                                  f"the least of the meshes' profiled bounds, {each}"))

@@ -135,7 +135,7 @@ class CandidateLoop:
         rows = np.zeros((len(candidates), 4), dtype=np.float64)
         rows[:, 1:3], rows[:, 3] = math.inf, -1
         if self.is_main:
-            for row, (u, c) in zip(rows, candidates):
+            for row, (u, c) in zip(rows, candidates, strict=True):
                 entry = self.store.get(self.keys.segment(u, c))
                 row[0] = entry is None or not self.shortcuts.reuses(entry)
                 if entry is not None and timed_in_full(entry):
@@ -143,7 +143,7 @@ class CandidateLoop:
                 if entry is not None and "mem_bytes" in entry:
                     row[3] = entry["mem_bytes"]
         rows = hosts.broadcast(rows)
-        for (u, c), (_, t, o, m) in zip(candidates, rows):
+        for (u, c), (_, t, o, m) in zip(candidates, rows, strict=True):
             self.best[u.kind] = min(self.best.get(u.kind, (math.inf, 0.0)), (float(t), float(o)))
             if m >= 0:
                 self.memory[u.kind][c] = int(m)

@@ -152,7 +152,7 @@ class Profiler:
         t0 = time.perf_counter()
         candidates = self.loop.candidates()
         missing = self.loop.missing(candidates)
-        todo = [c for c, m in zip(candidates, missing) if m]
+        todo = [c for c, m in zip(candidates, missing, strict=True) if m]
         reused = len(candidates) - len(todo)
         budget = self.shortcuts.memory_budget_bytes
         if budget is not None and state_floor_bytes(self.a) > budget:
@@ -205,7 +205,7 @@ class Profiler:
     def reshard_costs(self, boundaries: list[Boundary]) -> tuple[dict[tuple, float], int]:
         costs, measured = {}, 0
         for p in layout_pairs(boundaries):
-            costs[p], new = self._stored(self.keys.reshard(p), lambda: reshard_time(p[0][0], p[0][1], p[1], p[2],
+            costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
                                                                                     self.mesh, self.timer))
             measured += new
         return costs, measured

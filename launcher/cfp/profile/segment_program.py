@@ -64,7 +64,7 @@ def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: 
     consts = constants(g, needed)
 
     def run(*args: Any) -> list[Any]:
-        env = dict(zip(sp.inputs, args))
+        env = dict(zip(sp.inputs, args, strict=True))
         env.update(consts)
         env = evaluate(g, sp.ops, env, pins)
         return [env[v] for v in sp.outputs]
@@ -78,7 +78,7 @@ def synthetic_inputs(a: Analysis, sp: SegmentProgram, shardings: list[Any], seed
     import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     out = []
-    for v, sharding in zip(sp.inputs, shardings):
+    for v, sharding in zip(sp.inputs, shardings, strict=True):
         var = a.graph.vars[v]
         host = _host_value(var.shape, var.dtype, seed * 1_000_003 + v)
         out.append(jax.make_array_from_callback(var.shape, sharding, lambda idx, h=host: h[idx]))
@@ -100,4 +100,4 @@ def boundary_bytes(a: Analysis, sp: SegmentProgram, layouts: list[Spec]) -> int:
 
     g, boundary = a.graph, set(sp.boundary)
     return sum(shard_bytes(g.vars[v].shape, spec, jnp.dtype(g.vars[v].dtype).itemsize, a.mesh_shape)
-               for v, spec in zip(sp.inputs, layouts) if v in boundary)
+               for v, spec in zip(sp.inputs, layouts, strict=True) if v in boundary)

@@ -117,7 +117,7 @@ class Timer:
             times: list[list[float]] = [[] for _ in programs]
             n = repeats or self.repeats
             for turn in range(n):
-                for program, ts in zip(programs, times):
+                for program, ts in zip(programs, times, strict=True):
                     ts.append(run(program))
                 # Every process reaches this point after the same turns (``stop`` exchanges
                 # figures), and all leave together or none.
@@ -175,7 +175,7 @@ class EarlyStop:
             return False
         slowdown = [max(o / self.best_overhead_s, 1.0) if self.best_overhead_s > 0 else 1.0 for o in overhead_runs]
         slowdown += [1.0] * (len(first_runs) - len(slowdown))
-        return min(t / k for t, k in zip(first_runs, slowdown)) > self.ratio * self.best_s
+        return min(t / k for t, k in zip(first_runs, slowdown, strict=True)) > self.ratio * self.best_s
 
     def __call__(self, times: list[list[float]]) -> bool:
         """The decision after this process's first runs (``times[0]`` the timed program's,

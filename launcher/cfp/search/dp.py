@@ -134,7 +134,7 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
         t, m = costs.total(path)
         picked = [costs.combos[i][ci] for i, ci in enumerate(path)]
         assignment = [0] * num_blocks
-        for u, combo in zip(units, picked):
+        for u, combo in zip(units, picked, strict=True):
             for j, p in enumerate(combo):
                 assignment[u.start + j] = p
         return SearchResult(picked, assignment, t, int(m), time.perf_counter() - t0)
@@ -154,7 +154,7 @@ def _refuse_untimed_within(costs: _Costs, budget: float) -> None:
     without it (see the module doc)."""
     least = [min(m) for m in costs.mem]
     total = sum(least)
-    fits = [m + total - least[i] for i, u in enumerate(costs.prof.units) for c, m in zip(costs.combos[i], costs.mem[i])
+    fits = [m + total - least[i] for i, u in enumerate(costs.prof.units) for c, m in zip(costs.combos[i], costs.mem[i], strict=True)
             if not costs.prof.timed(u.kind, c) and m + total - least[i] <= budget]
     if fits:
         within = ("this search has no memory budget, but" if budget == float("inf") else

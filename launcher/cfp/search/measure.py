@@ -138,7 +138,7 @@ def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: 
     if not program.is_model:
         step, in_shardings, _ = whole_step(a, assignment, mesh)
         return StepRunner(name, program, step, in_shardings, seed=seed)
-    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape)), {"params": {}, "activations": {}, "inputs": {}})
+    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}})
     return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
                   transform_step=assignment_transform(a, assignment))
 
@@ -173,7 +173,7 @@ class Cut:
         process: the slowest process's, ``slowest_process``)."""
         among = sorted(self.among)
         fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
-        return {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest))}
+        return {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest, strict=True))}
 
 
 def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None,
@@ -203,7 +203,7 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
         attempts = 0
         order = live if k % 2 == 0 else live[::-1]
 
-        def one_round() -> list[float]:
+        def one_round(order: list[int] = order) -> list[float]:
             nonlocal attempts
             attempts += 1
             bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
@@ -213,7 +213,7 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
                 jaxcompat.settle_programs()  # the next runner's step is another program
             return means
 
-        for i, seconds in zip(order, quiet(one_round)):
+        for i, seconds in zip(order, quiet(one_round), strict=True):
             runners[i].rounds.append(seconds)
     return [r.result() for r in runners]
 
@@ -273,7 +273,7 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
              "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
              "measured_step_time_s": seconds, "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0,
              "incumbent": i in incumbents, "over_incumbent_paired": over, "duel_over_incumbent_paired": duel[i]}
-            for i, ((a, _, _, c), seconds, ratio, over) in enumerate(zip(entries, measured, ratios, over_incumbent))]
+            for i, ((a, _, _, c), seconds, ratio, over) in enumerate(zip(entries, measured, ratios, over_incumbent, strict=True))]
     return chosen, rows
 
 
@@ -296,7 +296,7 @@ def winner(rounds: Sequence[Sequence[float]], incumbents: Sequence[int] = (), ma
 
 def paired_over(times: Sequence[float], reference: Sequence[float]) -> float:
     """The median over rounds of a plan's time over ``reference``'s in the same round."""
-    return statistics.median(t / u for t, u in zip(times, reference))
+    return statistics.median(t / u for t, u in zip(times, reference, strict=True))
 
 
 def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
@@ -304,8 +304,8 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
     median plan time. The plans of a round run minutes apart at most, those of different rounds
     further: on a machine whose speed drifts, ratios within a round compare plans where medians
     of raw times would compare the moments they ran at."""
-    per_round = [statistics.median(times) for times in zip(*rounds)]
-    return [statistics.median(t / m for t, m in zip(times, per_round)) for times in rounds]
+    per_round = [statistics.median(times) for times in zip(*rounds, strict=True)]
+    return [statistics.median(t / m for t, m in zip(times, per_round, strict=True)) for times in rounds]
 
 
 def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
@@ -378,7 +378,7 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
     rows = []
     for k in range(max(b.num_plans for b in a.blocks)):
         assignment = {b.id: min(k, b.num_plans - 1) for b in a.blocks}
-        run = lambda: run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
+        run = lambda assignment=assignment, k=k: run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
                                name=f"uniform{k}")
         # Not traced where the trace could not tell anyway (CPU devices): tracing costs step time.
         ops, r = trace_stats.timed(run) if mesh.devices.flat[0].platform != "cpu" else (None, run())

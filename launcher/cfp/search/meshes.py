@@ -97,5 +97,5 @@ def for_each_mesh(shapes: Sequence[Sequence[int]], attempt: Callable[[int], R], 
             reasons.append(str(e))
             log(f"{what} {list(shape)}: left out: {e}")
     if all(r is None for r in results):
-        raise none_fit("; ".join(f"mesh {list(s)}: {why}" for s, why in zip(shapes, reasons)))
+        raise none_fit("; ".join(f"mesh {list(s)}: {why}" for s, why in zip(shapes, reasons, strict=True)))
     return results, reasons

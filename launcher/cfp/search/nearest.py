@@ -65,12 +65,12 @@ def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: A
     leaves = jax.tree_util.tree_leaves((sh.state, sh.batch))
     if len(leaves) != len(g.inputs):
         return None
-    known = {v: cfp_spec(s.spec, axes, len(g.shape(v))) for v, s in zip(g.inputs, leaves)}
+    known = {v: cfp_spec(s.spec, axes, len(g.shape(v))) for v, s in zip(g.inputs, leaves, strict=True)}
 
     # A fresh step function: jit caches traces per function, and the rules are not in its key.
     with use_rules(mesh, plan.rules_for("activations")):
         _, g2 = trace(make_train_step(program.model, program.optimizer), *program.args)
-    same: dict[int | None, int | None] = dict(zip(g2.inputs, g.inputs))
+    same: dict[int | None, int | None] = dict(zip(g2.inputs, g.inputs, strict=True))
     ops = iter(g.ops)
     forward_done = False   # an add_any (cotangents meeting) has lined up: the backward pass began
     for op2 in g2.ops:
@@ -87,7 +87,7 @@ def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: A
             # where the plan's constraints and the inputs' layouts are, has lined up by then.
             return known if forward_done else None
         forward_done = forward_done or op2.prim == "add_any"
-        same.update(zip(op2.outputs, op.outputs))
+        same.update(zip(op2.outputs, op.outputs, strict=True))
     return known if next(ops, None) is None else None
 
 
@@ -143,7 +143,7 @@ class Nearest:
         if self.exact:
             return ""
         g = a.graph
-        inputs = dict(zip(g.inputs, g.input_names))
+        inputs = dict(zip(g.inputs, g.input_names, strict=True))
         what = []
         for m in self.mismatches:
             if m.is_input(g):

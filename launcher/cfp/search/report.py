@@ -23,7 +23,7 @@ def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun], name: str
         return {}
     name = name or min(baselines, key=lambda n: baselines[n].step_time_s)
     best = baselines[name]
-    paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s))
+    paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s, strict=True))
     return {"best_baseline": name, "vs_best_baseline": searched.step_time_s / best.step_time_s,
             "vs_best_baseline_paired": paired}
 
@@ -68,7 +68,7 @@ def bar_chart(runs: Mapping[str, PlanRun], path: str | Path, answer: str = "") -
                ("TFLOPS", [runs[n].tflops for n in names]),
                ("memory (MiB / device)", [runs[n].memory_bytes / 2**20 for n in names])]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    for ax, (label, values) in zip(axes, metrics):
+    for ax, (label, values) in zip(axes, metrics, strict=True):
         bars = ax.bar(names, values, color=colors)
         if answer in names:
             bars[names.index(answer)].set(hatch="//", edgecolor="black", linewidth=1.5)
