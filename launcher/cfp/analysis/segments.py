@@ -32,6 +32,7 @@ the list of its blocks' plan counts; CFP profiles the product of that list once 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -89,7 +90,7 @@ def find_segments(signatures: Sequence[str], plan_counts: Sequence[int]) -> tupl
     segments: list[Segment] = []
     templates: list[Template] = []
     by_sig: dict[tuple[str, ...], Template] = {}
-    for a, b in zip(cuts, cuts[1:], strict=True):
+    for a, b in itertools.pairwise(cuts):
         sig = tuple(signatures[a:b])
         t = by_sig.get(sig)
         if t is None:
