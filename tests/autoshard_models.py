@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from launcher.cfp.autoshard import Step
+from launcher.cfp.autoshard import AutoPlan
 
 # Small enough to search in seconds on 4 CPU devices, with choices to make: the batch (8), the
 # MLP width (32) and the vocabulary (64) divide 4 ways, the model width (12) and heads (3) do not.
@@ -20,7 +22,7 @@ def make_flax_step(**overrides):
     """A Flax NNX transformer (embedding, pre-norm attention + MLP blocks, a head), its adam
     state and one batch: ``train_step(state, batch) -> (state, loss)`` on the state of
     ``nnx.split((model, optimizer))``, as the Flax docs write a step for ``jax.jit``."""
-    from flax import nnx
+    from flax import nnx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
 
     c = {**FLAX, **overrides}
 
@@ -72,9 +74,7 @@ def make_equinox_step():
     """An Equinox MLP regressing a teacher, its adam state and a batch: ``step(model, opt_state,
     x, y) -> (model, opt_state, loss)``, the model passed whole (its activation functions are
     leaves too), x and y the data."""
-    import equinox as eqx
-
-    from launcher.cfp.autoshard import Step
+    import equinox as eqx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
 
     model = eqx.nn.MLP(16, 8, 32, 2, key=jax.random.key(0))
     optimizer = optax.adam(1e-2)
@@ -95,7 +95,7 @@ def make_equinox_step():
 
 def make_linen_step():
     """A Flax Linen MLP's step on its variables and adam state: ``step(params, opt_state, batch)``."""
-    import flax.linen as nn
+    import flax.linen as nn  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
 
     class MLP(nn.Module):
         @nn.compact
@@ -126,7 +126,6 @@ def make_elementwise_step():
 def train_under_plan(plan: str, steps: int = 5) -> dict:
     """``mode=run mode.target=tests.autoshard_models:train_under_plan mode.kwargs.plan=...``: the
     Flax model trained ``steps`` steps under a saved plan, on every process of the job."""
-    from launcher.cfp.autoshard import AutoPlan
 
     loaded = AutoPlan.load(plan)
     step, (state, batch) = make_flax_step()

@@ -4,6 +4,7 @@ import os
 import sys
 
 import launcher
+import jax
 
 
 def describe(x, tag="point"):
@@ -18,7 +19,6 @@ def describe(x, tag="point"):
             "restart": ctx.restart, "run_dir": str(ctx.run_dir), "checkpoint_dir": str(ctx.checkpoint_dir),
             "checkpoint_dir_exists": ctx.checkpoint_dir.is_dir(), "launched": ctx.launched, "cwd": os.getcwd()}
     if x == 2:
-        import jax
 
         jax.distributed.initialize()
         seen["global_devices"] = jax.device_count()

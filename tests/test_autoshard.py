@@ -26,6 +26,7 @@ from launcher.errors import UserError
 from tests.autoshard_models import make_elementwise_step
 from tests.launch import read_result, run_cli
 from tests.test_cfp_search import run_python
+from launcher.cfp.search.measure import baseline_runner
 
 STEPS = 5  # steps under each plan, compared with one device's
 SMALL = dict(repeats=2, max_segment_space=6, iterations=2, run_repeats=2, verify_iterations=2, verify_repeats=2,
@@ -335,7 +336,6 @@ def test_the_baselines_of_a_user_step():
 def test_a_step_given_as_shapes_runs_on_made_up_values_and_trains():
     # Shapes only: the runs make the values up (floats in [0, 0.02), integers zero), the same on
     # every device; the state the step returns is fed back, so the loss moves.
-    from launcher.cfp.search.measure import baseline_runner
 
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _mlp_args())
     program = step_program(_mlp_step, shapes)

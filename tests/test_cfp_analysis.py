@@ -20,6 +20,10 @@ from launcher.cfp.program import training_program
 from launcher.cfp.analysis.strategies import allreduce_axes, enumerate_strategies, notation
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
+from launcher.models.gpt import GPT
+from launcher.models.moe import MoE
+from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.propagation import propagate
 
 pytestmark = pytest.mark.core
 
@@ -85,7 +89,6 @@ def layer_program():
 
 
 def gpt(num_layers: int, **kw):
-    from launcher.models.gpt import GPT
 
     shape = dict(num_layers=num_layers, hidden=64, heads=4, seq_len=16, vocab_size=128, batch_size=8)
     return GPT(**{**shape, **kw})
@@ -184,7 +187,6 @@ def test_gpt_layers_map_to_one_template(n):
 
 
 def test_moe_splits_experts_and_alternates_two_templates():
-    from launcher.models.moe import MoE
 
     model = MoE(num_layers=4, hidden=32, heads=4, seq_len=16, vocab_size=128, batch_size=4,
                 num_experts=4, expert_group_size=16)
@@ -205,8 +207,6 @@ def test_moe_splits_experts_and_alternates_two_templates():
 
 
 def test_elementwise_results_are_split_wherever_an_input_splits_them():
-    from launcher.cfp.analysis.graph import Graph
-    from launcher.cfp.analysis.propagation import propagate
 
     g = Graph()
     probs, scale, label, iota = (g.new_var(s, "float32") for s in ((8, 32, 256), (8, 32, 256), (8, 32, 1), (1, 1, 256)))

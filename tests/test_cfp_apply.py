@@ -7,6 +7,20 @@ import json
 import pytest
 
 from tests.test_cfp_search import run_python
+from tests.test_cfp_search import SMALL_GPT
+from launcher.cfp.analysis.core import analyze
+from launcher.cfp.program import training_program
+from launcher.cfp.pipeline import plan_json
+from launcher.models.plans import Plan
+import jax
+from launcher.cfp.apply import constraints_transform, make_mesh, spec_from_json
+from launcher.cfp.search.comm import collectives
+from launcher.cfp.search.measure import plan_runner
+from launcher.models.gpt import GPT
+from launcher.models.plans import builtin
+from launcher.models.train import run_training
+from launcher.errors import UserError
+from launcher.cfp.search.nearest import axis_map
 
 pytestmark = pytest.mark.core
 
@@ -83,7 +97,6 @@ print(json.dumps(rows))
 
 @pytest.mark.slow
 def test_communication_study_reads_collectives_of_each_uniform_plan():
-    from tests.test_cfp_search import SMALL_GPT
 
     rows = run_python(STUDY, json.dumps(SMALL_GPT))
     assert [r["plan"] for r in rows] == [0, 1]  # the embedding and head offer two plans
@@ -101,10 +114,6 @@ def test_communication_study_reads_collectives_of_each_uniform_plan():
 
 
 def _searched_plan(model, assignment_of):
-    from launcher.cfp.analysis.core import analyze
-    from launcher.cfp.program import training_program
-    from launcher.cfp.pipeline import plan_json
-    from launcher.models.plans import Plan
 
     program = training_program(model)
     a = analyze(program.step, program.args, [4, 2])
@@ -113,14 +122,6 @@ def _searched_plan(model, assignment_of):
 
 
 def test_run_training_applies_the_searched_layouts():
-    import jax
-
-    from launcher.cfp.apply import constraints_transform, make_mesh, spec_from_json
-    from launcher.cfp.search.comm import collectives
-    from launcher.cfp.search.measure import plan_runner
-    from launcher.models.gpt import GPT
-    from launcher.models.plans import builtin
-    from launcher.models.train import run_training
 
     model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
     a, program, plan = _searched_plan(model, lambda b: b.num_plans - 1)  # the last plan: splits over both axes
@@ -132,7 +133,7 @@ def test_run_training_applies_the_searched_layouts():
     leaves = jax.tree_util.tree_leaves(trained.state)
     names = a.graph.input_names[:len(leaves)]
     split = 0
-    for name, leaf in zip(names, leaves):
+    for name, leaf in zip(names, leaves, strict=True):
         want = spec_from_json(plan.constraints[f"in:{name}"]) if f"in:{name}" in plan.constraints else ()
         got = tuple(() if s is None else (s,) if isinstance(s, str) else tuple(s) for s in leaf.sharding.spec)
         axes = {n: i for i, n in enumerate(("cfp0", "cfp1"))}
@@ -148,10 +149,6 @@ def test_run_training_applies_the_searched_layouts():
 
 
 def test_a_plan_searched_for_another_program_is_refused():
-    from launcher.cfp.apply import constraints_transform
-    from launcher.errors import UserError
-    from launcher.models.gpt import GPT
-    from launcher.models.train import run_training
 
     small = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
     _, program, plan = _searched_plan(small, lambda b: 0)
@@ -245,7 +242,6 @@ def test_a_step_whose_backward_pass_reorders_under_a_plan_still_has_nearest_plan
 
 
 def test_named_mesh_axes_map_onto_runs_of_cfp_axes():
-    from launcher.cfp.search.nearest import axis_map
 
     assert axis_map({"data": 8}, [4, 2]) == {"data": (0, 1)}
     assert axis_map({"data": 4, "model": 2}, [4, 2]) == {"data": (0,), "model": (1,)}

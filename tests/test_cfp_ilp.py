@@ -25,6 +25,12 @@ from launcher.errors import NoPlanFits, UserError
 from tests.launch import read_result, run_cli
 from tests.test_cfp_analysis import layer_program, mlp_program
 from tests.test_cfp_search import run_python
+from launcher.cfp.apply import plan_constraints, spec_json
+from launcher.cfp.ilp.formulate import _Pricer
+import jax
+from launcher.cfp.apply import make_mesh
+from launcher.cfp.ilp.plan import ilp_plan
+from launcher.cfp.profile.store import ProfileStore
 
 pytestmark = pytest.mark.core
 
@@ -130,8 +136,6 @@ def test_a_budget_no_plan_fits_names_the_least_memory_any_plan_needs():
 def test_the_layouts_the_ilp_prices_are_the_layouts_the_plan_applies():
     """The ILP charges each program input the layout of the node it follows; plan_constraints
     (how the plan is applied) must give every input exactly that layout, for any choice."""
-    from launcher.cfp.apply import plan_constraints, spec_json
-    from launcher.cfp.ilp.formulate import _Pricer
 
     step, shapes = layer_program()
     a = analyze(step, shapes, [2, 2])
@@ -141,7 +145,7 @@ def test_the_layouts_the_ilp_prices_are_the_layouts_the_plan_applies():
     for _ in range(5):
         choice = [rng.randrange(b.num_plans) for b in og.nodes]
         constraints = plan_constraints(og.analysis, dict(enumerate(choice)))
-        for v, name in zip(a.graph.inputs, a.graph.input_names):
+        for v, name in zip(a.graph.inputs, a.graph.input_names, strict=True):
             u = pricer.decider(v)
             priced = pricer.input_layouts(v, u)[choice[u]] if u is not None else ((),) * len(a.graph.shape(v))
             assert constraints[f"in:{name}"] == spec_json(priced), name
@@ -158,11 +162,6 @@ def test_a_solver_stopped_before_any_plan_is_one_clear_message():
 
 
 def test_a_missing_solver_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
-    import jax
-
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.ilp.plan import ilp_plan
-    from launcher.cfp.profile.store import ProfileStore
 
     step, shapes = mlp_program(8)
     a = analyze(step, shapes, [4])

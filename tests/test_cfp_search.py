@@ -27,6 +27,21 @@ from launcher.cfp.search.dp import predict, search, shortlist
 from launcher.cfp.profile.store import ProfileStore
 from launcher.errors import NoPlanFits
 from tests.launch import REPO, read_result, run_cli
+from launcher.cfp.analysis.core import analyze
+from launcher.cfp.profile.programs import terminal_contractions
+from tests.test_cfp_analysis import layer_program
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from launcher.cfp.profile.timing import Timer, overhead_program
+from launcher.cfp.search.measure import paired_ratios
+from launcher.cfp.search.measure import Cut, race
+from launcher.cfp.search.measure import winner
+from launcher.cfp.search.measure import verdict
+from launcher.cfp.pipeline import answer
+from launcher.cfp.search.measure import PlanRun
+from launcher.models.plans import Plan, builtin
 
 pytestmark = pytest.mark.core
 
@@ -159,13 +174,10 @@ def test_gradient_allreduces_are_paid_once_per_step_and_group():
 
 
 def test_weight_gradients_are_the_contractions_that_feed_no_other():
-    from launcher.cfp.analysis.core import analyze
-    from launcher.cfp.profile.programs import terminal_contractions
-    from tests.test_cfp_analysis import layer_program
 
     step, shapes = layer_program()
     a = analyze(step, shapes, [4])
-    params = {a.graph.shape(v) for v, name in zip(a.graph.inputs, a.graph.input_names) if "params" in name}
+    params = {a.graph.shape(v) for v, name in zip(a.graph.inputs, a.graph.input_names, strict=True) if "params" in name}
     terminal = terminal_contractions(a)
     # wq, wk, wv, wo, w_up, w_down: one weight gradient each, every one in the backward pass.
     assert len(terminal) == 6
@@ -175,12 +187,6 @@ def test_weight_gradients_are_the_contractions_that_feed_no_other():
 def test_an_overhead_program_has_the_programs_interface_and_costs_less():
     """Same argument and result shardings as the program it stands for, zeros for results, and
     (timed in turn with a program that does real work) less time."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from launcher.cfp.profile.timing import Timer, overhead_program
 
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
     rows, cols = NamedSharding(mesh, PartitionSpec("a", None)), NamedSharding(mesh, PartitionSpec(None, "b"))
@@ -226,7 +232,6 @@ def test_shortlist_is_the_optimum_then_nearest_plans_then_uniform_plans_and_runn
 
 
 def test_plans_are_compared_round_by_round():
-    from launcher.cfp.search.measure import paired_ratios
 
     # a is 10% faster than b in two rounds of three; in the other a hiccup hit a alone
     a, b = [10.0, 30.0, 30.0], [11.0, 11.0, 33.0]
@@ -234,11 +239,10 @@ def test_plans_are_compared_round_by_round():
     ra, rb = paired_ratios([a, b])
     assert ra == pytest.approx(10 / 10.5) and rb == pytest.approx(11 / 10.5) and ra < rb
     # a machine that slows down between rounds changes nothing when all plans slow alike
-    assert paired_ratios([[t * k for t, k in zip(x, (1, 2, 4))] for x in (a, b)]) == pytest.approx([ra, rb])
+    assert paired_ratios([[t * k for t, k in zip(x, (1, 2, 4), strict=True)] for x in (a, b)]) == pytest.approx([ra, rb])
 
 
 def test_every_other_round_runs_the_plans_in_reverse():
-    from launcher.cfp.search.measure import race
 
     ran = []
 
@@ -262,7 +266,6 @@ def test_every_other_round_runs_the_plans_in_reverse():
 
 
 def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
-    from launcher.cfp.search.measure import Cut, race
 
     class Plan:   # a plan that takes `cost` a step, `slow` in the rounds listed
         def __init__(self, cost, slow=(), slow_cost=0.0):
@@ -303,7 +306,6 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
 
 
 def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
-    from launcher.cfp.search.measure import winner
 
     # Plan 0 the DP's optimum, 1 and 2 nearest two baselines (1 the faster), 3 a runner-up.
     near = [1.0, 1.1, 0.9, 1.05]   # its time in each round (the machine drifts between rounds)
@@ -320,7 +322,6 @@ def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
 
 
 def test_the_answer_is_the_searched_plan_only_where_it_beat_the_fastest_baseline_by_the_margin():
-    from launcher.cfp.search.measure import verdict
 
     # Plan 0 the searched plan; 1 and 2 baselines (2 the faster: dp_tp); 3 a baseline the race
     # dropped after 2 rounds; the machine drifts between rounds.
@@ -350,11 +351,6 @@ def test_the_answer_is_the_searched_plan_only_where_it_beat_the_fastest_baseline
 
 
 def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
-    import numpy as np
-
-    from launcher.cfp.pipeline import Answer, answer
-    from launcher.cfp.search.measure import PlanRun
-    from launcher.models.plans import Plan, builtin
 
     class Devices:   # a Runner's mesh: its axes and their sizes
         axis_names, devices = ("data", "model"), np.zeros((4, 2))
@@ -510,7 +506,7 @@ def test_searched_plan_is_the_optimum_of_the_real_profiles(small_search):
     # and lives in bench/bench_cfp_search.py (searched over best baseline, beside its A/A floor).
     r = small_search
     assert r["exhaustive"] == len(r["plans"]) == 4 and r["configs"] == 5
-    predicted = {tuple(q): t for q, (t, _) in zip(r["plans"], r["predicted"])}
+    predicted = {tuple(q): t for q, (t, _) in zip(r["plans"], r["predicted"], strict=True)}
     assert predicted[tuple(r["searched"])] == pytest.approx(min(predicted.values()), rel=1e-9), predicted
 
 

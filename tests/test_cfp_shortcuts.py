@@ -24,6 +24,18 @@ from launcher.cfp.search.dp import predict, search, shortlist
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 from tests.test_cfp_search import SMALL_GPT, brute_force, synthetic_profiles
+from launcher.cfp.analysis.core import analyze
+from launcher.cfp.apply import make_mesh
+from tests.test_cfp_analysis import mlp_program
+from launcher.cfp.profile.profiler import Profiler
+from launcher.cfp.profile.keys import StoreKeys
+from launcher.cfp.program import training_program
+from launcher.models.gpt import GPT
+from launcher.cfp.profile.units import profiling_units
+from launcher.cfp.profile.budget import gb_at_least, state_floor_bytes
+import time
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 pytestmark = pytest.mark.core
 
@@ -108,15 +120,11 @@ def test_search_never_picks_an_untimed_combination_and_uses_a_bound_as_its_cost(
 
 
 def mlp_on_4():
-    from launcher.cfp.analysis.core import analyze
-    from launcher.cfp.apply import make_mesh
-    from tests.test_cfp_analysis import mlp_program
 
     return analyze(*mlp_program(), [4]), make_mesh([4], jax.devices()[:4])
 
 
 def profile(a, mesh, store, shortcuts, repeats=6):
-    from launcher.cfp.profile.profiler import Profiler
 
     lines: list[str] = []
     prof = Profiler(a, mesh, store, repeats=repeats, warmup=1, overlap=False, log=lines.append,
@@ -125,7 +133,6 @@ def profile(a, mesh, store, shortcuts, repeats=6):
 
 
 def test_over_budget_candidates_are_not_timed_and_a_larger_budget_times_them(tmp_path):
-    from launcher.cfp.profile.keys import StoreKeys
 
     a, mesh = mlp_on_4()
     store = ProfileStore(tmp_path / "store")
@@ -173,10 +180,6 @@ def test_over_budget_candidates_are_not_timed_and_a_larger_budget_times_them(tmp
 
 
 def small_gpt(devices: int):
-    from launcher.cfp.analysis.core import analyze
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.program import training_program
-    from launcher.models.gpt import GPT
 
     p = training_program(GPT(**SMALL_GPT))
     return analyze(p.step, p.args, [devices]), make_mesh([devices], jax.devices()[:devices])
@@ -184,8 +187,6 @@ def small_gpt(devices: int):
 
 def compiled_memories(a, mesh, store_dir) -> tuple[dict, list]:
     """{(kind, combination): compiled memory} of every candidate, and the profiled units."""
-    from launcher.cfp.profile.keys import StoreKeys
-    from launcher.cfp.profile.units import profiling_units
 
     units = profiling_units(a, 128)
     loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), units, overlap=False)
@@ -231,7 +232,6 @@ def test_a_budget_no_plan_meets_is_refused_as_soon_as_that_is_known(tmp_path):
     is compiled; under the least memory of the unit kinds known so far (those with the fewest
     combinations first), as soon as they are known: what was measured stays in the store, and
     the search says why (issue 28)."""
-    from launcher.cfp.profile.budget import gb_at_least, state_floor_bytes
 
     a, mesh = small_gpt(4)
     mems, units = compiled_memories(a, mesh, tmp_path / "compiled")
@@ -265,7 +265,6 @@ def test_a_budget_no_plan_meets_is_refused_as_soon_as_that_is_known(tmp_path):
 
 
 def test_a_budget_under_the_parameters_share_is_refused_within_seconds(tmp_path):
-    import time
 
     t0 = time.monotonic()
     proc = run_cli("mode=search", "model=gpt-tiny", "mode.memory_budget_gb=0.0000001",
@@ -284,8 +283,6 @@ def test_a_budget_under_the_parameters_share_is_refused_within_seconds(tmp_path)
 
 
 def test_a_much_slower_candidate_stops_early_and_a_run_without_early_stop_times_it(tmp_path):
-    from launcher.cfp.profile.keys import StoreKeys
-    from launcher.cfp.profile.units import profiling_units
 
     a, mesh = mlp_on_4()
     store = ProfileStore(tmp_path)
@@ -325,8 +322,6 @@ def test_a_much_slower_candidate_stops_early_and_a_run_without_early_stop_times_
 
 
 def test_timer_stops_after_the_first_runs_only_when_told():
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     a, mesh = mlp_on_4()
     x = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, PartitionSpec("cfp0")))

@@ -13,6 +13,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from launcher.cfp.profile.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
+from launcher.cfp.analysis.core import analyze
+from launcher.cfp.apply import make_mesh
+from launcher.cfp.profile.profiler import Profiler
+from launcher.cfp.profile.store import ProfileStore
+from tests.test_cfp_analysis import mlp_program
 
 
 def mesh_4x2() -> Mesh:
@@ -56,11 +61,6 @@ def test_cpu_devices_share_twice_the_hosts_largest_cache():
 
 
 def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
-    from launcher.cfp.analysis.core import analyze
-    from launcher.cfp.apply import make_mesh
-    from launcher.cfp.profile.profiler import Profiler
-    from launcher.cfp.profile.store import ProfileStore
-    from tests.test_cfp_analysis import mlp_program
 
     a = analyze(*mlp_program(), [4])
     mesh = make_mesh([4], jax.devices()[:4])

@@ -16,6 +16,7 @@ Our analysis runs on the full-size models (it only traces shapes) on a 1-D mesh 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -45,7 +46,7 @@ def head_weights(a) -> list[tuple[int, str] | None]:
     """Per block, the parameter its head contraction reads, as (layer, name) with name e.g.
     ``moe.w_in``; None when both operands are activations (MoE dispatch and combine)."""
     g = a.graph
-    names = dict(zip(g.inputs, g.input_names))
+    names = dict(zip(g.inputs, g.input_names, strict=True))
 
     def param(v):
         for _ in range(4):  # through a dtype cast or two
@@ -101,7 +102,7 @@ def test_gpt_config_f_has_cfps_parallel_blocks(batch):
 
 def test_moe_dense_layers_and_attention_are_cfps_blocks(moe):
     weights = head_weights(moe)
-    dense = [b.num_plans for b, w in zip(moe.blocks, weights) if w and w[0] % 2 == 1]
+    dense = [b.num_plans for b, w in zip(moe.blocks, weights, strict=True) if w and w[0] % 2 == 1]
     assert dense == CFP_MOE_DENSE_SPACE * 2
     assert [w[1] for w in weights if w and w[0] == 1] == ["attn.w_qkv", "attn.wo", "mlp.w_in", "mlp.w_out"]
 
@@ -115,13 +116,13 @@ def test_moe_layer_is_cfps_four_blocks_and_three_that_cfp_fuses_by_hand(moe):
     and combine contract two activations of different blocks, and the second expert matmul
     contracts the dimension the first one's column split leaves split (an all-reduce)."""
     weights = head_weights(moe)
-    layer0 = [(w[1] if w else None, b.num_plans) for b, w in zip(moe.blocks, weights)][:7]
+    layer0 = [(w[1] if w else None, b.num_plans) for b, w in zip(moe.blocks, weights, strict=True)][:7]
     assert [name for name, _ in layer0] == ["attn.w_qkv", "attn.wo", "moe.gate", None, "moe.w_in", "moe.w_out", None]
     # CFP's space is what the enumeration offers; the router's block offers after it the plan tp
     # keeps it on (replicated: references.py, "Offered"), which CFP's space does not hold.
-    kept = [b for b, w in zip(moe.blocks[:7], weights) if w and w[1] in ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in")]
+    kept = [b for b, w in zip(moe.blocks[:7], weights[:7], strict=True) if w and w[1] in ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in")]
     assert [b.enumerated for b in kept] == CFP_MOE_LAYER_SPACE
-    extra = {name: b.num_plans - b.enumerated for b, name in zip(kept, ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in"))}
+    extra = {name: b.num_plans - b.enumerated for b, name in zip(kept, ("attn.w_qkv", "attn.wo", "moe.gate", "moe.w_in"), strict=True)}
     assert extra == {"attn.w_qkv": 0, "attn.wo": 0, "moe.gate": 1, "moe.w_in": 0}, extra
     assert kept[2].references == {kept[2].enumerated: ("tp",)}
     merged_by_cfp = [n for name, n in layer0 if name in (None, "moe.w_out")]
@@ -137,7 +138,7 @@ def test_moe_segments_are_cfps_one_per_layer_on_two_templates(moe):
     # stack with no embedding or head (no input gradient in the first, the loss in the last)
     # match the layers between, as in CFP's analysis.
     starts = layer_starts(head_weights(moe))
-    assert [(s.start, s.end) for s in moe.segments] == list(zip(starts, starts[1:]))
+    assert [(s.start, s.end) for s in moe.segments] == list(itertools.pairwise(starts))
     # The same mapping as CFP's: layers 2 and 3 onto the templates of layers 0 and 1.
     mapped = [m for _, _, m in CFP_MOE_SEGMENTS]
     assert [s.template for s in moe.segments] == [sorted(set(mapped)).index(m) for m in mapped]

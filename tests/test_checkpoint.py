@@ -28,6 +28,7 @@ from launcher.models.train import Trainer
 from tests.launch import read_result, run_cli
 from tests.test_models import load_preset
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted
+import tomllib
 
 pytestmark = pytest.mark.core
 
@@ -108,7 +109,6 @@ def test_the_orbax_spec_keeps_the_jax_it_is_for():
     # No orbax-checkpoint release imports on both ends of the range (pyproject.toml says why).
     assert jaxcompat.orbax_requirement("0.4.35") == "orbax-checkpoint>=0.11.5,<0.11.6"
     assert jaxcompat.orbax_requirement("0.10.2") == "orbax-checkpoint>=0.11.5"
-    import tomllib
 
     extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
     assert not any(d.startswith("orbax") for d in extras["dependencies"])  # pip would replace jax 0.4.35

@@ -33,6 +33,19 @@ import numpy as np
 import pytest
 
 from launcher.errors import UserError
+from launcher.hlo.options import ReplayOptions
+from launcher.hlo.replay import replay_file
+from launcher.hlo.replay import fetch
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from tests.launch import read_result, run_cli
+from launcher.hlo.arguments import random_values
+from launcher.hlo.module import collective_needs, load
+from launcher.hlo.module import expand
+from launcher.hlo.replay import replay
+from launcher.hlo import _xla
+import jaxlib
+from jaxlib import xla_client
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +154,7 @@ def check_wide_outputs(outputs: list, inputs: list) -> None:
     """wide.hlo's outputs are numpy's, exactly, in their own types."""
     x, n, z, u = inputs
     assert [o.dtype for o in outputs] == [np.float64, np.int64, np.complex128, np.uint64]
-    for got, expected in zip(outputs, [x * 0.3333333333333333, n + 1, z * z, u + u]):
+    for got, expected in zip(outputs, [x * 0.3333333333333333, n + 1, z * z, u + u], strict=True):
         np.testing.assert_array_equal(got, expected)
 
 # A sharded training step (MLP loss and gradients, data over "x", hidden units over "y"),
@@ -223,20 +236,17 @@ def sharded_dump(tmp_path_factory):
 
 
 def replay_one(path, devices, **options):
-    from launcher.hlo.options import ReplayOptions
-    from launcher.hlo.replay import replay_file
 
     return replay_file(path, ReplayOptions(**options), devices)
 
 
 def values(result):
-    from launcher.hlo.replay import fetch
 
     return fetch(result.outputs)
 
 
 def shard_shapes(result):
-    return [s.shard_shape(p.shape) for p, s in zip(result.parameters, result.parameter_shardings)]
+    return [s.shard_shape(p.shape) for p, s in zip(result.parameters, result.parameter_shardings, strict=True)]
 
 
 def write(tmp_path, name, text):
@@ -253,7 +263,6 @@ def default_partitioner() -> str:
 # --- dump, then replay: same outputs as the program itself --------------------------------------
 
 def test_single_device_dump_matches_direct_run(tmp_path, devices):
-    import jax.numpy as jnp
 
     def f(a, b, c):
         return jnp.tanh(a @ b) * c[0] + 1, (a.sum(axis=1) > 0).astype(jnp.int32)
@@ -281,16 +290,15 @@ def test_sharded_dump_matches_direct_run(sharded_dump, devices, kind, tmp_path):
     assert shard_shapes(result) == [(8, 4), (4, 4), (16, 8), (16, 4)]
     got = values(result)
     assert len(got) == len(sharded_dump["outputs"]) == 3
-    for g, e in zip(got, sharded_dump["outputs"]):
+    for g, e in zip(got, sharded_dump["outputs"], strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
     written = np.load(result.outputs_file)
-    for g, k in zip(got, written.files):
+    for g, k in zip(got, written.files, strict=True):
         np.testing.assert_array_equal(written[k], g)
 
 
 def test_lowered_gspmd_module_replays_with_gspmd(tmp_path, devices):
     """A module lowered with Shardy off carries only GSPMD shardings and compiles with GSPMD."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     mesh = Mesh(np.array(devices).reshape(8), ("d",))
     a = np.arange(64, dtype=np.float32).reshape(8, 8)
@@ -356,7 +364,6 @@ def test_nested_tuples_in_and_out(modules, devices, tmp_path):
 def test_64_bit_parameters_replay_as_written(modules, devices, tmp_path):
     """f64, s64, c128 and u64 parameters stay 64-bit (JAX's x64 mode is off, as by default):
     the outputs are numpy's to the last bit, whether the arguments come from a file or are drawn."""
-    import jax.numpy as jnp
 
     inputs = wide_arguments()
     np.savez(tmp_path / "args.npz", *inputs)
@@ -373,7 +380,6 @@ def test_64_bit_parameters_replay_as_written(modules, devices, tmp_path):
 
 def test_two_processes_match_direct_run(sharded_dump, tmp_path):
     """2 processes x 4 devices replay the 8-device dump together, as `python -m launcher` runs it."""
-    from tests.launch import read_result, run_cli
 
     run = tmp_path / "run"
     run_cli("mode=hlo_replay", f"mode.hlo_file={sharded_dump['text']}", "mode.argument_mode=file",
@@ -384,7 +390,7 @@ def test_two_processes_match_direct_run(sharded_dump, tmp_path):
     assert len(result["execution_times_s"]) == 2 and result["compile_time_s"] > 0
     assert result["outputs_file"] == str(run / "out.npz")
     written = np.load(run / "out.npz")
-    for k, e in zip(written.files, sharded_dump["outputs"]):
+    for k, e in zip(written.files, sharded_dump["outputs"], strict=True):
         np.testing.assert_allclose(written[k], e, rtol=1e-5, atol=1e-6)
     for rank in (0, 1):  # the runner's per-repeat profile lines, on every rank
         log = (run / "logs" / f"rank{rank}.log").read_text()
@@ -394,7 +400,6 @@ def test_two_processes_match_direct_run(sharded_dump, tmp_path):
 def test_64_bit_module_on_two_processes(modules, tmp_path):
     """wide.hlo split over 2 processes x 2 devices: each process makes its own shards of 64-bit
     arguments, and gathering the outputs to process 0 keeps their types."""
-    from tests.launch import read_result, run_cli
 
     run = tmp_path / "run"
     np.savez(tmp_path / "args.npz", *wide_arguments())
@@ -411,7 +416,6 @@ def test_64_bit_module_on_two_processes(modules, tmp_path):
 def test_process_without_devices_in_the_module(modules, tmp_path):
     """A 2-device module on 2 processes x 4 devices runs on process 0's devices; process 1 still
     joins the output gather."""
-    from tests.launch import read_result, run_cli
 
     run = tmp_path / "run"
     arg = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -428,7 +432,6 @@ def test_process_without_devices_in_the_module(modules, tmp_path):
 @pytest.mark.slow
 def test_replay_a_training_step_the_launcher_dumped(tmp_path):
     """launcher.xla_dump=true on a training run, then mode=hlo_replay on the dumped step."""
-    from tests.launch import read_result, run_cli
 
     cluster = ("cluster=local", "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=2")
     run_cli("mode=train", "mode.steps=1", "mode.warmup_steps=0", "launcher.xla_dump=true", *cluster, run_dir=tmp_path / "train")
@@ -447,7 +450,6 @@ def test_replay_a_training_step_the_launcher_dumped(tmp_path):
 
 
 def test_too_few_devices_through_the_launcher(spmd8, tmp_path):
-    from tests.launch import run_cli
 
     proc = run_cli("mode=hlo_replay", f"mode.hlo_file={spmd8}", "cluster=local", "cluster.tasks_per_node=1",
                    "cluster.cpu_devices_per_task=4", run_dir=tmp_path / "run", check=False)
@@ -474,7 +476,6 @@ def test_repeats_are_timed_and_logged(tupled, devices, caplog):
 
 
 def test_random_arguments_are_seeded(tupled, devices):
-    from launcher.hlo.arguments import random_values
 
     first, again, other = (values(replay_one(tupled, devices, seed=s))[0] for s in (3, 3, 4))
     np.testing.assert_array_equal(first, again)
@@ -487,7 +488,6 @@ def test_random_arguments_are_seeded(tupled, devices):
 
 def test_random_arguments_do_not_depend_on_sharding():
     """A shard of a random argument is the same block of the one global array, however it is cut."""
-    from launcher.hlo.arguments import random_values
 
     full = random_values(7, 1, (6, 10), None, np.float32)
     block = (slice(2, 4), slice(5, 10))
@@ -514,7 +514,6 @@ def test_uninitialized_arguments_run(spmd8, devices):
 
 
 def test_collective_over_8_replicas(modules, devices):
-    from launcher.hlo.arguments import random_values
 
     result = replay_one(modules / "replica_sum.hlo", devices, seed=2)
     assert (result.num_replicas, result.num_partitions, result.partitioner) == (8, 1, "none")
@@ -597,7 +596,6 @@ def test_replica_groups_in_every_spelling_set_the_replica_count(devices, tmp_pat
 def test_channel_ids_make_the_ids_partitions_or_global_devices(devices, tmp_path):
     """XLA's group modes: a collective-permute with a channel_id addresses partitions; flattened
     ids (channel_id, use_global_device_ids=true) count devices, replicas when nothing says otherwise."""
-    from launcher.hlo.module import collective_needs, load
 
     permute = collective_module(tmp_path, "permute", """
         ENTRY main {
@@ -728,9 +726,6 @@ def test_elided_constants_are_filled_per_argument_mode(devices, tmp_path, caplog
 
 
 def test_several_files_and_globs(modules, spmd8, devices, tmp_path):
-    from launcher.hlo.module import expand
-    from launcher.hlo.options import ReplayOptions
-    from launcher.hlo.replay import replay
 
     paths = expand([str(modules / "t*.hlo"), str(spmd8)])
     assert [p.name for p in paths] == ["tupled.hlo", "two_devices.hlo", "spmd8.hlo"]
@@ -742,7 +737,6 @@ def test_several_files_and_globs(modules, spmd8, devices, tmp_path):
 # --- errors ---------------------------------------------------------------------------------------
 
 def test_missing_file_and_empty_glob(tmp_path):
-    from launcher.hlo.module import expand
 
     with pytest.raises(UserError, match=r"mode.hlo_file: .*nope.hlo .*does not exist"):
         expand(str(tmp_path / "nope.hlo"))
@@ -783,7 +777,6 @@ def test_parse_error_columns_are_those_of_the_file_even_with_elided_constants(de
 
 def test_proto_wrappers_are_unwrapped(tupled, devices, tmp_path):
     """A bare HloModuleProto, and one wrapped in an HloSnapshot's HloProto (field 1 of each)."""
-    from launcher.hlo import _xla
 
     def field_1(payload: bytes) -> bytes:
         size, varint = len(payload), b""
@@ -874,18 +867,12 @@ class Without:
 
 
 def test_a_jaxlib_with_the_internals_is_used_whatever_its_version():
-    import jaxlib
-
-    from launcher.hlo import _xla
 
     assert _xla.check_jaxlib(jaxlib.__version__) is not None  # the installed one
     assert _xla.check_jaxlib("0.99.0") is not None  # no upper bound: what counts is what it has
 
 
 def test_a_jaxlib_without_the_internals_is_refused_naming_what_it_lacks():
-    from jaxlib import xla_client
-
-    from launcher.hlo import _xla
 
     known = rf"known to work with jaxlib 0\.4\.35 to {_xla.KNOWN_WORKING[-1]} \(tested: 0\.4\.35, .*\)"
     # No HLO text parser under either spelling.
@@ -908,7 +895,6 @@ def test_a_jaxlib_without_the_internals_is_refused_naming_what_it_lacks():
 
 
 def test_bad_options(tupled, spmd8, devices):
-    from launcher.hlo.options import ReplayOptions
 
     with pytest.raises(UserError, match=r"mode.argument_mode='ones': expected one of random, zeros"):
         ReplayOptions(argument_mode="ones")

@@ -18,6 +18,9 @@ import pytest
 from launcher.errors import UserError
 # The 8-device request and the check of it live with the other replay tests.
 from tests.test_hlo_replay import eight_devices
+from launcher.hlo.options import ReplayOptions
+from launcher.hlo.replay import fetch, replay_file
+from launcher.hlo.arguments import random_values
 
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "xla_hlo"
 
@@ -29,8 +32,6 @@ def devices():
 
 def replay(name, devices, tmp_path=None, inputs=None, **options):
     """Replays a fixture; ``inputs`` become an arguments file. Returns (result, output values)."""
-    from launcher.hlo.options import ReplayOptions
-    from launcher.hlo.replay import fetch, replay_file
 
     if inputs is not None:
         np.savez(tmp_path / "args.npz", *inputs)
@@ -40,7 +41,7 @@ def replay(name, devices, tmp_path=None, inputs=None, **options):
 
 
 def shard_shapes(result):
-    return [s.shard_shape(p.shape) for p, s in zip(result.parameters, result.parameter_shardings)]
+    return [s.shard_shape(p.shape) for p, s in zip(result.parameters, result.parameter_shardings, strict=True)]
 
 
 def test_every_fixture_is_covered():
@@ -125,7 +126,6 @@ def test_sharded_attention_forward_and_backward(devices):
 
 
 def test_collective_over_8_replicas(devices, tmp_path):
-    from launcher.hlo.arguments import random_values
 
     result, (out,) = replay("gpu_hlo_collective_topology.hlo", devices, seed=2)
     assert (result.num_replicas, result.num_partitions) == (8, 1)

@@ -15,6 +15,9 @@ import pytest
 
 from launcher.jaxcompat import MINIMUM
 from tests.launch import REPO
+import tomllib
+from launcher import jaxcompat
+from launcher.errors import UserError
 
 OLDEST = ".".join(map(str, MINIMUM))
 
@@ -40,7 +43,6 @@ def test_installing_xlaunch_keeps_the_jax_that_is_there(tmp_path):
 
 
 def test_the_declared_range_has_no_upper_bound_and_no_jaxlib_pin():
-    import tomllib
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     jax_deps = [d for d in deps if d.replace(" ", "").startswith(("jax>", "jax=", "jax<", "jaxlib"))]
@@ -48,8 +50,6 @@ def test_the_declared_range_has_no_upper_bound_and_no_jaxlib_pin():
 
 
 def test_an_older_jax_is_refused_with_the_version_and_the_range():
-    from launcher import jaxcompat
-    from launcher.errors import UserError
 
     jaxcompat.check_version(OLDEST)
     jaxcompat.check_version("0.11.1")

@@ -9,6 +9,9 @@ import pytest
 import yaml
 
 from tests.launch import REPO, read_result, run_cli
+from launcher.runtime import status
+import signal
+import os
 
 pytestmark = pytest.mark.core
 
@@ -112,7 +115,6 @@ def test_a_crashing_rank_fails_the_job_fast(tmp_path, fault, expected):
 def test_a_rank_that_aborted_is_named_before_the_peer_that_lost_its_connection(tmp_path):
     """An aborting rank writes no status, and its peer's collective fails on the closed socket a
     moment later; the peer's error is the first written, but the cause is the dead rank."""
-    from launcher.runtime import status
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
@@ -144,7 +146,6 @@ def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):
 def test_stopping_the_launcher_at_once_stops_ranks_that_have_not_reported_yet(tmp_path, request):
     """Stopped before its ranks wrote their status files, in a launcher started as `nohup ... &`
     starts it (SIGINT ignored, inherited by every child): the ranks must end all the same."""
-    import signal
 
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
@@ -164,8 +165,6 @@ def test_stopping_the_launcher_at_once_stops_ranks_that_have_not_reported_yet(tm
 def test_a_job_frozen_longer_than_the_peer_timeout_goes_on_when_it_wakes(tmp_path):
     """A paused VM (or a suspended laptop, or `kill -STOP`) freezes every process alike while wall
     time goes on: on waking, old heartbeats are not silence."""
-    import os
-    import signal
 
     run = tmp_path / "run"
     args = [sys.executable, "-m", "launcher", "mode=train", "model=gpt-tiny", "mode.steps=30",

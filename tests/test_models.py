@@ -6,6 +6,7 @@ plan is in test_plans.py (in subprocesses with 8 virtual devices).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,12 @@ from launcher.models.errors import ModelError
 from launcher.models.configs import SCHEMAS
 from launcher.models.moe import MoE, top2_gating
 from launcher.models.train import init_state, make_optimizer, make_train_step
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from launcher import schema
+from launcher.models import rng
+from launcher.models.plans import builtin
+from launcher.models.train import run_training
 
 pytestmark = pytest.mark.core
 
@@ -42,10 +49,6 @@ def load_preset(name: str, **overrides):
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in CONF.glob("*.yaml")))
 def test_presets_compose_through_hydra_and_build(preset):
-    from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-
-    from launcher import schema
 
     schema.register()
     with initialize_config_dir(str(CONF.parent), version_base=None):
@@ -66,7 +69,7 @@ def test_protocol_axes_match_params_and_batch(family):
     axes = model.param_axes()
     is_axes = lambda x: isinstance(x, tuple)  # noqa: E731
     assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(params)
-    for a, p in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(params)):
+    for a, p in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(params), strict=True):
         assert len(a) == p.ndim, (a, p.shape)
     assert model.param_count() == sum(math.prod(p.shape) for p in jax.tree.leaves(params))
     assert len(params["layers"]) == model.config.num_layers  # an unrolled list, one entry per layer
@@ -86,7 +89,6 @@ def test_protocol_axes_match_params_and_batch(family):
 
 
 def test_counter_based_normals_look_normal_and_streams_are_independent():
-    from launcher.models import rng
 
     key = jax.random.key(3)
     z = np.asarray(jax.jit(lambda k: jnp.stack([rng.normal(k, (200_000,), s) for s in (0, 1)]))(key))
@@ -134,7 +136,7 @@ def test_decoders_are_causal_and_bert_is_not():
         b = model.make_batch(jax.random.key(1))
         later = dict(b, tokens=b["tokens"].at[:, -1].set(5))  # change only the last position
         both = jax.tree.map(lambda x, y: jnp.stack([x, y]), b, later)
-        forward = jax.jit(lambda k, bs: jax.vmap(lambda x: model.forward(model.init(k), x)[0])(bs))
+        forward = jax.jit(lambda k, bs: jax.vmap(lambda x: model.forward(model.init(k), x)[0])(bs))  # noqa: B023  called within this iteration
         logits = np.asarray(forward(jax.random.key(0), both))
         earlier_same = np.allclose(logits[0, :, :-1], logits[1, :, :-1], atol=1e-6)
         assert not np.allclose(logits[0, :, -1], logits[1, :, -1], atol=1e-6)
@@ -197,8 +199,6 @@ class Regression:
 
 
 def test_a_user_model_with_the_protocol_trains_like_the_builtins():
-    from launcher.models.plans import builtin
-    from launcher.models.train import run_training
 
     r = run_training(Regression(), builtin("fsdp"), 30, jax.devices()[:1], learning_rate=0.3)
     assert r.losses[-1] < 0.2 * r.losses[0]
@@ -259,7 +259,7 @@ def test_moe_balance_loss_is_minimal_for_uniform_routing():
         _, _, aux = gating(jax.nn.softmax(logits, -1))
         losses.append(float(aux))
     assert losses[0] == pytest.approx(1.0, abs=1e-6)  # E^2 * mean(f * P) = 1 when balanced
-    assert all(b > a for a, b in zip(losses, losses[1:])), losses
+    assert all(b > a for a, b in itertools.pairwise(losses)), losses
     assert losses[-1] > 0.8 * e  # everything on one expert approaches E
     # And it is what the model adds to its loss, weighted.
     model = load_preset("moe-tiny")

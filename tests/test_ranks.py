@@ -4,6 +4,8 @@ import pytest
 
 from launcher.runtime import devices, ranks
 from launcher.schema import ClusterConfig
+from launcher.clusters.mpi import MpiJobEnvironment
+from launcher.clusters.tpu import TpuJobEnvironment
 
 
 def test_slurm_environment():
@@ -69,8 +71,6 @@ def test_two_gpus_per_task():
 
 
 def test_job_environments_read_ranks_as_the_task_does(monkeypatch):
-    from launcher.clusters.mpi import MpiJobEnvironment
-    from launcher.clusters.tpu import TpuJobEnvironment
 
     for k, v in {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "t0,t1"}.items():

@@ -30,6 +30,9 @@ from launcher.runtime import requeue, status
 from launcher.runtime.task import Task
 from tests.launch import REPO, read_result, run_cli
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, SLURM, STEPS, TRAIN, uninterrupted
+import pickle
+from launcher.schema import register
+from hydra import compose, initialize_config_dir
 
 RESTART_LINE = "=== restart 1 (requeued after SIGUSR2) ==="
 
@@ -77,12 +80,8 @@ def test_the_ranks_of_a_requeued_attempt_are_not_read_as_failures(tmp_path):
 
 @pytest.mark.core
 def test_the_task_hands_submitit_its_next_attempt_or_says_why_not(tmp_path):
-    import pickle
-
-    from launcher.schema import register
 
     register()
-    from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         slurm = compose("config", ["cluster=slurm", "mode=check"])

@@ -31,6 +31,8 @@ from launcher.clusters.base import free_port
 from launcher.runtime import stop
 from tests.launch import REPO, read_result, run_cli
 from tests.test_requeue import RESTART_LINE, finish, launch, preempt_on_slurm, wait_for
+import logging
+from tests.test_containers import podman_overrides
 
 STANDIN_BIN = REPO / "tests" / "clusterkit" / "bin"
 HEADER = "process(es), 8 devices, mesh {'data': 4, 'model': 2}"
@@ -118,7 +120,6 @@ def test_a_stop_request_reaches_the_program_then_the_job_is_handed_over_even_if_
 
     previous = signal.signal(signal.SIGUSR2, submitit_handler)
     try:
-        import logging
 
         log_ = logging.getLogger("test-stop")
         stops = stop.StopRequests(tmp_path, 0, 1, attempt=0, grace_s=30, log=log_, forced_end=ended.append)
@@ -182,7 +183,7 @@ def test_a_sweep_over_a_functions_kwargs_makes_one_run_per_point(tmp_path):
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert f"--- last lines of {runs[2]}/logs/rank1.log ---" in failure
     assert "describe point: rank 1 of 2, x=3" in log(runs[2], 1)
-    for x, run in zip((1, 2), runs):
+    for x, run in zip((1, 2), runs, strict=True):
         r = read_result(run)
         assert r["program"] == "tests.run_programs:describe"
         expected = {"x": x, "tag": "point", "rank": 0, "num_processes": 2, "is_main": True, "restart": 0,
@@ -212,7 +213,7 @@ def test_on_slurm_a_script_and_a_resumable_function_survive_a_stop_signal(slurm,
             resumable: launch(resumable, "mode=run", "mode.target=examples.resume:train", "mode.kwargs.steps=400",
                               *nodes, env=slurm.env)}
     for run, proc in jobs.items():
-        wait_for(proc, lambda: (run / "logs" / "rank0.log").exists() and "step 10 " in log(run, 0), "step 10")
+        wait_for(proc, lambda: (run / "logs" / "rank0.log").exists() and "step 10 " in log(run, 0), "step 10")  # noqa: B023  called within this iteration
     with ThreadPoolExecutor(2) as pool:  # both signalled at once, each let to start again once requeued
         list(pool.map(lambda run: preempt_on_slurm(slurm, run), jobs))
     for run, proc in jobs.items():
@@ -250,7 +251,6 @@ def test_mpirun_runs_the_script_unchanged(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_flax_example_runs_in_a_podman_container_and_a_bad_kwarg_is_refused_there(container_image, tmp_path):
-    from tests.test_containers import podman_overrides
 
     # In a container the launcher's python cannot look into the task's: the task refuses it when it
     # starts, and the launcher ends as for any bad input: one line, exit status 2.

@@ -21,6 +21,8 @@ from omegaconf import OmegaConf
 from launcher.runtime import trace
 from tests.launch import read_result, run_cli
 from tests.train_reference import STEPS, uninterrupted
+from launcher.runtime.trace_stats import timed
+from launcher.runtime.trace_stats import op_times
 
 pytestmark = pytest.mark.core
 
@@ -75,7 +77,6 @@ def test_hlo_replay_writes_a_trace_per_rank_with_the_replayed_module(tmp_path):
 # --- collective time from a trace (launcher/runtime/trace_stats.py) --------------------------------
 
 def test_the_cpu_backends_trace_has_no_device_ops_so_callers_keep_their_estimate():
-    from launcher.runtime.trace_stats import timed
 
     mesh = Mesh(np.array(jax.devices()), ("x",))
     f = jax.jit(lambda a: jnp.tanh(a).sum(), in_shardings=NamedSharding(mesh, PartitionSpec("x")))
@@ -87,7 +88,6 @@ def test_the_cpu_backends_trace_has_no_device_ops_so_callers_keep_their_estimate
 def test_collective_and_compute_time_are_summed_from_each_devices_op_line(tmp_path):
     """A trace in the layout of a GPU one (written by hand: there is no GPU here): two devices,
     each with an ``XLA Ops`` line and a stream line that repeats its kernels."""
-    from launcher.runtime.trace_stats import op_times
 
     def meta(pid, tid, kind, name):
         where = {"pid": pid} if tid is None else {"pid": pid, "tid": tid}

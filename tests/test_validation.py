@@ -5,6 +5,13 @@ import pytest
 import yaml
 
 from tests.launch import REPO, run_cli
+from hydra import compose, initialize_config_dir
+from launcher import schema
+from launcher.errors import BAD_INPUT
+from omegaconf import OmegaConf
+from launcher.cfp.options import IlpOptions, ProfileOptions, SearchOptions
+from launcher.modes import MODES as REGISTRY, find
+from launcher.schema import mode_codes
 
 CLUSTERS = sorted(p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml"))
 MODES = sorted(p.stem for p in (REPO / "conf" / "mode").glob("*.yaml"))
@@ -64,10 +71,6 @@ def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides
     (["mode=train", "model.batch_size=12", "cluster=tpu", "cluster.tpu_name=pod"], None),
 ])
 def test_model_fields_that_cannot_work_are_refused_at_composition(overrides, message):
-    from hydra import compose, initialize_config_dir
-
-    from launcher import schema
-    from launcher.errors import BAD_INPUT
 
     schema.register()
     with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):
@@ -118,18 +121,13 @@ def test_every_mode_is_one_entry_of_the_table_and_its_options_have_one_default()
     """launcher/modes/__init__.py: MODES is what the schemas and the task read; every option of
     conf/mode runs one of its entries (a Config without ``code``, not over ModeConfig, is found by its
     name). The CFP modes' defaults are their option objects'."""
-    from omegaconf import OmegaConf
 
-    from launcher.cfp.options import IlpOptions, ProfileOptions, SearchOptions
-    from launcher.modes import MODES, find
-    from launcher.schema import mode_codes
-
-    assert set(mode_codes().values()) == set(MODES) and set(mode_codes()) == {*MODES, "cfp"}
-    for code, mode in MODES.items():
+    assert set(mode_codes().values()) == set(REGISTRY) and set(mode_codes()) == {*REGISTRY, "cfp"}
+    for code, mode in REGISTRY.items():
         assert getattr(mode.config, "code", code) == mode.config.name == code
         assert find({"name": "anything", "code": code}) is mode and find({"name": code}) is mode
-    search = OmegaConf.structured(MODES["search"].config)
-    assert ProfileOptions.of(OmegaConf.structured(MODES["profile"].config)) == ProfileOptions()
+    search = OmegaConf.structured(REGISTRY["search"].config)
+    assert ProfileOptions.of(OmegaConf.structured(REGISTRY["profile"].config)) == ProfileOptions()
     assert SearchOptions.of(search, seed=0) == SearchOptions()
     assert IlpOptions.of(search, time_limit_s=search.ilp_time_limit_s) == IlpOptions()
 
