@@ -1,7 +1,10 @@
 """The callable that submitit pickles and runs once per process, on every cluster alike.
 
 Order matters: rank from the environment, then the per-rank log, then device visibility, and
-only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly.
+only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly. So this
+module, and what it imports at its top (the mode table, ``launcher.modes``: the schemas only),
+imports no JAX: the mode's run, whose module does, is loaded once JAX is initialised
+(``Mode.load``).
 
 It is submitit-checkpointable: on the timeout or preemption signal submitit asks rank 0's task
 for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runtime.requeue``).
