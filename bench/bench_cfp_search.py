@@ -62,7 +62,7 @@ runs instead the search as users get it: ``mode=cfp``'s defaults (``conf/mode/cf
 auto mesh, its shortlist, the 20-round final race) on the embedded default job (2 processes of 4
 CPU devices joined by gloo), ``alpa_ilp`` added to ``mode.baselines`` so that the Alpa-style
 ILP's plan races in the same rounds. Each model runs as a ``mode=run`` job whose function
-(``users_worker``) makes the calls ``mode=cfp`` makes (``launcher/modes/search.py``), with three
+(``users_worker``) makes the calls ``mode=cfp`` makes (``launcher/modes/runs/search.py``), with three
 more plans raced in the same final rounds, never dropped and never the answer: CFP's plan
 compiled a second time (the A/A floor) and the plans nearest ``--nearest`` (where each is not the
 plan kept: is the nearest plan as fast as the baseline it is nearest?). The profile store is one
@@ -365,7 +365,7 @@ def paired(run: Any, other: Any) -> float:
 
 def users_worker(spec: str) -> dict:
     """``mode=run``'s function on every process of the job (``--users``): the search as
-    ``mode=cfp`` runs it (``launcher/modes/search.py: _cfp``) with the mode and model config in
+    ``mode=cfp`` runs it (``launcher/modes/runs/search.py: _cfp``) with the mode and model config in
     the file ``spec`` (the driver composed it), and the A/A and nearest plans raced beside it."""
     import launcher
     from hydra.utils import instantiate

@@ -26,7 +26,9 @@ from __future__ import annotations
 import hashlib
 from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
+import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.cfp.analysis.core import Analysis
@@ -34,14 +36,12 @@ from launcher.cfp.analysis.graph import Graph, trace
 from launcher.cfp.analysis.propagation import ELEMENTWISE, PASS_THROUGH
 from launcher.cfp.analysis.strategies import Spec, operand_specs
 from launcher.errors import UserError
+from launcher.models.plans import Plan
 
 AXIS_NAMES = ("cfp0", "cfp1")
 
 
 def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -> Any:
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-    from jax.sharding import Mesh  # noqa: PLC0415  JAX: the CLI imports this module
-
     devices = list(devices) if devices is not None else jax.devices()
     n = 1
     for s in mesh_shape:
@@ -53,8 +53,6 @@ def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -
 
 
 def pspec(spec: Spec) -> Any:
-    from jax.sharding import PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
-
     return PartitionSpec(*[None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else tuple(AXIS_NAMES[a] for a in ax)
                            for ax in spec])
 
@@ -149,8 +147,6 @@ def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
 def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping[int, Any]) -> dict[int, Any]:
     """Runs operators ``op_ids`` (program order, top level only) over ``env`` (var id -> value),
     pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     for i in op_ids:
         op, eqn = g.ops[i], g.eqns[i]
         args = [env[v] if v is not None else eqn.invars[k].val for k, v in enumerate(op.inputs)]
@@ -168,8 +164,6 @@ def constants(g: Graph, needed: Iterable[int]) -> dict[int, Any]:
 
 
 def pins_for(specs: Mapping[int, Spec], mesh: Any) -> dict[int, Any]:
-    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
-
     return {v: NamedSharding(mesh, pspec(s)) for v, s in specs.items()}
 
 
@@ -209,9 +203,6 @@ def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
 
 def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
                                 plan: str = "cfp") -> tuple[Any, Any, Any]:
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
-
     def sharding(key: str, entry: Any, shape: Sequence[int]) -> Any:
         try:
             spec = spec_from_json(entry)
@@ -266,8 +257,6 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
 def _follow_inputs(g: Graph, in_shardings: Any, replicated: Any) -> Any:
     """Output shardings: a step returning its first argument's structure first (the training
     state) keeps that part laid out as it came in, so steps chain; the rest is replicated."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     outs, ins = g.out_tree.children(), g.in_tree.children()
     if outs and ins and outs[0] == ins[0]:
         rest = [jax.tree_util.tree_unflatten(t, [replicated] * t.num_leaves) for t in outs[1:]]
@@ -307,8 +296,6 @@ def assignment_transform(a: Analysis, assignment: Mapping[int, int]) -> Any:
 
 def plan_json(analysis: Analysis, assignment: Sequence[int]) -> Any:
     """The searched plan in the models' plan format; layouts go in ``constraints``."""
-    from launcher.models.plans import Plan  # noqa: PLC0415  JAX: the CLI imports this module
-
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
     return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},
                 plan_constraints(analysis, dict(enumerate(assignment))))

@@ -116,7 +116,7 @@ def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> t
 
 def search_step(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions, ilp: IlpOptions, *,
                 is_main: bool, log: Callable[[str], None]) -> "AutoPlan":
-    """The passes over a user's step, as mode=search runs them (``launcher/modes/search.py``)."""
+    """The passes over a user's step, as mode=search runs them (``launcher/modes/runs/search.py``)."""
     cfp = algorithm == "cfp"
     on = pipeline.analyze_meshes(program, mesh_shape, two_axis_only=cfp, log=log)
     if not cfp:

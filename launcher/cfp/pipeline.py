@@ -26,11 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
+import jax
+
 from launcher.cfp.analysis.core import Analysis, analyze_graph
 from launcher.cfp.analysis.core import analyze as analyze_step
 from launcher.cfp.analysis.hlo_text import read_hlo
 from launcher.cfp.apply import plan_json
 from launcher.cfp.apply import make_mesh as build
+from launcher.cfp.ilp.plan import ilp_over_meshes
 from launcher.cfp.options import (
     BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
     ILP_BASELINE,
@@ -46,12 +49,22 @@ from launcher.cfp.profile.units import split_parts
 from launcher.cfp.program import TrainingProgram, training_program
 from launcher.cfp.search.dp import search as dp_search
 from launcher.cfp.search.dp import shortlist
+from launcher.cfp.search.measure import (
+    Cut,
+    agreed,
+    baseline_runners,
+    pick,
+    race,
+    verdict,
+)
+from launcher.cfp.search.measure import communication_study as study
 from launcher.cfp.search.meshes import (
     for_each_mesh,
     is_auto,
     merge_shortlists,
     mesh_shapes,
 )
+from launcher.cfp.search.nearest import builtin_references, nearest_on_meshes
 from launcher.errors import NoPlanFits, UserError
 
 Log = Callable[[str], None]
@@ -98,8 +111,6 @@ class OnMesh:
 
 def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     """``mesh_shape``, or 1-D over every global device when it is empty."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     return list(mesh_shape) or [jax.device_count()]
 
 
@@ -121,8 +132,6 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         program = None
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
-        from launcher.cfp.search.nearest import builtin_references  # noqa: PLC0415  JAX: the CLI imports this module
-
         program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
         # The built-in plans' layouts, so that the blocks offer them (analysis/references.py); a
         # user's step has no logical axes, and its baselines lay out its inputs alone.
@@ -146,8 +155,6 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
     an ``OnMesh`` each, not yet profiled. With ``auto`` a mesh the model cannot divide is left out
     (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
     one shape given is refused."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     auto = is_auto(mesh_shape)
     shapes = mesh_shapes(mesh_shape, jax.device_count())
     if auto:
@@ -245,8 +252,6 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
 def communication_study(analyzed: Analyzed, mesh: Any, *, iterations: int, repeats: int, seed: int = 0,
                         log: Log = _silent) -> list[dict]:
     """Every uniform plan of the whole step: collective volume, communication and step time."""
-    from launcher.cfp.search.measure import communication_study as study  # noqa: PLC0415  JAX: the CLI imports this module
-
     return study(analyzed.analysis, analyzed.program, mesh, iterations=iterations, repeats=repeats, seed=seed, log=log)
 
 
@@ -323,8 +328,6 @@ def answer(runners: Sequence[Any], runs: Sequence[Any], plans: Callable[[int], A
     ``measure.verdict``'s pick. ``plans(i)``: the i-th plan's ``Plan`` where it is not built in
     (the searched plan, the ILP's); a built-in plan is written with its mesh axes sized as it
     ran, so ``mode=train mode.plan=`` runs it on the same mesh."""
-    from launcher.cfp.search.measure import verdict  # noqa: PLC0415  JAX: the CLI imports this module
-
     v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
     i = v.answer
     if i == 0 or runs[i].name == ILP_BASELINE:
@@ -354,8 +357,6 @@ def search(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, lo
     ``launcher/runtime/trace.py``). ``also`` (a benchmark's): called with the chosen plan's
     runner and the nearest plans (``choose``'s), more runners raced in the same rounds, never
     dropped and never the answer (``Searched.also``)."""
-    from launcher.cfp.search.measure import Cut, agreed, baseline_runners, race  # noqa: PLC0415  JAX: the CLI imports this module
-
     progress = progress or _no_progress
     ilp_named, baselines = ILP_BASELINE in options.baselines, list(options.builtin_baselines)
     iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
@@ -417,8 +418,6 @@ def ilp_plan(on: Sequence[OnMesh], options: IlpOptions = IlpOptions(), *, is_mai
     calibrated into the profile store (once per mesh), the ILP solved under the profile's memory
     budget on each mesh, the plan its cost model predicts fastest kept (``ilp.plan.IlpPlanned``:
     its ``plan`` for plan.json, its ``runner`` for the race)."""
-    from launcher.cfp.ilp.plan import ilp_over_meshes  # noqa: PLC0415  JAX: the CLI imports this module
-
     p = options.profile
     store = ProfileStore(Path(p.store_dir).expanduser().resolve())
     return ilp_over_meshes([(o.analyzed.analysis, o.mesh) for o in on], store,
@@ -440,8 +439,6 @@ def ilp_search(planned: Any, program: Any, options: SearchOptions = SearchOption
     """``mode.algorithm=ilp``: the ILP's plan (``ilp_plan``'s) run beside the built-in
     ``options.baselines`` in interleaved rounds, and the answer chosen, as ``search`` does for
     CFP's."""
-    from launcher.cfp.search.measure import agreed, baseline_runners, race  # noqa: PLC0415  JAX: the CLI imports this module
-
     progress = progress or _no_progress
     iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
     runners = [planned.runner(program, seed=seed)]
@@ -472,10 +469,6 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions =
     rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
     Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
     plans ({name: (mesh shape, plan per block)})."""
-    from launcher.cfp.search.nearest import nearest_on_meshes  # noqa: PLC0415  JAX: the CLI imports this module
-
-    from launcher.cfp.search.measure import pick  # noqa: PLC0415  JAX: the CLI imports this module
-
     progress = progress or _no_progress
     verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines
     iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin

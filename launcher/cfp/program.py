@@ -7,14 +7,17 @@ function a user jits (Flax, Equinox, plain JAX: ``launcher/cfp/user_step.py``). 
 either; what differs is how a plan of it is run (``search/measure.py``: the models' trainer, or
 ``StepRunner`` on the step's own arguments) and which baselines it has (the built-in plans need
 the model's logical axes; a user's step gets dp, fsdp and its own shardings, ``user_step.py``).
-
-No JAX at import: the mode schemas import the pipeline, which imports this.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+import jax
+
+from launcher.models.base import check_model
+from launcher.models.train import init_state, make_optimizer, make_train_step
 
 
 @dataclass
@@ -53,11 +56,6 @@ class TrainingProgram:
 
 
 def training_program(model: Any, learning_rate: float = 1e-3) -> TrainingProgram:
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
-    from launcher.models.base import check_model  # noqa: PLC0415  JAX: the CLI imports this module
-    from launcher.models.train import init_state, make_optimizer, make_train_step  # noqa: PLC0415  JAX: the CLI imports this module
-
     check_model(model)
     optimizer = make_optimizer(learning_rate)
     state = jax.eval_shape(lambda k: init_state(model, optimizer, k), jax.random.key(0))

@@ -1,15 +1,22 @@
 """The modes: what a job's tasks run, each found through the one table ``MODES``.
 
 A mode is its ``Config`` (the schema of ``conf/mode/<name>.yaml`` over ``base.ModeConfig``, with
-its checks) and its ``run(ctx) -> dict`` (what rank 0 writes into ``result.json``). The schemas
-are registered with Hydra from this table (``launcher/schema.py``) and the task runs the entry
-its config names (``launcher/runtime/task.py``): adding a mode is a module with those two and
-one line here.
+its checks) and its ``run(ctx) -> dict`` (what rank 0 writes into ``result.json``), in two modules
+because two kinds of process read them:
 
-A preset is a config file only: ``conf/mode/cfp.yaml`` takes mode=search's schema (and with it
-``code: search``, the entry that runs it) with lighter defaults and its own ``name``. No mode
-imports another: what the CFP modes share is the CFP pipeline's (``launcher/cfp/``) and their
-common options' (``cfp_config.py``).
+- ``launcher/modes/<name>.py``: the ``Config`` and the JAX-free helpers its checks use. The CLI
+  imports every one (``launcher/schema.py`` registers the schemas with Hydra and runs the checks
+  before submission), and a task imports this table before it has set its devices: none of these
+  imports JAX or the libraries that do.
+- ``launcher/modes/runs/<name>.py``: the ``run`` and its helpers, importing JAX, ``launcher/cfp/``,
+  ``launcher/hlo/`` and ``models/`` at their top. Only a task imports one, once JAX is set up
+  (``launcher/runtime/task.py``), through the reference its entry here holds
+  (``"launcher.modes.runs.<name>:run"``, ``Mode.load``): the one lazy import of the modes.
+
+Adding a mode is those two modules and one line here. A preset is a config file only:
+``conf/mode/cfp.yaml`` takes mode=search's schema (and with it ``code: search``, the entry that
+runs it) with lighter defaults and its own ``name``. No mode imports another: what the CFP modes
+share is the CFP pipeline's (``launcher/cfp/``) and their common options' (``cfp_config.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +28,13 @@ from launcher.modes import analysis, check, hlo_replay, profile, run, search, tr
 from launcher.modes.base import Mode, ModeConfig
 
 MODES: dict[str, Mode] = {
-    "analysis": Mode(analysis.Config, analysis.run),
-    "check": Mode(check.Config, check.run),
-    "hlo_replay": Mode(hlo_replay.Config, hlo_replay.run),
-    "profile": Mode(profile.Config, profile.run),
-    "run": Mode(run.Config, run.run),
-    "search": Mode(search.Config, search.run),
-    "train": Mode(train.Config, train.run),
+    "analysis": Mode(analysis.Config, "launcher.modes.runs.analysis:run"),
+    "check": Mode(check.Config, "launcher.modes.runs.check:run"),
+    "hlo_replay": Mode(hlo_replay.Config, "launcher.modes.runs.hlo_replay:run"),
+    "profile": Mode(profile.Config, "launcher.modes.runs.profile:run"),
+    "run": Mode(run.Config, "launcher.modes.runs.run:run"),
+    "search": Mode(search.Config, "launcher.modes.runs.search:run"),
+    "train": Mode(train.Config, "launcher.modes.runs.train:run"),
 }
 
 

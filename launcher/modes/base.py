@@ -3,6 +3,7 @@ the table of ``launcher/modes/__init__.py``."""
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,4 +26,13 @@ class ModeConfig:
 @dataclass(frozen=True)
 class Mode:
     config: type  # its ModeConfig subclass: the schema of conf/mode/<name>.yaml, with its checks
-    run: Callable[[Any], dict]  # run(ctx: launcher.runtime.context.TaskContext) -> result.json's fields
+    # "module:function", the function run(ctx: launcher.runtime.context.TaskContext) -> result.json's
+    # fields: launcher/modes/runs/<name>.py's run, loaded by the task (load) once JAX is set up.
+    run: str
+
+    def load(self) -> Callable[[Any], dict]:
+        """The mode's ``run``. Imported here, not with the table: a run's module imports JAX and the
+        libraries at its top, and the processes that read the table must not import JAX (the CLI,
+        which only needs the schemas; a task, until it has set its devices: launcher/runtime/task.py)."""
+        module, _, function = self.run.partition(":")
+        return getattr(importlib.import_module(module), function)

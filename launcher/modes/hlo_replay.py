@@ -10,20 +10,18 @@ which writes them under the run dir's ``xla_dump/rank<N>/``).
 The module is compiled for as many replicas and partitions as it asks for (its header, else its
 sharding annotations, else what its collectives address; ``mode.num_replicas``/``mode.num_partitions``
 override, but never below what the collectives need) across every process's devices; the work
-itself lives in ``launcher.hlo``.
+itself lives in ``launcher.hlo``, called by ``launcher/modes/runs/hlo_replay.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from launcher.errors import UserError
-from launcher.hlo.options import ArgumentMode, ReplayOptions
-from launcher.modes.base import ModeConfig
-from launcher.runtime import trace
 from launcher.checks import check_files
+from launcher.errors import UserError
+from launcher.hlo.options import ArgumentMode
+from launcher.modes.base import ModeConfig
 
 
 @dataclass
@@ -56,31 +54,3 @@ class Config(ModeConfig):
         for key in ("num_replicas", "num_partitions"):
             if mode[key] is not None and mode[key] < 1:
                 raise UserError(f"mode.{key}={mode[key]}: must be at least 1 (or null: from the module)")
-
-
-def run(ctx) -> dict:
-    from launcher.hlo.module import expand  # noqa: PLC0415  JAX: the CLI imports this module
-    from launcher.hlo.replay import replay  # noqa: PLC0415  JAX: the CLI imports this module
-
-    cfg = ctx.mode_cfg
-    output_file = None
-    if cfg.output_file:
-        output_file = Path(cfg.output_file)
-        output_file = output_file if output_file.is_absolute() else ctx.run_dir / output_file
-    options = ReplayOptions(
-        run=cfg.run,
-        argument_mode=cfg.argument_mode,
-        arguments_file=cfg.arguments_file,
-        seed=ctx.cfg.seed if cfg.seed is None else cfg.seed,
-        num_repeats=cfg.num_repeats,
-        num_replicas=cfg.num_replicas,
-        num_partitions=cfg.num_partitions,
-        output_file=output_file,
-        xla_flags=cfg.xla_flags or (),
-        backend_only=cfg.backend_only,
-    )
-    with trace.recording(ctx, "hlo_replay"):  # launcher.trace: compilation and the timed repeats
-        results = [r.summary() for r in replay(expand(cfg.hlo_file), options, log=ctx.log)]
-    if len(results) == 1:
-        return results[0]
-    return {"modules": results}

@@ -12,7 +12,9 @@ import itertools
 import pickle
 from typing import Any
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from launcher import jaxcompat
 
@@ -23,8 +25,6 @@ _kv_count = itertools.count()
 def _kv_all(client: Any, value: Any, only: int | None = None) -> list[Any]:
     """Every process's ``value`` (or only process ``only``'s), through the key-value store; every
     process calls it the same number of times, so the keys match."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     key = f"xlaunch-exchange-{next(_kv_count)}"
     me = jax.process_index()
     if only is None or only == me:
@@ -34,8 +34,6 @@ def _kv_all(client: Any, value: Any, only: int | None = None) -> list[Any]:
 
 
 def _multi_process() -> bool:
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     return jax.process_count() > 1
 
 
@@ -46,8 +44,6 @@ def gather(x: np.ndarray) -> np.ndarray:
     client = jaxcompat.exchange_client()
     if client is not None:
         return np.stack(_kv_all(client, np.asarray(x)))
-    from jax.experimental import multihost_utils  # noqa: PLC0415  JAX: the CLI imports this module
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(x)))
 
 
@@ -62,8 +58,6 @@ def fetch(x: Any) -> np.ndarray:
             for index, data in shards:
                 whole[index] = data
         return whole
-    from jax.experimental import multihost_utils  # noqa: PLC0415  JAX: the CLI imports this module
-
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -74,8 +68,6 @@ def broadcast(x: Any) -> Any:
     client = jaxcompat.exchange_client()
     if client is not None:
         return _kv_all(client, x, only=0)[0]
-    from jax.experimental import multihost_utils  # noqa: PLC0415  JAX: the CLI imports this module
-
     return multihost_utils.broadcast_one_to_all(x)
 
 
@@ -87,6 +79,4 @@ def barrier(name: str) -> None:
     if client is not None:
         jaxcompat.settle_programs()  # the coordination service's barrier
         return
-    from jax.experimental import multihost_utils  # noqa: PLC0415  JAX: the CLI imports this module
-
     multihost_utils.sync_global_devices(name)

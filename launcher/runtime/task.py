@@ -1,7 +1,10 @@
 """The callable that submitit pickles and runs once per process, on every cluster alike.
 
 Order matters: rank from the environment, then the per-rank log, then device visibility, and
-only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly.
+only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly. So this
+module, and what it imports at its top (the mode table, ``launcher.modes``: the schemas only),
+imports no JAX: the mode's run, whose module does, is loaded once JAX is initialised
+(``Mode.load``).
 
 It is submitit-checkpointable: on the timeout or preemption signal submitit asks rank 0's task
 for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runtime.requeue``).
@@ -132,8 +135,8 @@ class Task(Checkpointable):
                                        # text dumps elide large constants; protos keep them for replay
                                        f" --xla_dump_hlo_as_proto").strip()
         jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
-        import jax  # noqa: PLC0415  JAX: the CLI imports this module
-        import jaxlib  # noqa: PLC0415  JAX: the CLI imports this module
+        import jax  # noqa: PLC0415  JAX: only once this task's devices are set (above)
+        import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (above)
 
         log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
         if cluster.accelerator == "cpu":
@@ -165,9 +168,9 @@ class Task(Checkpointable):
 
 
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter)
-        mode = modes.find(cfg.mode)
+        run = modes.find(cfg.mode).load()  # the mode's module imports JAX: only now may it be imported
         t1 = time.perf_counter()
-        result = mode.run(ctx)
+        result = run(ctx)
         result = {
             "mode": cfg.mode.name,
             "cluster": cluster.name,

@@ -17,6 +17,8 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
+import jax
+
 from launcher import jaxcompat
 
 TRACES = "traces"
@@ -33,8 +35,6 @@ def recording(ctx: Any, what: str = "") -> Iterator[Path | None]:
     if not ctx.cfg.launcher.get("trace", False):
         yield None
         return
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     out = rank_dir(ctx.run_dir, ctx.rank.process_id)
     out.mkdir(parents=True, exist_ok=True)
     jaxcompat.start_trace(str(out))

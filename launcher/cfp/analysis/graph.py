@@ -26,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import jax
+from jax.extend import core as jcore
+
 from launcher.jaxcompat import NESTED_JIT_PRIMITIVES
 
 # Call-like primitives whose single sub-program is inlined: they change how a computation is
@@ -108,8 +111,6 @@ class Graph:
 
 def trace(fn: Any, *args: Any) -> tuple[Any, Graph]:
     """Traces ``fn(*args)`` (arrays or ShapeDtypeStructs) and flattens it into a Graph."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     closed, out_shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     leaves, in_tree = jax.tree_util.tree_flatten_with_path(args)
     g = from_jaxpr(closed, [jax.tree_util.keystr(p) for p, _ in leaves])
@@ -142,7 +143,6 @@ def _new(g: Graph, v: Any) -> int:
 
 
 def _is_literal(v: Any) -> bool:
-    from jax.extend import core as jcore  # noqa: PLC0415  JAX: the CLI imports this module
     return isinstance(v, jcore.Literal)
 
 
@@ -156,7 +156,6 @@ def inline_target(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
     """(sub-jaxpr, its constants) of an inlinable call, else None. Shared with ``apply.py``."""
     if eqn.primitive.name not in INLINE:
         return None
-    from jax.extend import core as jcore  # noqa: PLC0415  JAX: the CLI imports this module
     for value in eqn.params.values():
         if isinstance(value, jcore.ClosedJaxpr):
             jaxpr, consts = value.jaxpr, value.consts

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+import jax.numpy as jnp
+
 from launcher.cfp.analysis.core import Analysis
 from launcher.errors import UserError
 
@@ -29,8 +31,6 @@ from launcher.errors import UserError
 def state_floor_bytes(a: Analysis) -> int:
     """Per device, the least share of the program inputs the step reads that any plan leaves a
     device: their bytes over the device count (see the module's docstring)."""
-    import jax.numpy as jnp  # noqa: PLC0415  JAX: the CLI imports this module
-
     g, n = a.graph, math.prod(a.mesh_shape)
     total = sum(math.prod(g.shape(v)) * jnp.dtype(g.vars[v].dtype).itemsize for v in g.inputs if g.consumers[v])
     return total // n

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from launcher.cfp.analysis.core import Analysis
@@ -188,8 +189,6 @@ class CandidateLoop:
         """(compiled program, its overhead program, arguments, bytes of its inputs from other
         units, compile seconds) of ``u`` under ``combo``. The overhead program is None when the
         program is over the memory budget (it will not be timed, so it is not compiled)."""
-        import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
         sp = self.program(u)
         assignment = u.assignment(combo)
         fn, shardings = build(self.a, sp, assignment, self.mesh)

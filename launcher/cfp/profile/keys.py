@@ -12,6 +12,8 @@ import hashlib
 import json
 from typing import Any, Sequence
 
+import jax
+
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.units import Unit
 
@@ -29,8 +31,6 @@ def model_signature(a: Analysis) -> str:
 
 
 def device_signature(mesh: Any) -> str:
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     d = mesh.devices.flat[0]
     return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
 

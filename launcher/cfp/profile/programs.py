@@ -15,7 +15,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.cfp.analysis.core import Analysis
@@ -29,9 +31,6 @@ from launcher.cfp.profile.units import Unit
 def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, timer: Timer) -> dict:
     """The store entry (median seconds, and its overhead program's) of turning layout ``src``
     into ``dst``."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
-
     s_in, s_out = NamedSharding(mesh, pspec(src)), NamedSharding(mesh, pspec(dst))
     host = _host_value(tuple(shape), dtype, 0)
     x = jax.make_array_from_callback(tuple(shape), s_in, lambda idx: host[idx])
@@ -44,9 +43,6 @@ def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: A
 def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
     """The store entry (lower-quartile seconds, and its overhead program's) of one small
     all-reduce over mesh ``axes``."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-    from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
-
     every = PartitionSpec(tuple(mesh.axis_names))
     sharding = NamedSharding(mesh, every)
     x = jax.make_array_from_callback((mesh.devices.size, 64), sharding, lambda idx: np.ones((1, 64), np.float32))
@@ -85,8 +81,6 @@ def gradient_allreduces(a: Analysis, units: Sequence[Unit]) -> list[list[frozens
 def whole_overhead_entry(a: Analysis, mesh: Any, timer: Timer) -> dict:
     """The store entry of the whole step's overhead program, timed: its arguments laid out as
     under every block's first plan (the overhead hardly depends on layouts; it grows with buffers)."""
-    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
-
     sp = segment_program(a, 0, len(a.blocks))
     assignment = {b.id: 0 for b in a.blocks}
     _, shardings = build(a, sp, assignment, mesh)

@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.analysis.strategies import Spec, shard_bytes
@@ -56,8 +59,6 @@ def input_layouts(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int]
 
 def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: Any) -> tuple[Any, list[Any]]:
     """(function of the inputs, their shardings) under ``assignment`` (block -> plan)."""
-    from jax.sharding import NamedSharding  # noqa: PLC0415  JAX: the CLI imports this module
-
     g = a.graph
     pins = pins_for(Layouts(a, assignment).pinned(), mesh)
     needed = {v for i in sp.ops for v in g.ops[i].inputs if v is not None}
@@ -75,8 +76,6 @@ def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: 
 
 def synthetic_inputs(a: Analysis, sp: SegmentProgram, shardings: list[Any], seed: int = 0) -> list[Any]:
     """Arguments with the given shardings; every process builds the same global values."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     out = []
     for v, sharding in zip(sp.inputs, shardings, strict=True):
         var = a.graph.vars[v]
@@ -86,8 +85,6 @@ def synthetic_inputs(a: Analysis, sp: SegmentProgram, shardings: list[Any], seed
 
 
 def _host_value(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
-    import jax.numpy as jnp  # noqa: PLC0415  JAX: the CLI imports this module
-
     dt = jnp.dtype(dtype)
     if jnp.issubdtype(dt, jnp.floating):
         return (np.random.default_rng(seed).random(shape, dtype=np.float32) * 0.1).astype(dt)
@@ -96,8 +93,6 @@ def _host_value(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 
 def boundary_bytes(a: Analysis, sp: SegmentProgram, layouts: list[Spec]) -> int:
     """Per-device bytes of the arguments another segment produces (counted there, as results)."""
-    import jax.numpy as jnp  # noqa: PLC0415  JAX: the CLI imports this module
-
     g, boundary = a.graph, set(sp.boundary)
     return sum(shard_bytes(g.vars[v].shape, spec, jnp.dtype(g.vars[v].dtype).itemsize, a.mesh_shape)
                for v, spec in zip(sp.inputs, layouts, strict=True) if v in boundary)

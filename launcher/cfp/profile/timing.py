@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.cfp.profile.quiet import quiet
@@ -44,9 +47,6 @@ class CacheFlush:
     how much of it each adds up to (README, Benchmarks)."""
 
     def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
-        import jax  # noqa: PLC0415  JAX: the CLI imports this module
-        from jax.sharding import NamedSharding, PartitionSpec  # noqa: PLC0415  JAX: the CLI imports this module
-
         n = mesh.devices.size
         self.bytes_per_device = bytes_per_device or flush_bytes(mesh)
         sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
@@ -62,8 +62,6 @@ class CacheFlush:
 def flush_bytes(mesh: Any) -> int:
     """Per device: ``ACCELERATOR_FLUSH_BYTES`` on accelerators; on CPU devices, which share their
     host's caches, twice the host's largest cache split among the devices this process has."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
     device = mesh.devices.flat[0]
     if device.platform != "cpu":
         return ACCELERATOR_FLUSH_BYTES
@@ -97,8 +95,6 @@ class Timer:
         """Seconds per run of each program on ``args``, the programs taking turns (this
         process's own times). With ``stop``, after ``stop.after`` turns (when more were to
         come) ``stop(times)`` decides whether to end there: the lists are then that short."""
-        import jax  # noqa: PLC0415  JAX: the CLI imports this module
-
         def run(program: Any) -> float:
             if self.flush is not None:
                 self.flush()
@@ -195,9 +191,6 @@ def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardin
     """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
     with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
     any program with these arguments and results costs."""
-    import jax  # noqa: PLC0415  JAX: the CLI imports this module
-    import jax.numpy as jnp  # noqa: PLC0415  JAX: the CLI imports this module
-
     shapes = [(tuple(r.shape), r.dtype) for r in results]
     return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
                    in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()

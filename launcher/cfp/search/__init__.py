@@ -2,5 +2,6 @@
 searched plan measured on the whole step beside the baselines (map: ``launcher/cfp/__init__.py``).
 
 Its modules are imported by name and this file imports none of them: ``meshes.py`` stays light
-(no JAX) for the pipeline's module level, while ``dp.py`` reaches the profiler and JAX.
+(no JAX), since the mode schemas, which the CLI imports, use it; ``dp.py`` reaches the profiler
+and JAX.
 """
