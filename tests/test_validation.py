@@ -126,6 +126,7 @@ def test_every_mode_is_one_entry_of_the_table_and_its_options_have_one_default()
     for code, mode in REGISTRY.items():
         assert getattr(mode.config, "code", code) == mode.config.name == code
         assert find({"name": "anything", "code": code}) is mode and find({"name": code}) is mode
+        assert callable(mode.load())  # the run its entry names exists
     search = OmegaConf.structured(REGISTRY["search"].config)
     assert ProfileOptions.of(OmegaConf.structured(REGISTRY["profile"].config)) == ProfileOptions()
     assert SearchOptions.of(search, seed=0) == SearchOptions()
