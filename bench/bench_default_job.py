@@ -1,7 +1,10 @@
 """The embedded default job as a new user runs it: ``python -m launcher`` from an empty profile
 store, several times in a row.
 
-    python bench/bench_default_job.py [--runs 3] [-- extra overrides]
+    python bench/bench_default_job.py [--runs 3] [--out FILE] [-- extra overrides]
+
+Another job the same way, e.g. issue #28's: ``--out bench/results/bench_cfp_moe_job.json --
+mode=cfp model=moe-tiny model.num_layers=2 "mode.baselines=[dp,tp,dp_tp,ep,alpa_ilp]"``.
 
 Each run gets a fresh store and run dir (nothing reused between them) and is timed from the
 command line to its exit. Reported per run, from its ``result.json``: wall time, the searched
@@ -43,6 +46,8 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
            "step_time_s": r["step_time_s"], "best_baseline": r.get("best_baseline"),
            "vs_best_baseline": r.get("vs_best_baseline"), "vs_best_baseline_paired": r.get("vs_best_baseline_paired"),
            "baselines": {k: v["step_time_s"] for k, v in r["baselines"].items()},
+           # The answer (plan.json): the searched plan, or the baseline it did not beat by the margin.
+           "answer": r["answer"]["name"], "answer_vs_best_baseline_paired": r["answer"]["vs_best_baseline_paired"],
            # Every round, so a ratio can be taken apart: the searched plan's, each baseline's, and
            # what the shortlist's short race measured of each candidate.
            "repeat_times_s": r["repeat_times_s"],
@@ -55,7 +60,8 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
            "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s")}
                       for m in r.get("meshes", [])]}
     print(f"run {i}: {wall:.0f} s, plan on mesh {row['mesh_shape']} ({row['source']}), "
-          f"{row['vs_best_baseline']:.3f}x {row['best_baseline']} (paired {row['vs_best_baseline_paired']:.3f})",
+          f"{row['vs_best_baseline']:.3f}x {row['best_baseline']} (paired {row['vs_best_baseline_paired']:.3f}); "
+          f"answer {row['answer']} (paired {row['answer_vs_best_baseline_paired']:.3f})",
           file=sys.stderr, flush=True)
     return row
 
@@ -63,6 +69,7 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (another job: another file)")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xlaunch-default-") as tmp:
@@ -74,10 +81,11 @@ def main() -> None:
         "median_wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
         "max_vs_best_baseline": max((r["vs_best_baseline"] for r in ok), default=None),
         "max_vs_best_baseline_paired": max((r["vs_best_baseline_paired"] for r in ok), default=None),
+        "max_answer_vs_best_baseline_paired": max((r["answer_vs_best_baseline_paired"] for r in ok), default=None),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
 
 

@@ -137,7 +137,7 @@ def _runs(args: argparse.Namespace) -> int:
                      run.mode, run.cluster_name, run.job_id, state, _short(detail)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  ".join(f"{c:<{w}}" for c, w in zip(r, widths, strict=True)) + "  " + r[-1])
+        print("  ".join(f"{c:<{w}}" for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
     return 0
 
 

@@ -183,7 +183,7 @@ def test_a_sweep_over_a_functions_kwargs_makes_one_run_per_point(tmp_path):
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert f"--- last lines of {runs[2]}/logs/rank1.log ---" in failure
     assert "describe point: rank 1 of 2, x=3" in log(runs[2], 1)
-    for x, run in zip((1, 2), runs, strict=True):
+    for x, run in zip((1, 2), runs[:2], strict=True):
         r = read_result(run)
         assert r["program"] == "tests.run_programs:describe"
         expected = {"x": x, "tag": "point", "rank": 0, "num_processes": 2, "is_main": True, "restart": 0,
