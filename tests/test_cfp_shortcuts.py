@@ -340,10 +340,20 @@ def test_timer_stops_after_the_first_runs_only_when_told():
 # Two processes through the CLI: the same decisions on both
 
 
-def small_gpt_memories(store_dir) -> dict:
-    """Compiled memory of every candidate of SMALL_GPT on a 1-D mesh of 8 (what mode=profile
-    profiles on 2 processes x 4 devices)."""
-    return compiled_memories(*small_gpt(8), store_dir)[0]
+def small_gpt_floors(store_dir) -> dict:
+    """For every candidate of SMALL_GPT on a 1-D mesh of 8 (what mode=profile profiles on 2
+    processes x 4 devices), in the order the profile meets them: the least memory a plan holding
+    it needs as far as known then (its compiled memory, plus the least of every unit kind whose
+    memories are all known: ``CandidateLoop.plan_floor``), which the budget is checked against."""
+    a, mesh = small_gpt(8)
+    loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), profiling_units(a, 128),
+                         overlap=False)
+    out = {}
+    for u, c in loop.candidates():
+        compiled, _, _, boundary, _ = loop.prepare(u, c)
+        loop.memory[u.kind][c] = memory_of(compiled, boundary)[1]
+        out[(u.kind, c)] = loop.plan_floor(u.kind, loop.memory[u.kind][c])
+    return out
 
 
 DECISION = re.compile(r"(SegmentIdx: .*?ParallelBlock Strategy: \[[\d, ]*\]) (not timed|avgcost: [\d.]+( \(stopped early)?)")
@@ -351,25 +361,25 @@ DECISION = re.compile(r"(SegmentIdx: .*?ParallelBlock Strategy: \[[\d, ]*\]) (no
 
 @pytest.mark.slow
 def test_two_processes_take_the_same_decisions(tmp_path):
-    mems = small_gpt_memories(tmp_path / "compiled")
-    levels = sorted(set(mems.values()))
-    assert len(levels) >= 2, mems
-    # Only the largest candidates over the budget; a tiny ratio stops every candidate of a
-    # segment after its first one timed in full (each real run is over 1e-6 x any other):
-    # decisions known beforehand, whatever the timings.
+    floors = small_gpt_floors(tmp_path / "compiled")
+    levels = sorted(set(floors.values()))
+    assert len(levels) >= 2, floors
+    # Only the candidates whose plans need the most over the budget; a tiny ratio stops every
+    # candidate of a segment after its first one timed in full (each real run is over 1e-6 x any
+    # other): decisions known beforehand, whatever the timings.
     budget_gb = (levels[-1] + levels[-2]) / 2 / 2**30
     model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
     run_cli("mode=profile", *model, "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", "mode.repeats=4",
             f"mode.memory_budget_gb={budget_gb!r}", "mode.early_stop_ratio=1e-6",
             f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "run", timeout=900)
     result = read_result(tmp_path / "run")
-    over = sum(m > budget_gb * 2**30 for m in mems.values())   # over on their own memory alone
-    assert result["global_devices"] == 8 and result["profiled_configs"] == len(mems) == result["measured_configs"]
-    assert result["over_budget_configs"] >= over >= 1
+    over = sum(f > budget_gb * 2**30 for f in floors.values())
+    assert result["global_devices"] == 8 and result["profiled_configs"] == len(floors) == result["measured_configs"]
+    assert result["over_budget_configs"] == over >= 1
     assert result["stopped_early_configs"] >= 1
     logs = [(tmp_path / "run" / "logs" / f"rank{r}.log").read_text() for r in (0, 1)]
     decisions = [[m.group(0) for m in DECISION.finditer(log)] for log in logs]
-    assert len(decisions[0]) == len(mems)
+    assert len(decisions[0]) == len(floors)
     # Times are the slowest process's and memory the same program's: the lines agree verbatim.
     assert decisions[0] == decisions[1]
     assert sum("not timed" in d for d in decisions[0]) == result["over_budget_configs"]
