@@ -99,9 +99,13 @@ def worker(args: argparse.Namespace) -> dict:
     settings = SMALL if args.search_settings == "small" else {}
     mesh_shape = args.mesh if args.mesh == ["auto"] else [int(n) for n in args.mesh]
     t0 = time.perf_counter()
-    plan = autoshard(step, state, batch, in_shardings=tp, mesh_shape="auto" if mesh_shape == ["auto"] else mesh_shape,
-                     algorithm=args.algorithm, store_dir=args.store, log=log, **settings)
+    answer = autoshard(step, state, batch, in_shardings=tp, mesh_shape="auto" if mesh_shape == ["auto"] else mesh_shape,
+                       algorithm=args.algorithm, store_dir=args.store, log=log, **settings)
     search_s = time.perf_counter() - t0
+    # autoshard hands back the answer (the fastest plan its race measured, which may be a
+    # baseline's layout); the bench races the searched plan itself.
+    plan = answer.own or answer
+    log(f"the answer: {answer.row} ({answer.why})")
     log(f"searched plan: {plan.source} on mesh {plan.mesh_shape}, predicted {plan.predicted_step_time_s:.6f} s")
 
     program = step_program(step, (state, batch), in_shardings=tp)
@@ -116,7 +120,8 @@ def worker(args: argparse.Namespace) -> dict:
         "model": MODEL, "algorithm": args.algorithm, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform,
         "search_settings": args.search_settings, "search_wall_s": search_s,
-        "source": plan.source, "mesh_shape": plan.mesh_shape, "meshes": plan.meshes,
+        "source": plan.source, "mesh_shape": plan.mesh_shape, "meshes": plan.meshes, "answer": answer.row,
+        "answer_why": answer.why,
         "predicted_step_time_s": plan.predicted_step_time_s, "step_time_s": cfp.step_time_s,
         "repeat_times_s": cfp.repeat_times_s, "memory_gb": cfp.memory_bytes / 2**30,
         "cfp_again_repeat_times_s": again.repeat_times_s,
