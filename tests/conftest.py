@@ -28,7 +28,6 @@ jaxcompat.set_cpu_device_count(8)
 # file is not collected (not skipped: nothing there was tried) and the run says so in one line.
 XLA_HLO_SUITE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "xla_hlo"
 XLA_HLO_TESTS = "test_hlo_replay_fixtures.py"
-_suite_absent = pytest.StashKey[bool]()
 
 
 class _Absent(pytest.File):
@@ -38,21 +37,58 @@ class _Absent(pytest.File):
 
 def pytest_pycollect_makemodule(module_path, parent):
     if module_path.name == XLA_HLO_TESTS and not XLA_HLO_SUITE.is_dir():
-        parent.config.stash[_suite_absent] = True
         return _Absent.from_parent(parent, path=module_path)
     return None
 
 
+def _paths_asked(config) -> list[Path]:
+    return [(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args]
+
+
+def _asked_for_the_suite_alone(config) -> bool:
+    return all(path.name == XLA_HLO_TESTS for path in _paths_asked(config))
+
+
 def pytest_terminal_summary(terminalreporter, config):
-    if config.stash.get(_suite_absent, False):
+    # Under xdist the workers collect, not this process: the paths asked for tell instead.
+    suite_tests = Path(__file__).parent / XLA_HLO_TESTS
+    if not XLA_HLO_SUITE.is_dir() and any(suite_tests.is_relative_to(p) for p in _paths_asked(config)):
         terminalreporter.write_line(f"HLO conformance suite not found (looked in {XLA_HLO_SUITE}): "
                                     f"tests/{XLA_HLO_TESTS} not collected")
 
 
 def pytest_sessionfinish(session, exitstatus):
     # Asked for the conformance suite alone where it is absent: nothing ran, nothing failed.
-    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and session.config.stash.get(_suite_absent, False):
+    if (exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and not XLA_HLO_SUITE.is_dir()
+            and _asked_for_the_suite_alone(session.config)):
         session.exitstatus = pytest.ExitCode.OK
+
+
+# Under xdist (pyproject.toml: two workers) every worker makes its own session and module
+# fixtures. Tests that share something costly or machine-wide therefore run as one group, on
+# one worker: SLURM (one per machine: fixed ports, one munge, one MariaDB); the uninterrupted
+# training run tests/train_reference.py makes once per process (the requeue tests, which need
+# SLURM anyway, the checkpoint and trace tests), with SLURM's; a module's module-scoped
+# fixtures (compiled layouts, searches, worker processes), with the rest of the module.
+SHARE_SLURMS_WORKER = {"test_requeue.py", "test_checkpoint.py", "test_trace.py"}
+
+
+def _group(item) -> str | None:
+    module = item.path.name
+    if "slurm" in item.fixturenames or module in SHARE_SLURMS_WORKER:
+        return "slurm"
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures and any(d.scope == "module" for defs in fixtures.name2fixturedefs.values() for d in defs):
+        return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

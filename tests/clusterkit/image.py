@@ -13,6 +13,7 @@ and hybrid cgroups do not mix): ``PODMAN_OPTIONS`` holds them for ``container.op
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -43,11 +44,17 @@ def ensure_image() -> str:
             raise ImageBuildError(f"{tool} not found: install podman and runc with .ci/install.sh (as root)")
     if podman("image", "exists", IMAGE).returncode == 0:
         return IMAGE
-    if not CACHE.exists():
-        build_rootfs_tar(CACHE)
-    out = podman("import", str(CACHE), IMAGE, timeout=600)
-    if out.returncode:
-        raise ImageBuildError(f"podman import {CACHE} failed:\n{out.stderr}")
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    # Test workers (xdist) may all find the image missing: one builds it, the others wait.
+    with open(CACHE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if podman("image", "exists", IMAGE).returncode == 0:
+            return IMAGE
+        if not CACHE.exists():
+            build_rootfs_tar(CACHE)
+        out = podman("import", str(CACHE), IMAGE, timeout=600)
+        if out.returncode:
+            raise ImageBuildError(f"podman import {CACHE} failed:\n{out.stderr}")
     return IMAGE
 
 
