@@ -7,13 +7,25 @@ like a passing one). Implementations: tests/clusterkit/.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from launcher import jaxcompat
+# One JAX persistent compilation cache for the session, in a fresh folder removed at its end: the
+# suite compiles the same steps in many tests and in their jobs' processes (a tiny model under a
+# built-in plan, a profiled segment), and each is compiled once and read back after (a sixth of
+# the suite's time here). Set before JAX is imported; the xdist workers and the jobs the tests
+# start inherit it. The first pytest process (xdist's controller, or the only one) makes it.
+_OWN_CACHE = "XLAUNCH_TEST_COMPILATION_CACHE" not in os.environ
+if _OWN_CACHE:
+    os.environ["XLAUNCH_TEST_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="xlaunch-test-jax-cache-")
+os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["XLAUNCH_TEST_COMPILATION_CACHE"],
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+from launcher import jaxcompat  # noqa: E402  after the cache's settings
 
 from tests.clusterkit.image import ensure_image
 from tests.clusterkit.slurm import LocalSlurm
@@ -39,6 +51,11 @@ def pytest_pycollect_makemodule(module_path, parent):
     if module_path.name == XLA_HLO_TESTS and not XLA_HLO_SUITE.is_dir():
         return _Absent.from_parent(parent, path=module_path)
     return None
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["XLAUNCH_TEST_COMPILATION_CACHE"], ignore_errors=True)
 
 
 def _paths_asked(config) -> list[Path]:

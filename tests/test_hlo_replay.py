@@ -226,7 +226,9 @@ def tupled(modules) -> Path:
 def sharded_dump(tmp_path_factory):
     """XLA's own dump of the sharded step (run in a fresh process with XLA_FLAGS set)."""
     out = tmp_path_factory.mktemp("dump")
-    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={out / 'xla'} --xla_dump_hlo_as_text --xla_dump_hlo_as_proto"}
+    # A step from the session's compilation cache (tests/conftest.py) would not be dumped: compiled here.
+    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={out / 'xla'} --xla_dump_hlo_as_text --xla_dump_hlo_as_proto",
+           "JAX_ENABLE_COMPILATION_CACHE": "false"}
     subprocess.run([sys.executable, "-c", DUMP_PROGRAM, str(out)], check=True, env=env, timeout=180, cwd=REPO)
     (text,) = (out / "xla").glob("*jit_step.before_optimizations.txt")
     (proto,) = (out / "xla").glob("*jit_step.before_optimizations.hlo.pb")

@@ -134,6 +134,9 @@ class Task(Checkpointable):
                                        f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
                                        # text dumps elide large constants; protos keep them for replay
                                        f" --xla_dump_hlo_as_proto").strip()
+            # A step found in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, common
+            # on clusters) is not compiled, so XLA would dump nothing: compile everything here.
+            os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
         jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
         import jax  # noqa: PLC0415  JAX: only once this task's devices are set (above)
         import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (above)
