@@ -58,6 +58,13 @@ def test_an_older_jax_is_refused_with_the_version_and_the_range():
     assert "jax 0.4.30" in str(e.value) and f">={OLDEST}" in str(e.value)
 
 
+def test_the_suites_compilation_cache_is_used_only_where_cpu_executables_survive_it():
+    assert not jaxcompat.cpu_compilation_cache_works("0.4.35")   # read back, a step crashed it
+    assert jaxcompat.cpu_compilation_cache_works("0.10.2")
+    # tests/conftest.py set the session's cache where the JAX here allows it, and none elsewhere.
+    assert bool(os.environ.get("XLAUNCH_TEST_COMPILATION_CACHE")) == jaxcompat.cpu_compilation_cache_works()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_wheel_runs_from_anywhere_with_its_config_groups_and_the_users_own(tmp_path):
