@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from launcher import jaxcompat
 
@@ -84,31 +85,28 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.OK
 
 
-# Under xdist (pyproject.toml: two workers) every worker makes its own session and module
-# fixtures. Tests that share something costly or machine-wide therefore run as one group, on
-# one worker: SLURM (one per machine: fixed ports, one munge, one MariaDB); the uninterrupted
-# training run tests/train_reference.py makes once per process (the requeue tests, which need
-# SLURM anyway, the checkpoint and trace tests), with SLURM's; a module's module-scoped
-# fixtures (compiled layouts, searches, worker processes), with the rest of the module.
-SHARE_SLURMS_WORKER = {"test_requeue.py", "test_checkpoint.py", "test_trace.py"}
+# Under xdist (pyproject.toml: two workers) every worker makes its own module fixtures and
+# runs its own copy of what tests share through a module: tests that share something costly
+# therefore go to one worker, as one unit. The scheduler sees only test ids, so the units are
+# named by file: each module with module-scoped fixtures (compiled layouts, searches, worker
+# processes; tests/test_lint.py checks this list), and the modules that reuse the uninterrupted
+# training run tests/train_reference.py makes once per process. Every other test is a unit of its
+# own. (SLURM needs no unit: each worker's cluster has its own ports and folder.)
+MODULE_FIXTURES = {"test_autoshard.py", "test_cfp_layouts.py", "test_cfp_search.py", "test_cfp_workloads.py",
+                   "test_hlo_replay.py", "test_hlo_replay_fixtures.py", "test_plans.py"}
+TRAIN_REFERENCE = {"test_checkpoint.py", "test_requeue.py", "test_trace.py"}
 
 
-def _group(item) -> str | None:
-    module = item.path.name
-    if "slurm" in item.fixturenames or module in SHARE_SLURMS_WORKER:
-        return "slurm"
-    fixtures = getattr(item, "_fixtureinfo", None)
-    if fixtures and any(d.scope == "module" for defs in fixtures.name2fixturedefs.values() for d in defs):
-        return module
-    return None
+class SharedWork(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        module = Path(nodeid.split("::", 1)[0]).name
+        if module in TRAIN_REFERENCE:
+            return "train_reference"
+        return module if module in MODULE_FIXTURES else nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = _group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    return SharedWork(config, log)
 
 
 @pytest.fixture(scope="session")
