@@ -89,9 +89,9 @@ def pytest_sessionfinish(session, exitstatus):
 # runs its own copy of what tests share through a module: tests that share something costly
 # therefore go to one worker, as one unit. The scheduler sees only test ids, so the units are
 # named by file: each module with module-scoped fixtures (compiled layouts, searches, worker
-# processes; tests/test_lint.py checks this list), and the modules that reuse the uninterrupted
-# training run tests/train_reference.py makes once per process. Every other test is a unit of its
-# own. (SLURM needs no unit: each worker's cluster has its own ports and folder.)
+# processes), and the modules that reuse the uninterrupted training run tests/train_reference.py
+# makes once per process (tests/test_lint.py checks both lists against the files). Every other
+# test is a unit of its own. SLURM needs no unit: each worker's cluster has its own ports and folder.
 MODULE_FIXTURES = {"test_autoshard.py", "test_cfp_layouts.py", "test_cfp_search.py", "test_cfp_workloads.py",
                    "test_hlo_replay.py", "test_hlo_replay_fixtures.py", "test_plans.py"}
 TRAIN_REFERENCE = {"test_checkpoint.py", "test_requeue.py", "test_trace.py"}

@@ -1,8 +1,8 @@
 """The code's own rules, checked with every test run: ruff's (pyproject.toml, [tool.ruff.lint]:
 pyflakes, bugbear, a complexity ceiling, imports at the top of modules unless the line says why)
 and no import cycle among the package's modules, lazy imports included (.ci/import_cycles.py);
-and the test modules whose tests share module-scoped fixtures are those that run on one xdist
-worker (tests/conftest.py)."""
+and the test modules that share work (module-scoped fixtures, the uninterrupted training run)
+are those conftest.SharedWork keeps on one xdist worker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import MODULE_FIXTURES
+from tests.conftest import MODULE_FIXTURES, TRAIN_REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,14 +28,17 @@ def test_no_import_cycle_lazy_imports_included():
     assert proc.returncode == 0 and not proc.stdout, proc.stdout + proc.stderr
 
 
-def _module_scoped(path: Path) -> bool:
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("pytest.fixture", "fixture"):
-            if any(k.arg == "scope" and ast.literal_eval(k.value) == "module" for k in node.keywords):
-                return True
-    return False
+def _module_scoped(tree: ast.AST) -> bool:
+    return any(isinstance(node, ast.Call) and ast.unparse(node.func) in ("pytest.fixture", "fixture")
+               and any(k.arg == "scope" and ast.literal_eval(k.value) == "module" for k in node.keywords)
+               for node in ast.walk(tree))
 
 
-def test_every_module_with_module_scoped_fixtures_runs_on_one_worker():
-    have = {p.name for p in (REPO / "tests").glob("test_*.py") if _module_scoped(p)}
-    assert have == MODULE_FIXTURES
+def _imports_train_reference(tree: ast.AST) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.module == "tests.train_reference" for node in ast.walk(tree))
+
+
+def test_every_module_that_shares_work_runs_on_one_worker():
+    trees = {p.name: ast.parse(p.read_text()) for p in (REPO / "tests").glob("test_*.py")}
+    assert {name for name, tree in trees.items() if _module_scoped(tree)} == MODULE_FIXTURES
+    assert {name for name, tree in trees.items() if _imports_train_reference(tree)} == TRAIN_REFERENCE
