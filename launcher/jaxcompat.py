@@ -16,7 +16,7 @@ import itertools
 import os
 import re
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Sequence
 
 from launcher.errors import UserError
 
@@ -195,12 +195,30 @@ def enable_x64() -> ContextManager:
 def abstract_mesh(sizes: dict[str, int]) -> Any:
     """A mesh of axis names and sizes without devices, for tracing under sharding constraints
     (``jax.sharding.AbstractMesh``): 0.4.35 takes ``((name, size), ...)``, newer releases
-    ``(sizes, names)``."""
+    ``(sizes, names)``. Its axes are Auto, as ``auto_mesh``'s."""
     from jax.sharding import AbstractMesh  # noqa: PLC0415  JAX: the CLI imports this module
 
     if "shape_tuple" in inspect.signature(AbstractMesh.__init__).parameters:
         return AbstractMesh(tuple(sizes.items()))
-    return AbstractMesh(tuple(sizes.values()), tuple(sizes))
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes), **_auto_axes(len(sizes)))
+
+
+def auto_mesh(devices: Any, names: Sequence[str]) -> Any:
+    """``jax.sharding.Mesh(devices, names)`` whose axes are Auto on every JAX: sharding constraints
+    (the models' ``constrain``, CFP's pinned layouts) name its axes, which Explicit axes refuse
+    ("can only refer to Auto axes"). Auto is the constructor's default up to 0.10; 0.11 made an
+    AbstractMesh Explicit by default, so the type is given wherever JAX has axis types."""
+    from jax.sharding import Mesh  # noqa: PLC0415  JAX: the CLI imports this module
+
+    return Mesh(devices, tuple(names), **_auto_axes(len(names)))
+
+
+def _auto_axes(n: int) -> dict:
+    try:
+        from jax.sharding import AxisType  # noqa: PLC0415  JAX: the CLI imports this module
+    except ImportError:  # 0.4.35: no axis types, every axis is what Auto is now
+        return {}
+    return {"axis_types": (AxisType.Auto,) * n}
 
 
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:

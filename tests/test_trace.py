@@ -23,6 +23,7 @@ from tests.launch import read_result, run_cli
 from tests.train_reference import STEPS, uninterrupted
 from launcher.runtime.trace_stats import timed
 from launcher.runtime.trace_stats import op_times
+from launcher.runtime.trace_stats import top_ops
 
 pytestmark = pytest.mark.core
 
@@ -85,7 +86,7 @@ def test_the_cpu_backends_trace_has_no_device_ops_so_callers_keep_their_estimate
     assert out == pytest.approx(64 * np.tanh(1.0)) and times is None
 
 
-def test_collective_and_compute_time_are_summed_from_each_devices_op_line(tmp_path):
+def _gpu_like_trace(tmp_path):
     """A trace in the layout of a GPU one (written by hand: there is no GPU here): two devices,
     each with an ``XLA Ops`` line and a stream line that repeats its kernels."""
 
@@ -106,6 +107,23 @@ def test_collective_and_compute_time_are_summed_from_each_devices_op_line(tmp_pa
     session.mkdir(parents=True)
     with gzip.open(session / "perfetto_trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
+
+
+def test_collective_and_compute_time_are_summed_from_each_devices_op_line(tmp_path):
+    _gpu_like_trace(tmp_path)
     times = op_times(tmp_path)
     assert times.devices == 2
     assert times.collective_s == pytest.approx(400e-6) and times.compute_s == pytest.approx(1200e-6)
+
+
+def test_device_time_by_op_kind_groups_numbered_instructions_and_ranks_them(tmp_path):
+    _gpu_like_trace(tmp_path)
+    ops = top_ops(tmp_path)
+    # Per device: all-reduce-start 300 or 500 us (mean 400), fusion 1000, dot 200; the stream
+    # line's NCCL kernel is the all-reduce again and is not counted twice.
+    assert [k for k, _ in ops.kinds] == ["fusion", "all-reduce-start", "dot"]
+    assert dict(ops.kinds)["all-reduce-start"] == pytest.approx(400e-6)
+    assert ops.busy_s == pytest.approx(1600e-6)
+    top = ops.to_dict(2)["top"]
+    assert [t["kind"] for t in top] == ["fusion", "all-reduce-start"] and top[0]["share"] == pytest.approx(1000 / 1600)
+    assert top_ops(tmp_path / "nowhere") is None

@@ -7,7 +7,7 @@ contractions' outputs and whatever the plan propagates to, ``Layouts.pinned``) i
 blocks without a plan), and inserts the collectives. Program inputs are laid out as their
 first planned consumer wants them (``wanted_spec``).
 
-The mesh has axes ``cfp0`` (and ``cfp1``) and is built with ``Mesh(devices, names)``, whose axes
+The mesh has axes ``cfp0`` (and ``cfp1``) and is built with ``jaxcompat.auto_mesh``, whose axes
 are Auto: ``jax.make_mesh``'s Explicit axes would refuse a contraction over a split dimension.
 
 A plan saved for ``mode=train`` carries its layouts in the ``constraints`` field of the models'
@@ -28,7 +28,7 @@ from typing import AbstractSet, Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.cfp.analysis.core import Analysis
@@ -49,7 +49,8 @@ def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None) -
     if n != len(devices):
         raise UserError(f"mode.mesh_shape={list(mesh_shape)} has {n} devices but the job has {len(devices)}: "
                         "make the product of mode.mesh_shape the global device count (or leave it [] for 1-D)")
-    return Mesh(np.asarray(devices, dtype=object).reshape(tuple(mesh_shape)), AXIS_NAMES[:len(mesh_shape)])
+    return jaxcompat.auto_mesh(np.asarray(devices, dtype=object).reshape(tuple(mesh_shape)),
+                               AXIS_NAMES[:len(mesh_shape)])
 
 
 def pspec(spec: Spec) -> Any:

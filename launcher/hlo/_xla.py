@@ -202,7 +202,8 @@ class NoShards:
         return self
 
 
-# Internals every release from 0.4.35 to 0.10.2 spells the same way.
+# Internals every release from 0.4.35 to 0.11.2 spells the same way (array_result_handler's
+# arguments aside: _result_handler).
 _UNCHANGED = {
     "jaxlib.xla_client": ("XlaRuntimeError", "XlaComputation.program_shape", "HloSharding.replicate",
                           "HloSharding.from_proto", "array_result_handler",
@@ -270,6 +271,8 @@ def check_jaxlib(version: str, jax_module: Any = jax, xc_module: Any = xc) -> In
 
 
 _X = check_jaxlib(jaxlib.__version__)
+# What a failed device operation raises (running out of device memory among others).
+DeviceError = _X.runtime_error
 
 
 # --- parsing and conversion ------------------------------------------------------------------
@@ -522,6 +525,15 @@ def _without_func_result_shardings(module: bytes | str, context: Callable[[], An
         return str(parsed)
 
 
+def _result_handler(aval: Any, sharding: Any) -> Any:
+    """jaxlib's handler turning per-device results into one committed jax.Array. Up to 0.10 it
+    takes a fourth argument (``_skip_checks``, true as jit passes it); 0.11 dropped it."""
+    try:
+        return xc.array_result_handler(aval, sharding, True, True)
+    except TypeError:
+        return xc.array_result_handler(aval, sharding, True)
+
+
 class Executable:
     """A compiled module, with jax.sharding objects for its arguments and outputs."""
 
@@ -532,7 +544,7 @@ class Executable:
         self._results = list(results)
         # The handlers that turn per-device results into global jax.Arrays, made once, as
         # jax.jit makes them: this keeps the per-call overhead at jit's level.
-        self._handlers = [xc.array_result_handler(jax.core.ShapedArray(shape, dtype), sharding, True, True)
+        self._handlers = [_result_handler(jax.core.ShapedArray(shape, dtype), sharding)
                           for (shape, dtype), sharding in zip(results, self.output_shardings(len(results)), strict=True)]
 
     def _shardings(self, ops: Sequence[Any] | None, count: int) -> list[Any]:

@@ -63,6 +63,9 @@ class HloProgram:
     partitioner: str  # "shardy", "gspmd" or "none": what the annotations were written for
     scheduled: bool  # the header says is_scheduled=true: XLA's passes have already run on it
     parameters: list[Parameter]
+    # The header's input_output_alias: outputs reuse (donated) parameters' buffers, so a run
+    # consumes its arguments (a training step that donates its state).
+    aliases_inputs: bool
     results: list[tuple[tuple[int, ...], np.dtype]]
     elided_constants: list[ElidedConstant] = field(default_factory=list)
     collectives: list[CollectiveNeed] = field(default_factory=list)  # what its collectives need
@@ -138,6 +141,7 @@ def load(path: str | Path, fill_constant: FillConstant | None = None) -> HloProg
         annotated_devices=annotated_devices(canonical),
         partitioner=partitioner(canonical),
         scheduled="is_scheduled=true" in header,
+        aliases_inputs="input_output_alias=" in header,
         parameters=[Parameter(names.get(p[0], f"parameter({p[0]})") + "".join(f"[{i}]" for i in p[1:]), shape, dtype)
                     for p, shape, dtype in params],
         results=[(shape, dtype) for _, shape, dtype in results],

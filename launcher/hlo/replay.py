@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -153,6 +154,11 @@ class Replay:
         self.log.info("%s: compiled in %.3f s", path.name, compile_s)
         self._logical_ids = {d: i for i, d in enumerate(assignment.flat)}
         self._arguments: list[jax.Array] | None = None
+        # A module whose outputs alias its parameters consumes its arguments: each run gets a
+        # device copy of the ones made first (making them again on the host costs minutes on a
+        # training step of billions of values; a copy on the device, milliseconds).
+        self._keep_arguments = program.aliases_inputs
+        self._kept: list[jax.Array] | None = None
         self.result = ReplayResult(
             path=path, module=program.name, num_replicas=replicas, num_partitions=partitions,
             partitioner=program.partitioner, elided_constants=len(program.elided_constants), load_time_s=load_s,
@@ -164,8 +170,7 @@ class Replay:
         if self._source is None:
             raise ValueError("this replay was made with run=False: it compiles only")
         if self._arguments is None or any(a.is_deleted() for a in self._arguments):
-            # First run, or the arguments were donated to the previous one: make them (untimed).
-            self._arguments = make_arguments(self._source, self.result.parameter_shardings, self._logical_ids)
+            self._arguments = self._fresh_arguments()  # untimed
         start = time.perf_counter()
         outputs = self._executable.execute(self._arguments)
         jax.block_until_ready(outputs)
@@ -176,6 +181,26 @@ class Replay:
         self.log.info("%s: execution time for repeat %d/%d: %.6f s", self.result.path.name,
                       len(self.result.execution_times_s), self.options.num_repeats, seconds)
         return seconds
+
+    def _fresh_arguments(self) -> list[jax.Array]:
+        """The arguments for the next run: made (first run, or the arguments were donated and no
+        copy is kept), or a device copy of the ones kept."""
+        if self._kept is not None:
+            return _copies(self._kept)
+        made = make_arguments(self._source, self.result.parameter_shardings, self._logical_ids)
+        if not self._keep_arguments or self.options.num_repeats < 2:
+            return made
+        try:
+            copies = _copies(made)
+        except _xla.DeviceError as e:  # no room for a second set: make them each time
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            self._keep_arguments = False
+            self.log.info("%s: no device memory for a copy of the arguments the module consumes: they are made "
+                          "again before each run", self.result.path.name)
+            return made
+        self._kept = made
+        return copies
 
     def write_outputs(self, path: Path) -> None:
         """Gathers the last run's outputs (every process must call this) and has process 0 write them."""
@@ -234,6 +259,13 @@ def device_assignment(program: HloProgram, replicas: int, partitions: int,
     assignment = np.empty((replicas, partitions), dtype=object)
     assignment.flat[:] = devices[:needed]
     return assignment
+
+
+def _copies(arrays: Sequence[jax.Array]) -> list[jax.Array]:
+    """Device copies, same shardings (``jnp.array(copy=True)`` stays on the devices)."""
+    out = [jnp.array(a, copy=True) for a in arrays]
+    jax.block_until_ready(out)
+    return out
 
 
 def make_arguments(source: Arguments, shardings: Sequence[jax.sharding.Sharding],
