@@ -86,11 +86,28 @@ class Layouts:
         and whose layout its plan determines: the contractions' outputs and everything the plan
         propagates to. Pinning all of them makes a segment run alone and the same segment inside
         the whole step lay out (and communicate) alike."""
-        g, out = self.a.graph, {}
+        g, out, expanded = self.a.graph, {}, self.a.expanded
         for b_id, p in self.assignment.items():
             for v, spec in self.a.blocks[b_id].specs[p].items():
-                if g.shape(v):
+                # (An expanded scan's results are laid out by its body, below; the block owning
+                # the scan sees one opaque operator.)
+                if g.shape(v) and g.producer[v] not in expanded:
                     out[v] = spec
+        # An expanded scan's body inputs (a layer of the stacked weights or residuals, the carry)
+        # as the body's blocks read them, and its stacked results as their layers are made: XLA
+        # then lays the loop's operands and results out to match, instead of choosing its own
+        # layout for them (a stacked residual split one way by the forward loop and gathered
+        # for the backward one).
+        for loop in self.a.expanded:
+            (ins, outs), = g.loop_io[loop]
+            for v in ins:
+                spec = self._wanted(v, None, 3) if g.shape(v) else None
+                if spec is not None:
+                    out.setdefault(v, tuple(spec))
+            nk = g.ops[loop].params["num_carry"]
+            for k, (v, result) in enumerate(zip(outs, g.ops[loop].outputs, strict=True)):
+                if v in out:
+                    out[result] = tuple(out[v]) if k < nk else ((),) + tuple(out[v])
         return out
 
     def produced(self, v: int) -> Spec | None:
@@ -106,7 +123,13 @@ class Layouts:
     def wanted(self, v: int, within: AbstractSet[int] | None = None, depth: int = 3) -> Spec:
         """The layout ``v``'s consumers (among ops ``within``) want: the operand layout of the
         first planned contraction reached, or the output layout of the first planned operator
-        that carries v's shape, looking through element-wise operators; else replicated."""
+        that carries v's shape, looking through element-wise operators and into the bodies of
+        the scans that read it (a stacked operand's layers as the body wants one, its layer axis
+        whole); else replicated."""
+        found = self._wanted(v, within, depth)
+        return found if found is not None else ((),) * len(self.a.graph.shape(v))
+
+    def _wanted(self, v: int, within: AbstractSet[int] | None, depth: int) -> Spec | None:
         g, a = self.a.graph, self.a
         shape = g.shape(v)
         frontier = [v]
@@ -115,6 +138,11 @@ class Layouts:
             for u in frontier:
                 for op_id in g.consumers[u]:
                     if within is not None and op_id not in within:
+                        continue
+                    if g.ops[op_id].prim == "scan" and op_id in g.loop_io:
+                        inner = self._into_scan(op_id, u, depth)
+                        if inner is not None and _fits(shape, g.shape(u)):
+                            return tuple(inner[:len(shape)])
                         continue
                     b_id = a.owner[op_id]
                     p = self.assignment.get(b_id)
@@ -133,7 +161,20 @@ class Layouts:
                     if g.ops[op_id].prim in ELEMENTWISE | PASS_THROUGH | {"broadcast_in_dim", "reshape"}:
                         nxt.extend(o for o in g.ops[op_id].outputs if _fits(shape, g.shape(o)))
             frontier = nxt
-        return ((),) * len(shape)
+        return None
+
+    def _into_scan(self, op_id: int, u: int, depth: int) -> Spec | None:
+        """The layout scan ``op_id``'s body wants for its operand ``u``: a constant or carry as the
+        body reads it; a stacked operand, its layer axis whole and each layer as the body reads one."""
+        g = self.a.graph
+        (ins, _), = g.loop_io[op_id]
+        for k, x in enumerate(g.ops[op_id].inputs):
+            if x != u:
+                continue
+            inner = self._wanted(ins[k], None, depth)
+            if inner is not None:
+                return ((),) + tuple(inner) if g.outer.get(ins[k], (None, ""))[1] == "slice" else tuple(inner)
+        return None
 
 
 def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
@@ -146,18 +187,54 @@ def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
 
 
 def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping[int, Any]) -> dict[int, Any]:
-    """Runs operators ``op_ids`` (program order, top level only) over ``env`` (var id -> value),
-    pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed."""
+    """Runs operators ``op_ids`` (program order, one body's or the top level's) over ``env`` (var
+    id -> value), pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed. A scan with
+    pinned tensors in its body runs that body the same way, once per iteration (``_scan``)."""
     for i in op_ids:
         op, eqn = g.ops[i], g.eqns[i]
         args = [env[v] if v is not None else eqn.invars[k].val for k, v in enumerate(op.inputs)]
-        with eqn.ctx.manager:
-            outs = jaxcompat.bind_equation(eqn, args)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
+        if op.prim == "scan" and _pinned_inside(g, i, pins):
+            outs = _scan(g, op, eqn, args, pins)
+        else:
+            with eqn.ctx.manager:
+                outs = jaxcompat.bind_equation(eqn, args)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
         for v, x in zip(op.outputs, outs, strict=True):
             env[v] = jax.lax.with_sharding_constraint(x, pins[v]) if v in pins else x
     return env
+
+
+def _pinned_inside(g: Graph, loop: int, pins: Mapping[int, Any]) -> bool:
+    for v in pins:
+        op = g.producer[v]
+        while op is not None and g.ops[op].loop is not None:
+            op = g.ops[op].loop
+            if op == loop:
+                return True
+    return False
+
+
+def _scan(g: Graph, op: Any, eqn: Any, args: list[Any], pins: Mapping[int, Any]) -> list[Any]:
+    """Scan ``op`` run by ``jax.lax.scan`` over its body's operators, each evaluated (and pinned)
+    as at the top level: what the traced scan computes, with the plan's layouts inside."""
+    p = eqn.params
+    (ins, outs), = g.loop_io[op.id]
+    body, nc, nk = g.body_ops(op.id), p["num_consts"], p["num_carry"]
+    literals = {k: x.val for k, x in enumerate(p["jaxpr"].jaxpr.outvars) if outs[k] is None}
+    consts = constants(g, {v for i in body for v in g.ops[i].inputs if v is not None})
+
+    def step(carry: list[Any], xs: list[Any]) -> tuple[list[Any], list[Any]]:
+        env = {v: jax.lax.with_sharding_constraint(x, pins[v]) if v in pins else x
+               for v, x in zip(ins, [*args[:nc], *carry, *xs], strict=True)}
+        env.update(consts)
+        evaluate(g, body, env, pins)
+        res = [literals[k] if v is None else env[v] for k, v in enumerate(outs)]
+        return res[:nk], res[nk:]
+
+    carry, ys = jax.lax.scan(step, list(args[nc:nc + nk]), list(args[nc + nk:]), length=p["length"],
+                             reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry, *ys]
 
 
 def constants(g: Graph, needed: Iterable[int]) -> dict[int, Any]:
@@ -193,13 +270,27 @@ def program_signature(g: Graph) -> str:
 
 def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
     """Pinned layouts keyed as in a plan's ``constraints``: ``"<op id>"`` for an operator's only
-    output, ``"<op id>.<k>"`` for its k-th of several."""
+    output, ``"<op id>.<k>"`` for its k-th of several, ``"<loop op id>:<k>"`` for the k-th input of
+    a loop's body (a layer of a stacked operand, the carry)."""
     out = {}
     for v, spec in pinned.items():
+        if g.producer[v] is None:
+            loop = next(op for op, bodies in g.loop_io.items() if v in bodies[0][0])
+            out[f"{loop}:{g.loop_io[loop][0][0].index(v)}"] = spec_json(spec)
+            continue
         op = g.ops[g.producer[v]]
         key = str(op.id) if len(op.outputs) == 1 else f"{op.id}.{op.outputs.index(v)}"
         out[key] = spec_json(spec)
     return out
+
+
+def _pinned_var(g: Graph, key: str) -> int:
+    """The var a ``constraints`` key names (``pin_constraints``); IndexError/ValueError if none."""
+    if ":" in key:
+        loop, _, k = key.partition(":")
+        return g.loop_io[int(loop)][0][0][int(k)] if int(loop) in g.loop_io else [][0]
+    op_id, _, k = key.partition(".")
+    return g.ops[int(op_id)].outputs[int(k or 0)]
 
 
 def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
@@ -222,9 +313,8 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
     for key, entry in constraints.items():
         if key.startswith("in:") or key == "program":
             continue
-        op_id, _, k = key.partition(".")
         try:
-            v = g.ops[int(op_id)].outputs[int(k or 0)]
+            v = _pinned_var(g, key)
         except (ValueError, IndexError):
             raise UserError(f"plan {plan!r}: constraint {key!r} names no operator output of this training step "
                             f"(it has {len(g.ops)} operators); {_STALE}") from None

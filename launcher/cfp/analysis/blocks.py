@@ -22,8 +22,12 @@ Operators are visited in program order and each is *owned* by exactly one block:
   operand keep their loop-dimension labels, paired dimensions share labels, and the remaining
   ones take the counterpart's unused labels by size, so the data-parallel plan's weight gradient
   contracts over the split batch dimension (the gradient all-reduce) while a column-split plan's
-  stays split. A backward contraction with no counterpart (e.g. recomputed under remat) heads
-  its own block;
+  stays split. A backward contraction that repeats a forward one (recomputed under remat: the
+  same operator on the same weights) joins its block as a *recompute* with its strategy. Tensors
+  are compared as ``Graph.canonical`` names them, so a scanned model's backward loop finds its
+  counterparts in the forward loop (both read slices of one stacked weight; the backward loop
+  reads the residuals the forward loop stacked). A backward contraction with neither heads its
+  own block;
 - any other operator is owned by the block of its most recently produced owned input of the
   output's shape (a residual add belongs to the block that produced the later of its two
   inputs; a scalar such as a gradient-clipping scale never decides), and follows that block's
@@ -81,9 +85,14 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     blocks: list[Block] = []
     owner: list[int | None] = [None] * len(g.ops)
     pending: list[int] = []
+    alike = _alike(g)
+    # A scan with contractions in its body (a scanned model's layers) is laid out by its body's
+    # blocks, not by the block that owns the scan operator: what reads its results starts afresh,
+    # as what reads a program input does.
+    scans = {loop for op in cons for loop in [g.outermost_loop(op)] if loop is not None and g.ops[loop].prim == "scan"}
 
     def owner_of(v: int | None) -> int | None:
-        if v is None or g.producer[v] is None:
+        if v is None or g.producer[v] is None or g.producer[v] in scans:
             return None
         return owner[g.producer[v]]
 
@@ -113,7 +122,7 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
         c = cons.get(op.id)
         if c is not None:
             if op.phase == "bwd":
-                found = _counterpart(g, c, cons, blocks, owner)
+                found = _recompute(g, c, cons, blocks, owner, alike) or _counterpart(g, c, cons, blocks, owner, alike)
             else:
                 found = _sibling(g, c, cons, blocks, owner) or _absorber(c, blocks, owner_of, is_member)
             if found is None:
@@ -190,21 +199,52 @@ def _absorber(c: Contraction, blocks: list[Block], owner_of, is_member) -> tuple
     return b, "absorbed", strats
 
 
+def _alike(g: Graph):
+    """v -> the tensors that are v or a layer of the same top-level tensor (``Graph.canonical``)."""
+    classes: dict[int, list[int]] = {}
+    for v in g.outer:
+        classes.setdefault(g.canonical(v), [g.canonical(v)]).append(v)
+    return lambda v: classes.get(g.canonical(v), [v])
+
+
+def _recompute(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
+               owner: list[int | None], alike) -> tuple[Block, str, list[Strategy]] | None:
+    """The block of the forward contraction ``c`` repeats: the same operator (parameters and
+    operand types) reading the same tensor at the same operand position."""
+    op = g.ops[c.op]
+    for side in ("lhs", "rhs"):
+        v = getattr(c, side)
+        if v is None:
+            continue
+        for w in alike(v):
+            for u in g.consumers[w]:
+                f = cons.get(u)
+                if (f is None or u >= c.op or owner[u] is None or g.ops[u].phase == "bwd" or getattr(f, side) != w
+                        or g.ops[u].prim != op.prim or g.ops[u].params != op.params
+                        or [g.vars[x].type_str for x in g.ops[u].inputs if x is not None]
+                        != [g.vars[x].type_str for x in op.inputs if x is not None]):
+                    continue
+                b = blocks[owner[u]]
+                return b, "recompute", list(b.strategies[u])
+    return None
+
+
 def _counterpart(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
-                 owner: list[int | None]) -> tuple[Block, str, list[Strategy]] | None:
+                 owner: list[int | None], alike) -> tuple[Block, str, list[Strategy]] | None:
     candidates = []
     for side, other in (("lhs", c.rhs), ("rhs", c.lhs)):
         v = getattr(c, side)
         if v is None or other is None:
             continue
-        for u in g.consumers[v]:
-            f = cons.get(u)
-            if f is None or u >= c.op or owner[u] is None or g.ops[u].phase == "bwd":
-                continue
-            if g.shape(other) != f.out_shape:
-                continue
-            same_family = KIND_FAMILY[f.kind] == KIND_FAMILY[c.kind]
-            candidates.append((not same_family, u, f, v, side))
+        for w in alike(v):
+            for u in g.consumers[w]:
+                f = cons.get(u)
+                if f is None or u >= c.op or owner[u] is None or g.ops[u].phase == "bwd" or w not in (f.lhs, f.rhs):
+                    continue
+                if g.shape(other) != f.out_shape:
+                    continue
+                same_family = KIND_FAMILY[f.kind] == KIND_FAMILY[c.kind]
+                candidates.append((not same_family, u, f, w, side))
     for _, u, f, v, side in sorted(candidates, key=lambda t: (t[0], t[1])):
         labels = derive_labels(f, v, c, side)
         if labels is None:
@@ -244,5 +284,8 @@ def _settle_pending(g: Graph, pending: list[int], owner: list[int | None], block
             owner[i] = owner[min(consumers)]
     for i in pending:
         if owner[i] is None:
-            before = [owner[j] for j in range(i - 1, -1, -1) if owner[j] is not None]
-            owner[i] = before[0] if before else 0
+            # The latest owned operator before it in the same body (a loop body's operators run
+            # with a block of that body: ``segment_program`` evaluates them together).
+            loop = g.ops[i].loop
+            before = [owner[j] for j in range(i - 1, -1, -1) if owner[j] is not None and g.ops[j].loop == loop]
+            owner[i] = before[0] if before else next((o for o in owner if o is not None), 0)

@@ -37,6 +37,32 @@ class Analysis:
     closed_jaxpr: Any = None     # the traced program, when there is one (apply.py re-evaluates it)
     two_axis_only: bool = False  # 2-D plans split two roles (strategies.py; mode.mesh_shape=auto)
     references: dict[str, Reference] = field(default_factory=dict)  # name -> layouts (references.py)
+    _expanded: frozenset[int] | None = field(default=None, repr=False)
+
+    @property
+    def expanded(self) -> frozenset[int]:
+        """The scans whose bodies the profile runs as segments of their own (a scanned model's
+        layers, forward and backward): their operators are evaluated directly, once per
+        iteration, and the scans themselves are not run as one operator."""
+        if self._expanded is None:
+            g = self.graph
+            body_blocks = [b for s in self.segments if s.loop is not None for b in s.blocks]
+            self._expanded = frozenset(
+                loop for b in body_blocks for i in self.blocks[b].ops
+                for loop in [g.outermost_loop(i)] if loop is not None and g.ops[loop].prim == "scan")
+        return self._expanded
+
+    def evaluable(self, op_id: int) -> bool:
+        """Whether a segment program evaluates ``op_id`` itself: a top-level operator other than an
+        expanded scan, or one directly inside an expanded scan's body."""
+        op = self.graph.ops[op_id]
+        return op_id not in self.expanded and (op.loop is None or op.loop in self.expanded)
+
+    def trips_of(self, op_id: int) -> int:
+        """How often a step runs ``op_id`` as segment programs see it: an expanded scan's trip count
+        inside its body, else once."""
+        loop = self.graph.ops[op_id].loop
+        return self.graph.ops[loop].params["length"] if loop in self.expanded else 1
 
     @property
     def exhaustive_space(self) -> int:
@@ -96,7 +122,9 @@ class Analysis:
                  "block ranges are (first, one past last)", ""]
         for seg in self.segments:
             first = self.segments[self.templates[seg.template].instances[0]]
-            lines.append(f"ParallelBlocks sequence: ({seg.start}, {seg.end}) mapped to ({first.start}, {first.end})")
+            trips = f", run {seg.trips} times by loop op {seg.loop}" if seg.loop is not None else ""
+            lines.append(f"ParallelBlocks sequence: ({seg.start}, {seg.end}) mapped to ({first.start}, {first.end})"
+                         f"{trips}")
         lines.append("")
         for t in self.templates:
             lines.append(f"template {t.id}: {len(t.instances)} instances, search space {t.plan_counts} "
@@ -138,7 +166,9 @@ class Analysis:
         }
 
     def segments_json(self) -> list[dict]:
-        return [{"index": s.index, "blocks": [s.start, s.end], "template": s.template} for s in self.segments]
+        # A loop body's segment says which loop and how often (a step without loops keeps its bytes).
+        return [{"index": s.index, "blocks": [s.start, s.end], "template": s.template,
+                 **({"loop": s.loop, "trips": s.trips} if s.loop is not None else {})} for s in self.segments]
 
     def templates_json(self) -> list[dict]:
         return [{"id": t.id, "plan_counts": t.plan_counts, "space": t.space, "instances": t.instances}
@@ -194,7 +224,8 @@ def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = Fal
     extra = referenced_strategies(g, cons, mesh_shape, two_axis_only, refs)
     blocks, owner = build_blocks(g, cons, mesh_shape, two_axis_only, extra)
     signatures = [block_signature(g, b) for b in blocks]
-    segments, templates = find_segments(signatures, [b.num_plans for b in blocks])
+    segments, templates = find_segments(signatures, [b.num_plans for b in blocks],
+                                        [g.outermost_loop(b.head) for b in blocks], g.trip_counts())
     return Analysis(g, mesh_shape, cons, blocks, owner, signatures, segments, templates,
                     two_axis_only=two_axis_only and len([n for n in mesh_shape if n > 1]) == 2, references=refs)
 

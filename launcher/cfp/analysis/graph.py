@@ -6,10 +6,15 @@ inlined, so every operator of the training step appears once, in program order, 
 the same program always flattens to the same ids, which is what lets a plan found on one run be
 applied on another (``apply.py`` walks the jaxpr the same way).
 
-Loop bodies (``scan``, ``while``, ``cond`` branches) are walked too: the loop itself is one opaque
-operator (a block boundary), followed by its body's operators, whose inputs are bound to the
-loop's operands where they correspond (constants and carries) and to fresh tensors otherwise. The
-analysis sees the contractions inside a loop; sharding constraints are only applied outside loops.
+Loop bodies (``scan``, ``while``, ``cond`` branches) are walked too: the loop itself is one
+operator, followed by its body's operators (``Op.loop`` names the loop). A body's inputs and
+outputs are tensors of their own (``Graph.loop_io``), related to the loop's operands and results
+(``Graph.outer``): a constant or carry stands for the operand itself; a ``scan``'s per-iteration
+slice of an operand (a stacked layer's weights) and its per-iteration result stacked into an
+output (a residual the backward loop reads) are one layer of that stacked tensor.
+``Graph.canonical`` follows these relations out to the top level, so the forward and backward
+loops of a scanned model name one layer's weights alike (``blocks.py`` pairs their contractions
+through it).
 
 Each operator is marked with the phase of the training step it belongs to:
 
@@ -77,6 +82,13 @@ class Graph:
     const_values: dict[int, Any] = field(default_factory=dict, repr=False)
     in_tree: Any = field(default=None, repr=False)
     out_tree: Any = field(default=None, repr=False)
+    # Loops: loop op id -> per body (a scan's one; a while's condition, then body; a cond's
+    # branches), its input and output var ids (None: a literal output), in the body's order.
+    loop_io: dict[int, list[tuple[list[int], list[int | None]]]] = field(default_factory=dict)
+    # Body var -> (outer var, how): "same" (a constant or carry: the operand itself), "slice" (a
+    # scan's per-iteration slice of a stacked operand), "stacked" (a scan's per-iteration result,
+    # stacked into that output).
+    outer: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def new_var(self, shape: Sequence[int], dtype: str) -> int:
         v = Var(len(self.vars), tuple(int(s) for s in shape), str(dtype))
@@ -98,6 +110,35 @@ class Graph:
 
     def shape(self, v: int) -> tuple[int, ...]:
         return self.vars[v].shape
+
+    def canonical(self, v: int) -> int:
+        """The top-level tensor ``v`` is, or is a layer of (``outer``, followed out)."""
+        while v in self.outer:
+            v = self.outer[v][0]
+        return v
+
+    def scan_layers(self, v: int) -> int:
+        """How many scan slicings lie between ``v`` and its top-level tensor (leading layer axes)."""
+        n = 0
+        while v in self.outer:
+            v, how = self.outer[v]
+            n += how != "same"
+        return n
+
+    def outermost_loop(self, op_id: int) -> int | None:
+        """The top-level loop op whose bodies hold ``op_id`` (None: it is at the top level)."""
+        loop = None
+        while self.ops[op_id].loop is not None:
+            op_id = loop = self.ops[op_id].loop
+        return loop
+
+    def trip_counts(self) -> dict[int, int]:
+        """Each ``scan`` op's trip count (its length); other loops' are not known from the program."""
+        return {op.id: op.params["length"] for op in self.ops if op.prim == "scan"}
+
+    def body_ops(self, loop: int) -> list[int]:
+        """The operators directly inside loop op ``loop``'s bodies, in program order."""
+        return [op.id for op in self.ops if op.loop == loop]
 
     def describe(self, op: Op) -> str:
         ins = " ".join(self.vars[v].type_str if v is not None else "lit" for v in op.inputs)
@@ -168,19 +209,21 @@ def inline_target(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
     return None
 
 
-def loop_bodies(eqn: Any) -> list[tuple[Any, list[Any | None]]]:
-    """Each body of a loop eqn with, per body input, the outer operand it stands for (or None)."""
+def loop_bodies(eqn: Any) -> list[tuple[Any, Sequence[Any], list[tuple[Any, str] | None]]]:
+    """Each body of a loop eqn: (jaxpr, its constants, per body input the outer operand it
+    relates to and how: "same" or "slice", or None)."""
     p, name, ins = eqn.params, eqn.primitive.name, list(eqn.invars)
     if name == "scan":
-        body = p["jaxpr"].jaxpr
+        body = p["jaxpr"]
         n_bound = p["num_consts"] + p["num_carry"]
-        return [(body, ins[:n_bound] + [None] * (len(body.invars) - n_bound))]
+        return [(body.jaxpr, body.consts, [(v, "same") for v in ins[:n_bound]] + [(v, "slice") for v in ins[n_bound:]])]
     if name == "while":
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        carry = ins[cn + bn:]
-        return [(p["cond_jaxpr"].jaxpr, ins[:cn] + carry), (p["body_jaxpr"].jaxpr, ins[cn:cn + bn] + carry)]
+        carry = [(v, "same") for v in ins[cn + bn:]]
+        return [(p["cond_jaxpr"].jaxpr, p["cond_jaxpr"].consts, [(v, "same") for v in ins[:cn]] + carry),
+                (p["body_jaxpr"].jaxpr, p["body_jaxpr"].consts, [(v, "same") for v in ins[cn:cn + bn]] + carry)]
     if name == "cond":
-        return [(br.jaxpr, ins[1:]) for br in p["branches"]]
+        return [(br.jaxpr, br.consts, [(v, "same") for v in ins[1:]]) for br in p["branches"]]
     return []
 
 
@@ -216,14 +259,34 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None
         op = g.add_op(eqn.primitive.name, ins, outs, _params(eqn), path + eqn.primitive.name, loop)
         g.eqns[op.id] = eqn
         if eqn.primitive.name in LOOPS:
-            for body, bound in loop_bodies(eqn):
-                inner = {}
-                for cv in body.constvars:
-                    inner[cv] = _new(g, cv)
-                for iv, ov in zip(body.invars, bound, strict=True):
-                    src = _read(env, ov) if ov is not None else None
-                    inner[iv] = src if src is not None else _new(g, iv)
-                _walk(g, body, inner, f"{path}{eqn.primitive.name}/", op.id)
+            _walk_loop(g, eqn, op, env, path)
+
+
+def _walk_loop(g: Graph, eqn: Any, op: Op, env: dict[Any, int], path: str) -> None:
+    """A loop's bodies, each with input and output tensors of its own (``Graph.loop_io``,
+    ``Graph.outer``)."""
+    bodies = []
+    for body, consts, bound in loop_bodies(eqn):
+        inner: dict[Any, int] = {}
+        for cv, value in zip(body.constvars, consts, strict=True):
+            inner[cv] = _new(g, cv)
+            g.const_values[inner[cv]] = value
+        ins = []
+        for iv, rel in zip(body.invars, bound, strict=True):
+            inner[iv] = v = _new(g, iv)
+            ins.append(v)
+            src = _read(env, rel[0]) if rel is not None else None
+            if src is not None:
+                g.outer[v] = (src, rel[1])
+        _walk(g, body, inner, f"{path}{eqn.primitive.name}/", op.id)
+        bodies.append((ins, [_read(inner, ov) for ov in body.outvars]))
+    g.loop_io[op.id] = bodies
+    if eqn.primitive.name == "scan":
+        (_, outs), = bodies
+        carry = eqn.params["num_carry"]
+        for v, stacked in zip(outs[carry:], op.outputs[carry:], strict=True):
+            if v is not None and v not in g.outer:  # a body input passed through keeps what it is
+                g.outer[v] = (stacked, "stacked")
 
 
 def _params(eqn: Any) -> dict[str, Any]:
@@ -243,7 +306,11 @@ def _params(eqn: Any) -> dict[str, Any]:
                 "start_index_map": tuple(dn.start_index_map),
                 "operand_batching_dims": tuple(dn.operand_batching_dims),
                 "slice_sizes": tuple(int(s) for s in p["slice_sizes"]),
-                "index_vector_dim": len(eqn.invars[1].aval.shape) - 1}
+                "index_vector_dim": len(eqn.invars[1].aval.shape) - 1,
+                # (Only where there are batching dimensions: lookups keep the parameters, and so
+                # the profile store keys, they had before.)
+                **({"start_indices_batching_dims": tuple(dn.start_indices_batching_dims)}
+                   if tuple(dn.operand_batching_dims) else {})}
     if name.startswith("scatter"):
         dn = p["dimension_numbers"]
         return {"update_window_dims": tuple(dn.update_window_dims),
@@ -259,8 +326,8 @@ def _params(eqn: Any) -> dict[str, Any]:
         if key in p and p[key] is not None:
             value = p[key]
             out[key] = tuple(int(x) for x in value) if isinstance(value, (tuple, list)) else _plain(value)
-    if name in ("scan",):
-        out["length"] = int(p["length"])
+    if name == "scan":
+        out.update(length=int(p["length"]), num_consts=int(p["num_consts"]), num_carry=int(p["num_carry"]))
     return out
 
 

@@ -27,8 +27,10 @@ never does. Rules, per primitive:
   (or that changes size) is not split;
 - ``iota`` and other operators without inputs: replicated, free;
 - ``optimization_barrier``, ``sharding_constraint``, ``copy``: layouts pass through;
-- anything else (gathers that are not embedding lookups, scatters, loops, custom calls, random
-  number generation, collectives...): unknown, so it stops propagation (a block boundary).
+- a ``gather`` that is not an embedding lookup (``take_along_axis``): an operand dimension it
+  slices whole or batches over keeps its split; one it indexes into needs communication;
+- anything else (scatters, loops, custom calls, random number generation, collectives...):
+  unknown, so it stops propagation (a block boundary).
 """
 
 from __future__ import annotations
@@ -99,12 +101,39 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
         outs = [tuple(() if i in along and len(sh) == len(spec) and sh[i] != in_shape[i] else ax
                       for i, ax in enumerate(spec)) if len(sh) == len(spec) else ((),) * len(sh) for sh in shapes]
         return outs, comm
+    if op.prim == "gather":
+        return _gather(op, spec, in_shape, g.shape(op.inputs[1]), shapes[0])
     if op.prim in ("pad", "slice", "dynamic_slice", "dynamic_update_slice"):
         changed = set(p.get("padded", ())) | {i for i, (a, b) in enumerate(zip(in_shape, shapes[0], strict=True)) if a != b}
         if op.prim == "dynamic_update_slice" and op.inputs[1] is not None:
             changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]), strict=True)) if a != b}
         return [spec], any(spec[i] for i in changed)
     return replicated, True
+
+
+def _gather(op: Op, spec: Spec, in_shape: Sequence[int], idx_shape: Sequence[int], out_shape: Sequence[int]
+            ) -> tuple[list[Spec], bool]:
+    """A gather that is not an embedding lookup (``take_along_axis``, picking the label's
+    log-probability): an operand dimension sliced whole (an offset dimension) keeps its split,
+    as does a batching dimension (the output's matching batch dimension); a split dimension the
+    gather indexes into needs communication."""
+    p = op.params
+    batching, idx_batching = p.get("operand_batching_dims", ()), p.get("start_indices_batching_dims", ())
+    out: list = [()] * len(out_shape)
+    comm = False
+    batch_out = [j for j in range(len(out_shape)) if j not in p["offset_dims"]]
+    idx_dims = [d for d in range(len(idx_shape)) if d != p["index_vector_dim"]]
+    for j, i in zip(batch_out, idx_dims, strict=False):
+        if i in idx_batching:
+            out[j] = spec[batching[idx_batching.index(i)]]
+    sliced = [d for d in range(len(in_shape)) if d not in p["collapsed_slice_dims"] and d not in batching]
+    for j, d in zip(p["offset_dims"], sliced, strict=False):
+        if p["slice_sizes"][d] == in_shape[d]:
+            out[j] = spec[d]
+        elif spec[d]:
+            comm = True
+    comm = comm or any(spec[d] for d in p["collapsed_slice_dims"])
+    return [tuple(out)], comm
 
 
 def merge(specs: Sequence[Spec]) -> Spec | None:

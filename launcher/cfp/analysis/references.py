@@ -79,11 +79,17 @@ def score(b: Block, cons: Mapping[int, Contraction], p: int, known: Reference) -
 
 def nearest_assignment(g: Graph, blocks: Sequence[Block], cons: Mapping[int, Contraction],
                        known: Reference) -> list[int]:
-    """Per block, its plan nearest the reference ``known`` (see the module's docstring)."""
-    out = []
+    """Per block, its plan nearest the reference ``known`` (see the module's docstring). Where
+    the reference says nothing of a tensor a block makes (a user's step: only its inputs'
+    layouts are known), the layout the block's chosen plan makes counts as the reference's for
+    the blocks after it: a block reading it then keeps it, as the reference's program would,
+    rather than resharding it."""
+    out, known = [], dict(known)
     for b in blocks:
         scores = [score(b, cons, p, known) for p in range(b.num_plans)]
         out.append(scores.index(max(scores)))
+        for v, spec in b.specs[out[-1]].items():
+            known.setdefault(v, tuple(spec))
     return out
 
 
@@ -117,6 +123,22 @@ def referenced_strategies(g: Graph, cons: Mapping[int, Contraction], mesh_shape:
             if p >= b.enumerated:
                 names = out.setdefault(b.head, {}).setdefault(b.plans[p], ())
                 out[b.head][b.plans[p]] = names + (name,)
+    return out
+
+
+def into_loops(g: Graph, known: Reference) -> dict[int, Spec]:
+    """``known`` carried into the loops' bodies: a body's constant or carry is laid out as the
+    operand it stands for; a layer of a stacked tensor (a scan's slice of it, or its result
+    stacked into it) as that tensor without its layer axis, where the layer axis is whole."""
+    out = dict(known)
+    for v, (o, how) in sorted(g.outer.items()):  # an outer tensor's id is below its bodies'
+        spec = out.get(o)
+        if spec is None or v in out:
+            continue
+        if how == "same":
+            out[v] = spec
+        elif spec and not spec[0]:
+            out[v] = tuple(spec[1:])
     return out
 
 

@@ -23,7 +23,13 @@ signatures:
 
 Without a periodic run, layers start wherever the first recurring signature does and the last
 block is the head (two layers that differ, like moe-tiny's MoE and dense layer); with no
-recurring block at all the whole sequence is one segment. A template's sub-search space is
+recurring block at all the whole sequence is one segment.
+
+Layers run by a loop (``lax.scan`` over stacked weights: MaxText, Levanter, Flax's
+``nn.scan``/``nnx.scan``) appear once, in the loop's body: the blocks whose head is inside a
+loop form their own run, cut into segments the same way, each run ``trips`` times per step (the
+scan's length). CFP profiles such a segment once, as it profiles one instance of a template,
+and the search counts it ``trips`` times. A template's sub-search space is
 the list of its blocks' plan counts; CFP profiles the product of that list once per template
 (``segment_space`` sums those products) instead of the product over all blocks of the model
 (``exhaustive_space``).
@@ -47,6 +53,8 @@ class Segment:
     start: int      # first block
     end: int        # one past the last block
     template: int
+    trips: int = 1  # how often a step runs it: a loop body's segment, the loop's trip count
+    loop: int | None = None  # the loop op whose body it is (None: the step's top level)
 
     @property
     def blocks(self) -> range:
@@ -69,7 +77,7 @@ def block_signature(g: Graph, b: Block) -> str:
     parts = []
     for i in b.ops:
         role = b.roles.get(i)
-        if role is None or role == "bwd":
+        if role is None or role in ("bwd", "recompute"):
             continue
         op = g.ops[i]
         outs = ",".join(g.vars[v].type_str for v in op.outputs)
@@ -84,20 +92,29 @@ def block_signature(g: Graph, b: Block) -> str:
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def find_segments(signatures: Sequence[str], plan_counts: Sequence[int]) -> tuple[list[Segment], list[Template]]:
+def find_segments(signatures: Sequence[str], plan_counts: Sequence[int], loops: Sequence[int | None] | None = None,
+                  trips: dict[int, int] | None = None) -> tuple[list[Segment], list[Template]]:
+    """Segments and templates of the block sequence. ``loops``: per block, the loop whose body
+    holds its head (None at the top level): each run of blocks in one loop is cut on its own;
+    ``trips``: each loop's trip count."""
+    loops = list(loops) if loops is not None else [None] * len(signatures)
     ids = _intern(signatures)
-    cuts = _layer_cuts(ids)
+    cuts = []
+    for (loop, run) in itertools.groupby(range(len(ids)), key=loops.__getitem__):
+        run = list(run)
+        cuts += [(run[0] + c, loop) for c in _layer_cuts(ids[run[0]:run[-1] + 1])[:-1]]
+    cuts.append((len(ids), None))
     segments: list[Segment] = []
     templates: list[Template] = []
     by_sig: dict[tuple[str, ...], Template] = {}
-    for a, b in itertools.pairwise(cuts):
+    for (a, loop), (b, _) in itertools.pairwise(cuts):
         sig = tuple(signatures[a:b])
         t = by_sig.get(sig)
         if t is None:
             t = Template(len(templates), sig, list(plan_counts[a:b]))
             by_sig[sig] = t
             templates.append(t)
-        seg = Segment(len(segments), a, b, t.id)
+        seg = Segment(len(segments), a, b, t.id, (trips or {}).get(loop, 1) if loop is not None else 1, loop)
         t.instances.append(seg.index)
         segments.append(seg)
     return segments, templates

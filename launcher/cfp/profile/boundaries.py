@@ -9,7 +9,7 @@ resharding the whole step may do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from launcher.cfp.analysis.core import Analysis
@@ -22,7 +22,11 @@ from launcher.cfp.profile.units import Unit
 class Boundary:
     """Tensors crossing between units ``left`` and ``right`` (either way) and their layouts. Most
     cross between neighbours; a residual connection skips a unit, a tied embedding's gradient
-    goes from the last unit to the first, an MoE layer's dispatch skips several."""
+    goes from the last unit to the first, an MoE layer's dispatch skips several. In a scanned
+    model a tensor also crosses into and out of the loop (the carry, the stacked gradients), from
+    one iteration to the next (``left == right`` where the body is one unit), and from the forward
+    loop's body to the backward's (the residuals): those are counted ``times`` a step, a layer at
+    a time."""
     left: int
     right: int
     vars: list[int]
@@ -30,6 +34,10 @@ class Boundary:
     produced: list[list[Spec | None]]   # per var: layout per producing unit's combo
     wanted: list[list[Spec]]            # per var: layout per consuming unit's combo
     from_left: list[bool]               # per var: produced by the left unit
+    times: list[int] = field(default_factory=list)  # per var: crossings a step (default once)
+
+    def count(self, k: int) -> int:
+        return self.times[k] if self.times else 1
 
 
 def find_boundaries(a: Analysis, units: Sequence[Unit]) -> list[Boundary]:
@@ -39,30 +47,84 @@ def find_boundaries(a: Analysis, units: Sequence[Unit]) -> list[Boundary]:
     for u in units:
         for b in range(u.start, u.end):
             unit_of[b] = u.index
-    crossing: dict[tuple[int, int], dict[int, bool]] = {}   # (left, right) -> {var: produced by left}
+    ops_of = {u.index: {i for i in range(len(g.ops)) if a.evaluable(i) and u.start <= owner[i] < u.end}
+              for u in units}
+    # (left, right) -> {(produced var, wanted var): (produced by left, times)}
+    crossing: dict[tuple[int, int], dict[tuple[int, int], tuple[bool, int]]] = {}
+
+    def cross(here: int, there: int, made: int, read: int, times: int, self_ok: bool = False) -> None:
+        if (here != there or self_ok) and g.shape(made) and times > 0:
+            crossing.setdefault((min(here, there), max(here, there)), {})[(made, read)] = (here <= there, times)
+
     for op in g.ops:
-        if op.loop is not None:
+        if not a.evaluable(op.id):
             continue
         here = unit_of[owner[op.id]]
         for v in op.outputs:
             for c in g.consumers[v]:
-                there = unit_of[owner[c]]
-                if g.ops[c].loop is None and here != there and g.shape(v):
-                    crossing.setdefault((min(here, there), max(here, there)), {})[v] = here < there
-    ops_of = {u.index: {op.id for op in g.ops if op.loop is None and u.start <= owner[op.id] < u.end}
-              for u in units}
+                if a.evaluable(c):
+                    cross(here, unit_of[owner[c]], v, v, a.trips_of(op.id))
+    for made, read, times, self_ok in _loop_crossings(a):
+        if g.producer[made] is not None and a.evaluable(g.producer[made]):
+            here = unit_of[owner[g.producer[made]]]
+            for there in {unit_of[owner[c]] for c in g.consumers[read] if a.evaluable(c)}:
+                cross(here, there, made, read, times, self_ok)
     out = []
-    for (left, right), cross in sorted(crossing.items()):
-        b = Boundary(left, right, [], [], [], [], [])
-        for v, from_left in sorted(cross.items()):
+    for (left, right), pairs in sorted(crossing.items()):
+        b = Boundary(left, right, [], [], [], [], [], [])
+        for (made, read), (from_left, times) in sorted(pairs.items()):
             src, dst = (units[left], units[right]) if from_left else (units[right], units[left])
-            b.vars.append(v)
-            b.types.append((g.shape(v), g.vars[v].dtype))
+            drop = len(g.shape(read)) - len(g.shape(made))   # a stacked tensor read as layers, or back
+            b.vars.append(made if drop >= 0 else read)
+            b.types.append((g.shape(b.vars[-1]), g.vars[made].dtype))
             b.from_left.append(from_left)
-            b.produced.append([Layouts(a, src.assignment(c)).produced(v) for c in src.combos()])
-            b.wanted.append([Layouts(a, dst.assignment(c)).wanted(v, within=ops_of[dst.index])
+            b.times.append(times)
+            b.produced.append([_layer(Layouts(a, src.assignment(c)).produced(made), -drop) for c in src.combos()])
+            b.wanted.append([_layer(Layouts(a, dst.assignment(c)).wanted(read, within=ops_of[dst.index]), drop)
                              for c in dst.combos()])
         out.append(b)
+    return out
+
+
+def _layer(spec: Spec | None, drop: int) -> Spec | None:
+    """A stacked tensor's layout as its layers': the leading (layer) axis dropped, where ``drop``."""
+    return spec if spec is None or drop <= 0 else tuple(spec[drop:])
+
+
+def _loop_crossings(a: Analysis) -> list[tuple[int, int, int, bool]]:
+    """(tensor made, tensor read, times a step, within one unit too) for what crosses the
+    expanded scans' boundaries: into the body (a constant or the carry, once), out of it (the
+    final carry once; a stacked result, a layer per iteration), from one iteration to the next
+    (the carry, trips - 1 times), and from one expanded scan's body to another's (a layer of a
+    stacked residual, per iteration)."""
+    g, out = a.graph, []
+    stacked_from: dict[int, int] = {}   # stacked result of an expanded scan -> the body tensor stacked
+    for loop in a.expanded:
+        (_, outs), = g.loop_io[loop]
+        nk = g.ops[loop].params["num_carry"]
+        for v, s in zip(outs[nk:], g.ops[loop].outputs[nk:], strict=True):
+            if v is not None:
+                stacked_from[s] = v
+    for loop in sorted(a.expanded):
+        p, op = g.ops[loop].params, g.ops[loop]
+        (ins, outs), = g.loop_io[loop]
+        nc, nk, trips = p["num_consts"], p["num_carry"], p["length"]
+        for k, v in enumerate(ins):
+            outer, how = g.outer.get(v, (None, ""))
+            if outer is None:
+                continue
+            if how == "same":
+                out.append((outer, v, 1, False))
+            elif outer in stacked_from:
+                out.append((stacked_from[outer], v, trips, True))
+            else:  # a stacked tensor the top level makes (weights cast for compute), read a layer at a time
+                out.append((outer, v, trips, False))
+        for k, (v, result) in enumerate(zip(outs, op.outputs, strict=True)):
+            if v is None:
+                continue
+            out.append((v, result, 1 if k < nk else trips, False))
+            if k < nk:
+                out.append((v, ins[nc + k], trips - 1, True))
     return out
 
 

@@ -129,7 +129,7 @@ class Profiles:
             else:
                 src, dst = b.produced[k][right_combo], b.wanted[k][left_combo]
             if src is not None and src != dst:
-                total += self.reshard[(b.types[k], src, dst)]
+                total += self.reshard[(b.types[k], src, dst)] * b.count(k)
         return total
 
 

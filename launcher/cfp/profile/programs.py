@@ -81,7 +81,7 @@ def gradient_allreduces(a: Analysis, units: Sequence[Unit]) -> list[list[frozens
 def whole_overhead_entry(a: Analysis, mesh: Any, timer: Timer) -> dict:
     """The store entry of the whole step's overhead program, timed: its arguments laid out as
     under every block's first plan (the overhead hardly depends on layouts; it grows with buffers)."""
-    sp = segment_program(a, 0, len(a.blocks))
+    sp = segment_program(a, 0, len(a.blocks), top_level=True)
     assignment = {b.id: 0 for b in a.blocks}
     _, shardings = build(a, sp, assignment, mesh)
     args = synthetic_inputs(a, sp, shardings)

@@ -34,9 +34,15 @@ class SegmentProgram:
     boundary: list[int]   # the inputs another segment produces (activations, gradients)
 
 
-def segment_program(a: Analysis, start: int, end: int) -> SegmentProgram:
+def segment_program(a: Analysis, start: int, end: int, top_level: bool = False) -> SegmentProgram:
+    """The program of blocks ``[start, end)``: their operators that segment programs evaluate
+    (``Analysis.evaluable``: a scanned model's layer, forward and backward, as one iteration of
+    each loop body). ``top_level``: the step's top-level operators instead, loops whole."""
     g = a.graph
-    ops = [op.id for op in g.ops if op.loop is None and start <= a.owner[op.id] < end]
+    if top_level:
+        ops = [op.id for op in g.ops if op.loop is None and start <= a.owner[op.id] < end]
+    else:
+        ops = [op.id for op in g.ops if a.evaluable(op.id) and start <= a.owner[op.id] < end]
     mine = set(ops)
     produced = {v for i in ops for v in g.ops[i].outputs}
     inputs, seen = [], set()
@@ -45,9 +51,12 @@ def segment_program(a: Analysis, start: int, end: int) -> SegmentProgram:
             if v is not None and v not in produced and v not in g.const_values and v not in seen:
                 seen.add(v)
                 inputs.append(v)
-    program_outputs = {v for v in g.outputs if v is not None}
+    # What leaves: read outside the segment, a result of the step, or a result of a loop body
+    # (the next iteration's carry, a layer stacked for the backward loop).
+    leaving = {v for v in g.outputs if v is not None}
+    leaving.update(v for loop in a.expanded for _, outs in g.loop_io[loop] for v in outs if v is not None)
     outputs = [v for i in ops for v in g.ops[i].outputs
-               if v in program_outputs or any(u not in mine for u in g.consumers[v])]
+               if v in leaving or any(u not in mine for u in g.consumers[v])]
     boundary = [v for v in inputs if g.producer[v] is not None]
     return SegmentProgram(start, end, ops, inputs, outputs, boundary)
 

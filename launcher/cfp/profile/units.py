@@ -19,6 +19,7 @@ class Unit:
     start: int                   # first block
     end: int
     plan_counts: list[int]
+    trips: int = 1               # how often a step runs it (a scanned body's segment: the trip count)
 
     def combos(self) -> list[tuple[int, ...]]:
         return list(itertools.product(*(range(n) for n in self.plan_counts)))
@@ -45,7 +46,7 @@ def profiling_units(a: Analysis, max_space: int) -> list[Unit]:
         t = a.templates[seg.template]
         for part, (lo, hi) in enumerate(split_parts(t.plan_counts, max_space)):
             units.append(Unit(len(units), seg.index, (t.id, part), seg.start + lo, seg.start + hi,
-                              t.plan_counts[lo:hi]))
+                              t.plan_counts[lo:hi], seg.trips))
     return units
 
 

@@ -60,12 +60,17 @@ class _Costs:
     def __init__(self, prof: Profiles) -> None:
         self.prof = prof
         self.combos = [u.combos() for u in prof.units]
-        # Each unit's gradient all-reduces are paid once for the whole step (``total``), not per unit.
-        self.grads = prof.gradient_allreduces or [[frozenset()] * len(c) for c in self.combos]
+        # Each unit's gradient all-reduces are paid once for the whole step (``total``), not per
+        # unit; but a scanned body's, once per iteration (XLA cannot merge them across iterations).
+        grads = prof.gradient_allreduces or [[frozenset()] * len(c) for c in self.combos]
+        self.grads = [g if u.trips == 1 else [frozenset()] * len(g) for g, u in zip(grads, prof.units, strict=True)]
         lat = prof.allreduce_latency_s
-        self.time = [[max(prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k]), 0.0)
+        # A scanned body's unit runs ``trips`` times a step, and holds a layer of what the loop
+        # stacks (weights, optimizer state, residuals) per iteration.
+        self.time = [[max(prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k]), 0.0) * u.trips
                       for k, c in enumerate(self.combos[i])] for i, u in enumerate(prof.units)]
-        self.mem = [[prof.table[u.kind][c]["mem_bytes"] for c in self.combos[i]] for i, u in enumerate(prof.units)]
+        self.mem = [[prof.table[u.kind][c]["mem_bytes"] * u.trips for c in self.combos[i]]
+                    for i, u in enumerate(prof.units)]
         self.into: list[list[tuple[int, Boundary]]] = [[] for _ in prof.units]  # (index, b) by right unit
         for k, b in enumerate(prof.boundaries):
             self.into[b.right].append((k, b))
@@ -97,7 +102,7 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
         raise UserError(prof.infeasible)
     budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
     costs = _Costs(prof)
-    cost, mem, units = costs.time, costs.mem, prof.units
+    cost, mem, units = [list(t) for t in costs.time], costs.mem, prof.units
     _refuse_untimed_within(costs, budget)
 
     least = sum(min(m) for m in mem)
@@ -106,6 +111,12 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
                          f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
                          "devices")
 
+    # A tensor crossing within one unit (a scanned body's carry, from one iteration to the next)
+    # is part of the unit's own cost.
+    for i in range(len(units)):
+        for k, b in costs.into[i]:
+            if b.left == i:
+                cost[i] = [t + costs.crossing(k, b, c, c) for c, t in enumerate(cost[i])]
     # front[c]: (time, memory, path) entries, path = a combination index per unit so far
     front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget else [] for c in range(len(cost[0]))]
     for i in range(1, len(units)):

@@ -146,8 +146,12 @@ class Nearest:
         inputs = dict(zip(g.inputs, g.input_names, strict=True))
         what = []
         for m in self.mismatches:
-            if m.is_input(g):
+            if m.is_input(g) and m.var in inputs:
                 tensor = f"input {inputs[m.var]}"
+            elif m.is_input(g):  # a loop body's input: a layer of a stacked tensor, or a carry
+                outer = g.canonical(m.var)
+                tensor = f"{g.vars[m.var].type_str} in a loop, from " + (
+                    f"input {inputs[outer]}" if outer in inputs else f"op {g.producer[outer]}")
             else:
                 op = g.ops[g.producer[m.var]]
                 tensor = f"{g.vars[m.var].type_str} of op {op.id} {op.prim} ({op.phase})"
@@ -183,6 +187,7 @@ def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -
         known = input_layouts(a, program, name, list(devices) or jax.devices())
     if known is None:
         return None
+    known = references.into_loops(a.graph, known)
     assignment = nearest_assignment(a, known)
     return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
 
