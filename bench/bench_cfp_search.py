@@ -383,7 +383,7 @@ def users_worker(spec: str) -> dict:
     t0 = time.perf_counter()
     on = pipeline.analyze_meshes(instantiate(s["model"], _convert_="all"), cfg["mesh_shape"],
                                  learning_rate=cfg["learning_rate"], log=log)
-    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log)
+    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, baselines=options.baselines)
     t_profiled = time.perf_counter()
     ilp = pipeline.ilp_plan(on, ilp_options(cfg), is_main=ctx.is_main, log=log) \
         if ILP_BASELINE in options.baselines else None

@@ -364,13 +364,14 @@ def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
     a = answer([None, Ran()], [run("cfp", [1.135, 1.2]), run("dp_tp", [1.0, 1.05])], plans, 0.02)
     assert (a.name, a.source, a.searched, a.best_baseline) == ("dp_tp", "baseline", "cfp", "dp_tp")
     assert a.vs_best_baseline_paired == 1.0 and a.searched_vs_best_baseline_paired == pytest.approx(1.1389, abs=1e-3)
-    assert a.why() == ("no plan of CFP's space beat the fastest baseline, dp_tp, by 2% round by round (CFP's plan: "
-                       "1.139x its time, paired over 2 rounds): the answer is dp_tp's plan")
+    assert a.why() == ("CFP's plan ran 1.139x the time of the fastest baseline, dp_tp, round by round (paired over 2 "
+                       "rounds): not faster by the 2% mode.verify_margin asks, so the answer is dp_tp's plan")
     # plan.json: dp_tp's rules with the mesh axes sized as it ran, which mode=train loads as any plan file.
     assert Plan.from_dict(json.loads(a.plan.to_json())) == builtin("dp_tp").with_axis_sizes(data=4, model=2)
     a = answer([None, Ran()], [run("cfp", [0.9, 0.95]), run("dp_tp", [1.0, 1.05])], plans, 0.02)
     assert (a.name, a.source, a.plan) == ("cfp", "cfp", searched) and a.vs_best_baseline_paired == pytest.approx(0.902, abs=1e-3)
-    assert a.why().startswith("CFP's plan beat the fastest baseline, dp_tp, by 2% round by round (0.902x")
+    assert a.why() == ("CFP's plan ran 0.902x the time of the fastest baseline, dp_tp, round by round (paired over 2 "
+                       "rounds): faster by the 2% mode.verify_margin asks, so the answer is CFP's plan")
     # The Alpa-style ILP's plan, raced as a baseline, is the answer where it is the fastest.
     ilp = Plan("alpa_ilp", searched.mesh_axes, searched.rules)
     a = answer([None, Ran(), None], [run("cfp", [1.2, 1.2]), run("dp_tp", [1.0, 1.05]), run("alpa_ilp", [0.8, 0.8])],
@@ -379,7 +380,8 @@ def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
     assert a.why().endswith("the answer is the Alpa-style ILP's plan")
     # mode.algorithm=ilp: the ILP's plan is the searched one.
     a = answer([None, Ran()], [run("alpa_ilp", [1.1, 1.1]), run("dp_tp", [1.0, 1.0])], lambda i: ilp, 0.02)
-    assert a.why().startswith("the Alpa-style ILP's plan did not beat the fastest baseline, dp_tp, by 2%")
+    assert a.why().startswith("the Alpa-style ILP's plan ran 1.100x the time of the fastest baseline, dp_tp,")
+    assert a.why().endswith("not faster by the 2% mode.verify_margin asks, so the answer is dp_tp's plan")
 
 
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):

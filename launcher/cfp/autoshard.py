@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, field, fields, replace
@@ -45,11 +47,17 @@ from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, Profil
 from launcher.cfp.program import TrainingProgram
 from launcher.cfp.search.measure import PlanRun
 from launcher.cfp.search.meshes import AUTO
-from launcher.cfp.search.report import best_baseline, table_text
+from launcher.cfp.search.report import table_text
 from launcher.cfp.user_step import (STEP_BASELINES, ArrayStep, baseline_constraints, combine, describe_leaves,
                                     out_shardings, place, shapes_of, split, step_program)
 from launcher.errors import UserError
 from launcher.runtime import program as user_program
+
+# Where autoshard's defaults differ from mode=search's (launcher/cfp/options.py): the final race
+# in ten short rounds rather than three long ones (pairing cancels a shared machine's drift round
+# by round, and a baseline 1.25x the fastest after three rounds stops racing), and a shortlist of
+# three: a search from Python is interactive, and these are where its time went.
+AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3}
 
 FORMAT = "xlaunch-autoshard-plan"
 VERSION = 1
@@ -89,7 +97,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     """
     if algorithm not in ("cfp", "ilp"):
         raise UserError(f"algorithm={algorithm!r}: choose cfp (CFP's profiling search) or ilp (the Alpa-style ILP)")
-    log = log or _print_main
+    log = _keywords(log or _print_main)
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings)
     search, ilp = search_options(program, {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir,
                                            "baselines": list(baselines), **options})
@@ -106,7 +114,7 @@ def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> t
                         "ilp_time_limit_s (launcher/cfp/options.py says what each does)")
     defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls)
                 if f.name != "profile"}
-    config = {**defaults, "seed": seed, **settings}
+    config = {**defaults, **AUTOSHARD_DEFAULTS, "seed": seed, **settings}
     if program.in_shardings is not None and USER_BASELINE not in config["baselines"]:
         config["baselines"] = [*config["baselines"], USER_BASELINE]
     search = SearchOptions.of(config)
@@ -122,9 +130,15 @@ def search_step(program: TrainingProgram, mesh_shape: Any, algorithm: str, searc
     if not cfp:
         planned = pipeline.ilp_plan(on, ilp, is_main=is_main, log=log)
         return AutoPlan.from_ilp(program, planned, pipeline.ilp_search(planned, program, search, log=log))
-    on = pipeline.profile_meshes(on, search.profile, is_main=is_main, log=log)
+    on = pipeline.profile_meshes(on, search.profile, is_main=is_main, log=log, baselines=search.baselines)
     planned = pipeline.ilp_plan(on, ilp, is_main=is_main, log=log) if ILP_BASELINE in search.baselines else None
     return AutoPlan.from_search(program, pipeline.search(on, search, log=log, ilp=planned))
+
+
+def _keywords(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` with the passes' option names as autoshard's keywords: the passes speak the
+    command line's keys (``mode.verify_margin``), and here they are ``verify_margin=``."""
+    return lambda line: log(re.sub(r"\bmode\.([a-z_]+)(=?)", lambda m: f"{m.group(1)}=", line))
 
 
 def _print_main(line: str) -> None:
@@ -238,17 +252,28 @@ class AutoPlan:
         return self.measured["step_time_s"]
 
     def comparison(self) -> dict:
-        """The plan against the fastest baseline (median step times and round by round), and
-        against the user's own shardings where they ran (``vs_user_paired``: below 1, the plan
-        beat them)."""
+        """What the race measured, named as it ran: ``fastest`` (the plan of least median step
+        time, searched or baseline) and its time; ``best_baseline`` (the fastest baseline: never
+        the searched plan) and the answer's time over it (``vs_best_baseline``, medians;
+        ``vs_best_baseline_paired``, round by round); the searched plan's own over it
+        (``searched_vs_best_baseline_paired``); and against the user's own shardings where they
+        ran (``vs_user_paired``: below 1, the answer beat them). A baseline dropped from the race
+        (``drop_slower_than``) is compared over the rounds it ran."""
         runs = self._runs()
-        mine, others = runs.pop(self.row), runs
-        out = best_baseline(mine, others)
-        if USER_BASELINE in others:
-            out["vs_user_paired"] = best_baseline(mine, {USER_BASELINE: others[USER_BASELINE]})[
-                "vs_best_baseline_paired"]
-        elif self.row == USER_BASELINE:
-            out["vs_user_paired"] = 1.0  # the user's own layout is the answer
+        searched = self.algorithm if self.algorithm == "cfp" else ILP_BASELINE
+        baselines = {n: r for n, r in runs.items() if n != searched}
+        fastest = min(runs, key=lambda n: runs[n].step_time_s)
+        out: dict[str, Any] = {"answer": self.row, "fastest": fastest, "fastest_step_time_s": runs[fastest].step_time_s}
+        if not baselines:
+            return out
+        best = min(baselines, key=lambda n: baselines[n].step_time_s)
+        mine = runs[self.row]
+        out.update(best_baseline=best, vs_best_baseline=mine.step_time_s / runs[best].step_time_s,
+                   vs_best_baseline_paired=_paired(mine, runs[best]))
+        if searched in runs:
+            out["searched_vs_best_baseline_paired"] = _paired(runs[searched], runs[best])
+        if USER_BASELINE in runs:
+            out["vs_user_paired"] = _paired(mine, runs[USER_BASELINE])
         return out
 
     def table(self) -> str:
@@ -353,6 +378,13 @@ class AutoPlan:
 
 
 _NOT_SAVED = {"searched", "own"}  # this session's objects
+
+
+def _paired(a: PlanRun, b: PlanRun) -> float:
+    """``a``'s time over ``b``'s round by round (the median), over the rounds both ran."""
+    n = min(len(a.repeat_times_s), len(b.repeat_times_s))
+    return 1.0 if a is b else statistics.median(x / y for x, y in zip(a.repeat_times_s[:n], b.repeat_times_s[:n],
+                                                                         strict=True))
 
 
 def _placed(x: Any, sharding: Any) -> Any:

@@ -70,6 +70,15 @@ class ProfileOptions(_Options):
     # (bench/bench_cfp_additivity.py).
     cold_caches: bool = False
     max_segment_space: int = 128  # templates with more combinations are profiled in parts
+    # Of each unit's combinations, profile the ones a rough cost model ranks first (compiling is
+    # nearly all a cold search's time, and most of a layer's combinations are far from its best;
+    # profile/estimate.py), and those of the plans nearest the baselines. 0: every combination,
+    # as CFP's artifact.
+    profile_top_k: int = 8
+    # Measure every resharding between segments the search may use (CFP's artifact), instead of
+    # pricing them with the mesh's calibrated collectives (the ILP's cost model, measured once per
+    # mesh and machine for every model: a few dozen programs where the pairs are hundreds).
+    measure_resharding: bool = False
     memory_budget_gb: float = 0.0  # per device; 0: unlimited. The search's plans must fit it too
     # A combination no plan within memory_budget_gb can hold (its compiled memory plus the least
     # the other segments need, where known) is not timed (a later run with a larger budget times
@@ -86,6 +95,8 @@ class ProfileOptions(_Options):
     def __post_init__(self) -> None:
         if self.early_stop_ratio < 0:
             raise UserError(f"mode.early_stop_ratio={self.early_stop_ratio}: must be 0 (off) or more (e.g. 1.5)")
+        if self.profile_top_k < 0:
+            raise UserError(f"mode.profile_top_k={self.profile_top_k}: must be 0 (every combination) or more (e.g. 8)")
 
     @property
     def memory_budget_bytes(self) -> Optional[float]:

@@ -93,7 +93,7 @@ class OnMesh:
     """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
     analyzed: Analyzed
     mesh: Any
-    profiles: Any = None   # launcher.cfp.profile.Profiles; None until profiled (profile_meshes)
+    profiles: Any = None   # launcher.cfp.profile.profiler.Profiles; None until profiled (profile_meshes)
     folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
 
     @property
@@ -174,7 +174,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
 
 @dataclass
 class Profiled:
-    profiles: Any          # launcher.cfp.profile.Profiles
+    profiles: Any          # launcher.cfp.profile.profiler.Profiles
     store_dir: str
 
     def to_json(self, analysis: Analysis) -> dict:
@@ -183,7 +183,7 @@ class Profiled:
 
 
 def profiles_json(p: Any, analysis: Analysis) -> dict:
-    """``profiles.json`` of profiles ``p`` (``launcher.cfp.profile.Profiles``) of ``analysis``."""
+    """``profiles.json`` of profiles ``p`` (``launcher.cfp.profile.profiler.Profiles``) of ``analysis``."""
     return {
         "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
                    "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in p.units],
@@ -200,14 +200,15 @@ def profiles_json(p: Any, analysis: Analysis) -> dict:
 
 
 def profile(analyzed: Analyzed, mesh: Any, options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
-            log: Log = _silent, progress: Optional[Progress] = None) -> Profiled:
+            log: Log = _silent, progress: Optional[Progress] = None, keep: Sequence[Sequence[int]] = ()) -> Profiled:
     """The profile pass: measures every segment combination the store at ``options.store_dir``
     lacks. ``options.overlap_compile`` None: compile the next candidate while timing this one on
     accelerators, not on CPU devices (where the compiler would share the timed program's cores).
     CFP's shortcuts (``profile/candidates.py``): with ``skip_over_budget``, a combination no plan
     within the memory budget can hold is not timed (search under a budget no larger); with
     ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
-    timed no further."""
+    timed no further. ``options.profile_top_k``: of each unit's combinations, those a rough cost
+    model ranks first, and those of the whole plans ``keep`` (a plan per block)."""
     o = options
     a = analyzed.analysis
     store = ProfileStore(Path(o.store_dir).expanduser().resolve())
@@ -227,7 +228,8 @@ def profile(analyzed: Analyzed, mesh: Any, options: ProfileOptions = ProfileOpti
             if o.early_stop_ratio > 0 else "no early stop (mode.early_stop_ratio=0)")
     log("profile: %s; %s" % (skip, stop))
     profiler = Profiler(a, mesh, store, repeats=o.repeats, warmup=o.warmup, cold=o.cold_caches,
-                        max_space=o.max_segment_space, overlap=overlap, log=log, is_main=is_main, shortcuts=shortcuts)
+                        max_space=o.max_segment_space, overlap=overlap, log=log, is_main=is_main, shortcuts=shortcuts,
+                        top_k=o.profile_top_k, keep=keep, measure_resharding=o.measure_resharding)
     for t in a.templates:
         if t.space > o.max_segment_space:
             parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, o.max_segment_space)]
@@ -237,11 +239,21 @@ def profile(analyzed: Analyzed, mesh: Any, options: ProfileOptions = ProfileOpti
 
 
 def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
-                   log: Log = _silent, progress: Optional[Progress] = None) -> list[OnMesh]:
-    """``profile`` on each mesh of ``on`` (``analyze_meshes``'): the same meshes, profiled."""
+                   log: Log = _silent, progress: Optional[Progress] = None,
+                   baselines: Sequence[str] = ()) -> list[OnMesh]:
+    """``profile`` on each mesh of ``on`` (``analyze_meshes``'): the same meshes, profiled; with
+    the plans nearest ``baselines`` (where the search looks for them) profiled whatever
+    ``options.profile_top_k`` keeps."""
+    keep: dict[int, list[list[int]]] = {}
+    program = on[0].analyzed.program if on else None
+    if options.profile_top_k and program is not None and baselines:
+        names = [n for n in baselines if n != ILP_BASELINE]
+        for i, plan in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
+            keep.setdefault(i, []).append(plan)
     out = []
-    for o in on:
-        p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress).profiles
+    for i, o in enumerate(on):
+        p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress,
+                    keep=keep.get(i, ())).profiles
         log("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
             "measured now" % (o.shape, p.reused, p.profiled_configs, p.measured))
         out.append(replace(o, profiles=p))
@@ -303,18 +315,18 @@ class Answer:
         return 1.0 if self.name == self.best_baseline else self.searched_vs_best_baseline_paired
 
     def why(self) -> str:
-        """Which plan is the answer and why, in plain words."""
+        """Which plan is the answer and why, in plain words: what the race measured (the searched
+        plan's time over the fastest baseline's, round by round) and what the answer asks of it."""
         own, best = plan_title(self.searched), self.best_baseline
         if best is None:
             return f"no baseline ran every round beside it: the answer is {own}"
-        by = f" by {self.margin * 100:g}%" if self.margin else ""
-        measured = f"{self.searched_vs_best_baseline_paired:.3f}x its time, paired over {self.rounds} rounds"
+        ratio = self.searched_vs_best_baseline_paired
+        measured = (f"{own} ran {ratio:.3f}x the time of the fastest baseline, {best}, round by round (paired over "
+                    f"{self.rounds} rounds)")
+        asked = f" by the {self.margin * 100:g}% mode.verify_margin asks" if self.margin else ""
         if self.name == self.searched:
-            return (f"{own} beat the fastest baseline, {best},{by} round by round ({measured}): the answer is "
-                    f"{own}")
-        lost = "no plan of CFP's space beat" if self.searched == "cfp" else f"{own} did not beat"
-        return (f"{lost} the fastest baseline, {best},{by} round by round ({plan_title(self.searched)}: "
-                f"{measured}): the answer is {plan_title(self.name)}")
+            return f"{measured}: faster{asked}, so the answer is {own}"
+        return f"{measured}: not faster{asked}, so the answer is {plan_title(self.name)}"
 
 
 def plan_title(name: str) -> str:

@@ -49,6 +49,8 @@ class ProfileConfig(AnalysisConfig):
     warmup: int = ProfileOptions.warmup
     cold_caches: bool = ProfileOptions.cold_caches
     max_segment_space: int = ProfileOptions.max_segment_space
+    profile_top_k: int = ProfileOptions.profile_top_k
+    measure_resharding: bool = ProfileOptions.measure_resharding
     memory_budget_gb: float = ProfileOptions.memory_budget_gb
     skip_over_budget: bool = ProfileOptions.skip_over_budget
     early_stop_ratio: float = ProfileOptions.early_stop_ratio

@@ -59,8 +59,6 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
     shapes = [g.shape(v) for v in op.outputs]
     replicated = [((),) * len(s) for s in shapes]
     known = [(g.shape(v), s) for v, s in zip(op.inputs, ins, strict=True) if v is not None and s is not None]
-    p = op.params
-
     if not op.inputs:
         return replicated, False
     if op.prim in ELEMENTWISE:
@@ -77,7 +75,14 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
         # The first operand carries the layout of every structural rule below; without it
         # there is nothing to propagate.
         return replicated, bool(known)
-    spec, in_shape = ins[0], g.shape(op.inputs[0])
+    return _structural(g, op, ins[0], known, shapes, mesh_shape)
+
+
+def _structural(g: Graph, op: Op, spec: Spec, known: list, shapes: list, mesh_shape: Sequence[int]
+                ) -> tuple[list[Spec], bool]:
+    """The rules that follow the first operand's layout ``spec`` (module doc)."""
+    p, in_shape = op.params, g.shape(op.inputs[0])
+    replicated = [((),) * len(s) for s in shapes]
     if op.prim == "broadcast_in_dim":
         out: list = [()] * len(shapes[0])
         for i, d in enumerate(p.get("broadcast_dimensions", ())):

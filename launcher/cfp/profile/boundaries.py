@@ -109,7 +109,7 @@ def _loop_crossings(a: Analysis) -> list[tuple[int, int, int, bool]]:
         p, op = g.ops[loop].params, g.ops[loop]
         (ins, outs), = g.loop_io[loop]
         nc, nk, trips = p["num_consts"], p["num_carry"], p["length"]
-        for k, v in enumerate(ins):
+        for v in ins:
             outer, how = g.outer.get(v, (None, ""))
             if outer is None:
                 continue
@@ -128,13 +128,17 @@ def _loop_crossings(a: Analysis) -> list[tuple[int, int, int, bool]]:
     return out
 
 
-def layout_pairs(boundaries: Sequence[Boundary]) -> list[tuple]:
-    """Every ((shape, dtype), src, dst) resharding the boundaries can need, in a fixed order."""
+def layout_pairs(boundaries: Sequence[Boundary], profiled: Sequence[Sequence[int]] | None = None) -> list[tuple]:
+    """Every ((shape, dtype), src, dst) resharding the boundaries can need, in a fixed order;
+    with ``profiled`` (per unit, the combination indices the search may use), only between those."""
     pairs = set()
     for b in boundaries:
         for k in range(len(b.vars)):
-            for src in set(b.produced[k]):
-                for dst in set(b.wanted[k]):
+            src_unit, dst_unit = (b.left, b.right) if b.from_left[k] else (b.right, b.left)
+            made = b.produced[k] if profiled is None else [b.produced[k][c] for c in profiled[src_unit]]
+            read = b.wanted[k] if profiled is None else [b.wanted[k][c] for c in profiled[dst_unit]]
+            for src in set(made):
+                for dst in set(read):
                     if src is not None and src != dst:
                         pairs.add((b.types[k], src, dst))
     return sorted(pairs, key=repr)

@@ -52,6 +52,7 @@ import numpy as np
 
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
+from launcher.cfp.profile.estimate import ranked
 from launcher.cfp.profile.keys import StoreKeys
 from launcher.cfp.profile.segment_program import (
     SegmentProgram,
@@ -101,9 +102,14 @@ def timed_in_full(entry: dict) -> bool:
 class CandidateLoop:
     def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, keys: StoreKeys, timer: Timer,
                  units: Sequence[Unit], *, overlap: bool = True, log: Callable[[str], None] = print,
-                 is_main: bool = True, shortcuts: Shortcuts = Shortcuts()) -> None:
+                 is_main: bool = True, shortcuts: Shortcuts = Shortcuts(), top_k: int = 0,
+                 keep: Sequence[Sequence[int]] = ()) -> None:
         self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
         self.overlap, self.log, self.is_main, self.shortcuts = overlap, log, is_main, shortcuts
+        # Which combinations of a kind are profiled: the ``top_k`` the rough model ranks first
+        # (``estimate.py``; 0: every one) and those of the whole plans ``keep`` (the plans
+        # nearest the baselines, which the search measures beside its own).
+        self.top_k, self.keep = top_k, [list(plan) for plan in keep]
         self.first = first_units(units)
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
         self._split = {u.kind[0] for u in units if u.kind[1] > 0}  # templates profiled in parts
@@ -123,10 +129,23 @@ class CandidateLoop:
         self.least_plan_bytes = 0
 
     def candidates(self) -> list[Candidate]:
-        """Every kind's combinations, the kinds with the fewest first: the sooner a kind's every
+        """The combinations to profile, the kinds with the fewest first: the sooner a kind's every
         memory is known, the sooner the floors of the rest (``plan_floor``) and a budget no plan
-        meets (``over_budget_everywhere``) are known too."""
-        return [(u, c) for u in sorted(self.first.values(), key=lambda u: len(u.combos())) for c in u.combos()]
+        meets (``over_budget_everywhere``) are known too. Within a kind, the rough model's order
+        (``estimate.ranked``): the likely best first, so the early stop has its yardstick soon;
+        with ``top_k``, its first ``top_k`` and those of the ``keep`` plans."""
+        out = []
+        for u in sorted(self.first.values(), key=lambda u: len(u.combos())):
+            order = ranked(self.a, u)
+            if self.top_k and len(order) > self.top_k:
+                kept = {tuple(plan[u.start:u.end]) for plan in self.keep}
+                order = order[:self.top_k] + [c for c in order[self.top_k:] if c in kept]
+            out += [(u, c) for c in order]
+        return out
+
+    def space(self) -> int:
+        """Every kind's combinations (what CFP's artifact profiles)."""
+        return sum(self._combos.values())
 
     def missing(self, candidates: list[Candidate]) -> list[bool]:
         """Which candidates the store lacks, or holds an entry this run's shortcuts may not reuse
@@ -285,18 +304,19 @@ class CandidateLoop:
             self.best[u.kind] = min((best, best_overhead), (out["time_s"], out["overhead_s"]))
         return out
 
-    def table(self, partial: bool = False) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
-        """Every kind's entries from the store, by combination (``partial``: those it has)."""
+    def table(self, partial: bool = False, profiled: Sequence[Candidate] = ()) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
+        """Every kind's entries from the store, by combination: those ``profiled`` must be there
+        (``partial``: what is); any other the store holds (measured by an earlier run) too."""
         out: dict[tuple[int, int], dict[tuple[int, ...], dict]] = {}
+        wanted = {(u.kind, c) for u, c in profiled}
         for kind, u in self.first.items():
             out[kind] = {}
             for c in u.combos():
                 entry = self.store.get(self.keys.segment(u, c))
-                if entry is None and partial:
-                    continue
-                if entry is None:
+                if entry is None and (kind, c) in wanted and not partial:
                     raise RuntimeError(f"profile entry missing after profiling: template {kind}, combination {c}")
-                out[kind][c] = entry
+                if entry is not None and ((kind, c) in wanted or self.shortcuts.reuses(entry)):
+                    out[kind][c] = entry
         return out
 
 

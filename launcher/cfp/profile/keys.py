@@ -22,8 +22,10 @@ from launcher.cfp.profile.units import Unit
 # Not bumped for the profiling shortcuts (candidates.py): an entry without their marks is, as
 # before, a candidate timed in full, so version-4 stores are read and reused as they are; the
 # marked entries (``over_budget``: no time; ``stopped_early``: a bound) are new and are reused
-# only where a run's shortcuts allow (``candidates.Shortcuts.reuses``).
-PROFILE_VERSION = 4
+# only where a run's shortcuts allow (``candidates.Shortcuts.reuses``). Version 5: scanned layers
+# profiled an iteration at a time (their loops' bodies are segments), and a resharding's overhead
+# program is the identity keeping its layout.
+PROFILE_VERSION = 5
 
 
 def model_signature(a: Analysis) -> str:

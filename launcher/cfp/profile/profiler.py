@@ -40,11 +40,12 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from launcher.cfp.analysis.core import Analysis
+from launcher.cfp.ilp.calibrate import calibrate
 from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.cfp.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts
@@ -102,21 +103,26 @@ class Profiles:
 
     def timed(self, kind: tuple[int, int], combo: tuple[int, ...]) -> bool:
         """Whether the combination has a time: not when the profile skipped it for its memory
-        (then no plan may hold it)."""
-        return not self.table[kind][combo].get("over_budget")
+        (then no plan may hold it), nor when it did not profile it (``ProfileOptions.top_k``)."""
+        e = self.table[kind].get(combo)
+        return e is not None and not e.get("over_budget")
+
+    def profiled(self, kind: tuple[int, int], combo: tuple[int, ...]) -> bool:
+        """Whether the profile has an entry for the combination (timed, bounded or over budget)."""
+        return combo in self.table[kind]
 
     def bounded(self, kind: tuple[int, int], combo: tuple[int, ...]) -> bool:
         """Whether the combination's time is only a bound: its first runs were over the early
         stop's ratio of its unit's best, and it was timed no further."""
-        return bool(self.table[kind][combo].get("stopped_early"))
+        return bool(self.table[kind].get(combo, {}).get("stopped_early"))
 
     def unit_time(self, kind: tuple[int, int], combo: tuple[int, ...]) -> float:
         """A unit's measured time less its overhead program's: inside the whole step the units
         run as one program, which pays its overhead once (``whole_overhead_s``). Infinite for a
         combination the profile did not time (over its memory budget)."""
-        e = self.table[kind][combo]
         if not self.timed(kind, combo):
             return float("inf")
+        e = self.table[kind][combo]
         return max(e["time_s"] - e.get("overhead_s", 0.0), 0.0)
 
     def boundary_cost(self, b: Boundary, left_combo: int, right_combo: int) -> float:
@@ -139,14 +145,16 @@ class Profiler:
     def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, *, repeats: int = 3, warmup: int = 1,
                  cold: bool = False, max_space: int = 128, overlap: bool = True,
                  log: Callable[[str], None] = print, is_main: bool = True,
-                 shortcuts: Shortcuts = Shortcuts()) -> None:
+                 shortcuts: Shortcuts = Shortcuts(), top_k: int = 0, keep: Sequence[Sequence[int]] = (),
+                 measure_resharding: bool = True) -> None:
         self.a, self.mesh, self.store, self.log, self.is_main = a, mesh, store, log, is_main
         self.timer = Timer(warmup, repeats, CacheFlush(mesh) if cold else None)
         self.units = profiling_units(a, max_space)
         self.keys = StoreKeys(a, mesh, cold)
         self.shortcuts = shortcuts
         self.loop = CandidateLoop(a, mesh, store, self.keys, self.timer, self.units, overlap=overlap, log=log,
-                                  is_main=is_main, shortcuts=shortcuts)
+                                  is_main=is_main, shortcuts=shortcuts, top_k=top_k, keep=keep)
+        self.top_k, self.measure_resharding = top_k, measure_resharding
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
         t0 = time.perf_counter()
@@ -159,7 +167,11 @@ class Profiler:
             raise UserError(no_plan_fits(budget, state_floor_bytes(self.a), "",
                                          f"its parameters, optimizer state and batch alone, split over all "
                                          f"{self.mesh.devices.size} devices"))
-        self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units "
+        space = self.loop.space()
+        chosen = "" if len(candidates) == space else (
+            f" of their {space}: the {self.top_k} of each a rough cost model ranks first and the plans nearest the "
+            "baselines (profile_top_k=0: every one)")
+        self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units{chosen} "
                  f"({reused} reused from the store, {len(todo)} to measure)")
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
         t_loop = time.perf_counter()
@@ -169,7 +181,8 @@ class Profiler:
         candidates_s = time.perf_counter() - t_loop
         counts = self.loop.counts
         if self.loop.infeasible:
-            return Profiles(self.units, self.loop.table(partial=True), [], {}, measured=measured, reused=reused,
+            return Profiles(self.units, self.loop.table(partial=True, profiled=candidates), [], {}, measured=measured,
+                            reused=reused,
                             seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
                             stopped=counts["stopped_early"], candidates_s=candidates_s,
                             infeasible=self.loop.infeasible, least_plan_bytes=self.loop.least_plan_bytes,
@@ -182,11 +195,11 @@ class Profiler:
             self.log(f"profile: of {measured} measured, {counts['timed']} timed in full, {counts['over_budget']} not "
                      f"timed (no plan within the memory budget, {budget}, holds them), {counts['stopped_early']} "
                      f"stopped early ({rule})")
-        table = self.loop.table()
+        table = self.loop.table(profiled=candidates)
         boundaries = find_boundaries(self.a, self.units)
-        reshard, n_reshard = self.reshard_costs(boundaries)
-        self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs "
-                 f"({n_reshard} measured now)")
+        reshard, n_reshard = self.reshard_costs(boundaries, table)
+        how = f"{n_reshard} measured now" if self.measure_resharding else "priced by the calibrated collectives"
+        self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs ({how})")
         whole = self.whole_overhead()
         self.log(f"profile: running a program with the whole step's arguments and results costs "
                  f"{whole * 1e3:.3f} ms whatever it computes (taken off every unit and resharding as "
@@ -202,9 +215,24 @@ class Profiler:
                         seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
                         stopped=counts["stopped_early"], candidates_s=candidates_s)
 
-    def reshard_costs(self, boundaries: list[Boundary]) -> tuple[dict[tuple, float], int]:
+    def reshard_costs(self, boundaries: list[Boundary], table: dict) -> tuple[dict[tuple, float], int]:
+        """The resharding each boundary needs between combinations the table has (the search
+        uses no other): each measured (``measure_resharding``, as CFP's artifact does), else
+        priced by the mesh's collectives (the ILP's cost model, ``ilp/calibrate.py``: a few
+        dozen programs timed once per mesh and machine, for every model, where the pairs are
+        hundreds per model)."""
         costs, measured = {}, 0
-        for p in layout_pairs(boundaries):
+        profiled = [[k for k, c in enumerate(u.combos()) if c in table[u.kind]] for u in self.units]
+        pairs = layout_pairs(boundaries, profiled)
+        if not self.measure_resharding:
+            if not pairs:
+                return costs, 0
+            model, new, seconds = calibrate(self.mesh, self.store, is_main=self.is_main, log=self.log)
+            if new:
+                self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
+                         "model on this mesh)")
+            return {p: model.reshard_seconds(p[0][0], np.dtype(p[0][1]).itemsize, p[1], p[2]) for p in pairs}, 0
+        for p in pairs:
             costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
                                                                                     self.mesh, self.timer))
             measured += new

@@ -190,10 +190,23 @@ def lower_quartile(xs: Sequence[float]) -> float:
 def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any]) -> Any:
     """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
     with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
-    any program with these arguments and results costs."""
-    shapes = [(tuple(r.shape), r.dtype) for r in results]
-    return jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
-                   in_shardings=[x.sharding for x in args], out_shardings=list(result_shardings)).lower(*args).compile()
+    any program with these arguments and results costs. Compiled once per signature (arguments'
+    and results' types and layouts) in a process: a unit's combinations that read and make
+    their tensors alike share one."""
+    key = (tuple((tuple(x.shape), str(x.dtype), x.sharding) for x in args),
+           tuple((tuple(r.shape), str(r.dtype)) for r in results), tuple(result_shardings))
+    if key not in _OVERHEAD:
+        shapes = [(tuple(r.shape), r.dtype) for r in results]
+        if len(_OVERHEAD) >= _OVERHEAD_CAP:
+            _OVERHEAD.pop(next(iter(_OVERHEAD)))
+        _OVERHEAD[key] = jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
+                                 in_shardings=[x.sharding for x in args],
+                                 out_shardings=list(result_shardings)).lower(*args).compile()
+    return _OVERHEAD[key]
+
+
+_OVERHEAD: dict = {}
+_OVERHEAD_CAP = 256
 
 
 def slowest_process(times: list[float]) -> list[float]:

@@ -69,8 +69,9 @@ class _Costs:
         # stacks (weights, optimizer state, residuals) per iteration.
         self.time = [[max(prof.unit_time(u.kind, c) - sum(lat[ax] for ax in self.grads[i][k]), 0.0) * u.trips
                       for k, c in enumerate(self.combos[i])] for i, u in enumerate(prof.units)]
-        self.mem = [[prof.table[u.kind][c]["mem_bytes"] * u.trips for c in self.combos[i]]
-                    for i, u in enumerate(prof.units)]
+        # (A combination the profile did not profile, ``ProfileOptions.top_k``: no plan holds it.)
+        self.mem = [[prof.table[u.kind][c]["mem_bytes"] * u.trips if prof.profiled(u.kind, c) else float("inf")
+                     for c in self.combos[i]] for i, u in enumerate(prof.units)]
         self.into: list[list[tuple[int, Boundary]]] = [[] for _ in prof.units]  # (index, b) by right unit
         for k, b in enumerate(prof.boundaries):
             self.into[b.right].append((k, b))
@@ -90,6 +91,8 @@ class _Costs:
     def total(self, path: tuple[int, ...]) -> tuple[float, int]:
         """Exact predicted (time, memory) of a combination index per unit."""
         t = self.prof.whole_overhead_s + sum(self.time[i][c] for i, c in enumerate(path))
+        if t == float("inf"):  # holds a combination without a time: no resharding to add
+            return t, sum(self.mem[i][c] for i, c in enumerate(path))
         t += sum(self.prof.allreduce_latency_s[ax] for ax in frozenset().union(*(self.grads[i][c]
                                                                                for i, c in enumerate(path))))
         t += sum(self.crossing(k, b, path[b.left], path[b.right]) for k, b in enumerate(self.prof.boundaries))
@@ -111,20 +114,19 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
                          f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
                          "devices")
 
-    # A tensor crossing within one unit (a scanned body's carry, from one iteration to the next)
-    # is part of the unit's own cost.
-    for i in range(len(units)):
-        for k, b in costs.into[i]:
-            if b.left == i:
-                cost[i] = [t + costs.crossing(k, b, c, c) for c, t in enumerate(cost[i])]
+    _own_crossings(costs, cost)
     # front[c]: (time, memory, path) entries, path = a combination index per unit so far
-    front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget else [] for c in range(len(cost[0]))]
+    front = [[(cost[0][c], mem[0][c], (c,))] if mem[0][c] <= budget and cost[0][c] < float("inf") else []
+             for c in range(len(cost[0]))]
     for i in range(1, len(units)):
         near = [(k, b) for k, b in costs.into[i] if b.left == i - 1]
         far = [(k, b) for k, b in costs.into[i] if b.left < i - 1]
         new = []
         for c in range(len(cost[i])):
             options = []
+            if cost[i][c] == float("inf"):  # untimed, or not profiled
+                new.append(options)
+                continue
             for pc, entries in enumerate(front):
                 if not entries:
                     continue
@@ -159,6 +161,15 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
     return best
 
 
+def _own_crossings(costs: _Costs, cost: list[list[float]]) -> None:
+    """Adds to each unit's ``cost`` what crosses within the unit itself (a scanned body's carry,
+    from one iteration to the next): part of the unit's own cost, whatever its neighbours."""
+    for i in range(len(cost)):
+        for k, b in costs.into[i]:
+            if b.left == i:
+                cost[i] = [t + costs.crossing(k, b, c, c) if t < float("inf") else t for c, t in enumerate(cost[i])]
+
+
 def _refuse_untimed_within(costs: _Costs, budget: float) -> None:
     """Refuses a budget under which some plan holding a combination the profile did not time
     would fit (its memory plus the least of every other unit's): the search would be choosing
@@ -166,7 +177,7 @@ def _refuse_untimed_within(costs: _Costs, budget: float) -> None:
     least = [min(m) for m in costs.mem]
     total = sum(least)
     fits = [m + total - least[i] for i, u in enumerate(costs.prof.units) for c, m in zip(costs.combos[i], costs.mem[i], strict=True)
-            if not costs.prof.timed(u.kind, c) and m + total - least[i] <= budget]
+            if costs.prof.profiled(u.kind, c) and not costs.prof.timed(u.kind, c) and m + total - least[i] <= budget]
     if fits:
         within = ("this search has no memory budget, but" if budget == float("inf") else
                   f"within this search's mode.memory_budget_gb={budget / 2**30:.6g},")
@@ -186,7 +197,7 @@ def _descend(costs: _Costs, path: tuple[int, ...], budget: float) -> tuple[int, 
         improved = False
         for i in range(len(best)):
             for c in range(len(costs.time[i])):
-                if c == best[i]:
+                if c == best[i] or costs.time[i][c] == float("inf"):
                     continue
                 trial = best[:i] + (c,) + best[i + 1:]
                 t, m = costs.total(trial)

@@ -43,7 +43,8 @@ def _cfp(ctx: Any, options: SearchOptions, subject: Any) -> dict:
     on = pipeline.analyze_meshes(subject, cfg.mesh_shape, learning_rate=cfg.learning_rate, log=log)
     for o in on:
         ctx.write_files(o.files())
-    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, progress=ctx.progress)
+    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, progress=ctx.progress,
+                                 baselines=options.baselines)
     for o in on:
         ctx.write_json(o.folder + "profiles.json", o.profiles_json())
     # The ILP's plan (alpa_ilp in mode.baselines) on the same meshes, raced with the baselines.
