@@ -157,8 +157,12 @@ def test_a_plan_of_either_algorithm_trains_as_one_device_does(searched, model, a
         assert plan["split"] > 0
         # Raced beside the baselines a user would compare with (and their own layout, where given).
         assert sorted([plan["row"], *plan["baselines"]]) == sorted([searched_row, *baselines])
-        assert plan["comparison"]["best_baseline"] in plan["baselines"]
-        assert ("vs_user_paired" in plan["comparison"]) == (model == "eqx")
+        # comparison() names what the race measured: the fastest plan, and the fastest baseline
+        # (never the searched plan), which the answer may be.
+        comparison, rows = plan["comparison"], [plan["row"], *plan["baselines"]]
+        assert comparison["best_baseline"] in baselines and comparison["fastest"] in rows
+        assert comparison["answer"] == plan["row"] and comparison["searched_vs_best_baseline_paired"] > 0
+        assert ("vs_user_paired" in comparison) == (model == "eqx")
         assert plan["table"].count("│") >= 4 * (1 + len(plan["baselines"]))
     assert own["predicted"] > 0
     assert own["source"] == "ILP" if algorithm == "ilp" else own["source"] != "ILP"

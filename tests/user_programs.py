@@ -8,6 +8,16 @@ has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
   ``jax.checkpoint`` around the layer where ``remat``), optax AdamW, a
   ``(params, opt_state, batch) -> (params, opt_state, loss)`` step, and a hand-written FSDP x
   tensor-parallel layout of its own.
+- ``make_nnx_fsdp``: Flax's NNX FSDP toy (``examples/nnx_toy_examples/10_fsdp_and_optimizer.py``):
+  an optimizer object holding the model's own ``Param`` variables, an ``nnx.jit`` step updating
+  both in place and returning the loss, parameters laid out by their sharding metadata (its own
+  FSDP layout), float64 NumPy data.
+- ``make_linen_lm``: a Flax Linen transformer LM as Flax's lm1b example writes its step:
+  ``train_step(state, batch) -> (state, metrics)``, a ``TrainState``, metrics holding the loss and
+  the accuracy.
+- ``make_equinox_mlp``: an Equinox MLP passed whole (its activation functions are leaves too).
+- ``make_numpy_mlp``: JAX's SPMD MNIST example's habit: parameters made with NumPy (float64),
+  a plain ``(params, batch) -> (params, loss)`` step.
 """
 
 from __future__ import annotations
@@ -106,3 +116,138 @@ def fsdp_tp_layout(params, opt_state, batch, model: int = 2):
                    for s in opt_state)
     batch_sh = jax.tree.map(lambda _: NamedSharding(mesh, P("data")), batch)
     return params_sh, opt_sh, batch_sh
+
+
+def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01) -> Step:
+    """The Flax NNX FSDP toy (module doc); returns the ``nnx.jit`` step and its arguments."""
+    from flax import nnx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, -1), ("data", "model"))
+
+    class MLP(nnx.Module):
+        def __init__(self, din, dmid, dout, rngs):
+            init = nnx.initializers.lecun_normal()
+            self.w1 = nnx.Param(init(rngs.params(), (din, dmid)), sharding_names=(None, "model"))
+            self.b1 = nnx.Param(jnp.zeros((dmid,)), sharding_names=("model",))
+            self.w2 = nnx.Param(init(rngs.params(), (dmid, dout)), sharding_names=("model", None))
+
+        def __call__(self, x):
+            return nnx.relu(x @ self.w1 + self.b1) @ self.w2
+
+    class SGDState(nnx.Variable):
+        pass
+
+    class SGD(nnx.Pytree):
+        def __init__(self, params, lr, decay=0.9):
+            self.lr, self.decay = lr, decay
+            self.params = nnx.data(params)
+            self.momentum = nnx.data(jax.tree.map(lambda v: SGDState(jnp.zeros_like(v[...]), **v.get_metadata()),
+                                                  self.params, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+        def update(self, grads):
+            def update_fn(p, m, g):
+                m[...] = self.decay * m[...] + (1 - self.decay) * g[...]
+                p[...] -= self.lr * m[...]
+            jax.tree.map(update_fn, self.params, self.momentum, grads, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+    @nnx.jit
+    def create():
+        model = MLP(1, width, 1, nnx.Rngs(0))
+        return model, SGD(nnx.variables(model, nnx.Param), lr)
+
+    with jax.set_mesh(mesh):
+        model, optimizer = create()
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        def loss_fn(model):
+            return jnp.mean((y - model(x)) ** 2)
+        loss, grad = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(grad)
+        return loss
+
+    rng = np.random.default_rng(0)
+    x = np.linspace(-2, 2, batch)[:, None]                       # float64, as the example's data
+    y = 0.8 * x**2 + 0.1 + rng.normal(0, 0.1, size=x.shape)
+    return Step(train_step, (model, optimizer, x, y), data_argnums=(2, 3))
+
+
+def make_linen_lm(vocab: int = 64, width: int = 32, heads: int = 4, layers: int = 2, seq: int = 16,
+                  batch: int = 16, lr: float = 1e-3) -> Step:
+    """A Linen decoder LM stepped as lm1b's ``train_step(state, batch) -> (state, metrics)``."""
+    import flax.linen as nn  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+    from flax.training import train_state  # noqa: PLC0415  likewise
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm()(x)
+            x = x + nn.SelfAttention(num_heads=heads, deterministic=True)(h, mask=nn.make_causal_mask(x[..., 0]))
+            h = nn.LayerNorm()(x)
+            return x + nn.Dense(width)(nn.gelu(nn.Dense(4 * width)(h)))
+
+    class LM(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            x = nn.Embed(vocab, width)(tokens)
+            for _ in range(layers):
+                x = Block()(x)
+            return nn.Dense(vocab)(nn.LayerNorm()(x))
+
+    model = LM()
+    tokens = jax.random.randint(jax.random.key(1), (batch, seq + 1), 0, vocab)
+    data = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), data["inputs"]),
+                                          tx=optax.adamw(lr))
+
+    def train_step(state, batch):
+        def loss_fn(params):
+            logits = state.apply_fn(params, batch["inputs"])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+            return loss, logits
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        metrics = {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["targets"])}
+        return state.apply_gradients(grads=grads), metrics
+
+    return Step(train_step, (state, data))
+
+
+def make_equinox_mlp(width: int = 64, depth: int = 2, batch: int = 32, lr: float = 1e-2) -> Step:
+    """An Equinox MLP passed whole: ``step(model, opt_state, x, y) -> (model, opt_state, loss)``."""
+    import equinox as eqx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+
+    model = eqx.nn.MLP(32, 8, width, depth, key=jax.random.key(0))
+    optimizer = optax.adam(lr)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+
+    def step(model, opt_state, x, y):
+        loss, grads = eqx.filter_value_and_grad(lambda m: jnp.mean((jax.vmap(m)(x) - y) ** 2))(model)
+        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    x = jax.random.normal(jax.random.key(1), (batch, 32))
+    y = jnp.tanh(x @ jax.random.normal(jax.random.key(2), (32, 8)))
+    return Step(step, (model, opt_state, x, y), data_argnums=(2, 3))
+
+
+def make_numpy_mlp(sizes: tuple = (64, 128, 10), batch: int = 32, lr: float = 0.1) -> Step:
+    """Parameters made with NumPy (float64) as JAX's SPMD MNIST example makes them; SGD by hand."""
+    rng = np.random.default_rng(0)
+    params = [(0.1 * rng.standard_normal((m, n)), 0.1 * rng.standard_normal(n))
+              for m, n in zip(sizes[:-1], sizes[1:], strict=True)]
+
+    def loss_fn(params, batch):
+        x, labels = batch
+        for w, b in params[:-1]:
+            x = jnp.tanh(x @ w + b)
+        w, b = params[-1]
+        logits = x @ w + b
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * labels, axis=-1))
+
+    def update(params, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return [(w - lr * dw, b - lr * db) for (w, b), (dw, db) in zip(params, grads, strict=True)], loss
+
+    x = rng.standard_normal((batch, sizes[0]))
+    labels = np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
+    return Step(update, (params, (x, labels)))

@@ -48,8 +48,9 @@ from launcher.cfp.program import TrainingProgram
 from launcher.cfp.search.measure import PlanRun
 from launcher.cfp.search.meshes import AUTO
 from launcher.cfp.search.report import table_text
-from launcher.cfp.user_step import (STEP_BASELINES, ArrayStep, baseline_constraints, combine, describe_leaves,
-                                    out_shardings, place, shapes_of, split, step_program)
+from launcher.cfp.reading import combine, program_args, split, write_back
+from launcher.cfp.user_step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
+                                    shapes_of, step_program)
 from launcher.errors import UserError
 from launcher.runtime import program as user_program
 
@@ -70,11 +71,14 @@ class Step:
     args: Sequence[Any]
     data_argnums: Optional[Sequence[int]] = None  # default: the last argument
     in_shardings: Any = None                      # the user's own layout, raced as the "user" baseline
+    state_argnums: Optional[Sequence[int]] = None  # default: the arguments whose new values the step returns
+    loss: Any = None                              # default: its one scalar (reading.py)
 
 
 def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: str = "cfp",
               memory_budget_gb: float = ProfileOptions.memory_budget_gb, store_dir: str = ProfileOptions.store_dir,
               data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
+              state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
               baselines: Sequence[str] = STEP_BASELINES, log: Optional[Callable[[str], None]] = None,
               **options: Any) -> "AutoPlan":
     """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
@@ -87,7 +91,11 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     ``memory_budget_gb``: per device, 0 for none. ``store_dir``: the profile store (reused by
     later searches). ``data_argnums``: which arguments are data (default: the last one).
     ``in_shardings``: the shardings the user's own code gives the arguments (as for
-    ``jax.jit``), raced as the ``user`` baseline. ``baselines``: built-in names raced beside the
+    ``jax.jit``), raced as the ``user`` baseline (default: the layouts the example arguments
+    already have, where laid out). ``state_argnums``: which arguments are state whose new values
+    the step returns (default: those it returns a value alike; ``()``: none). ``loss``: a path of
+    the step's outputs, or a function returning one (default: its one floating-point scalar).
+    ``baselines``: built-in names raced beside the
     plan (dp, fsdp; ``alpa_ilp`` the ILP's plan beside CFP's). ``log``: a line at a time
     (default: printed by process 0). ``options``: any other option of the passes by name
     (``launcher/cfp/options.py``: iterations, run_repeats, repeats, max_segment_space,
@@ -98,10 +106,13 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     if algorithm not in ("cfp", "ilp"):
         raise UserError(f"algorithm={algorithm!r}: choose cfp (CFP's profiling search) or ilp (the Alpa-style ILP)")
     log = _keywords(log or _print_main)
-    program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings)
+    program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
+                           state_argnums=state_argnums, loss=loss, log=log)
     search, ilp = search_options(program, {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir,
                                            "baselines": list(baselines), **options})
-    return search_step(program, mesh_shape, algorithm, search, ilp, is_main=jax.process_index() == 0, log=log)
+    plan = search_step(program, mesh_shape, algorithm, search, ilp, is_main=jax.process_index() == 0, log=log)
+    own = replace(plan.own, why=as_keywords(plan.own.why)) if plan.own is not None else None
+    return replace(plan, why=as_keywords(plan.why), own=own)
 
 
 def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> tuple[SearchOptions, IlpOptions]:
@@ -136,9 +147,14 @@ def search_step(program: TrainingProgram, mesh_shape: Any, algorithm: str, searc
 
 
 def _keywords(log: Callable[[str], None]) -> Callable[[str], None]:
-    """``log`` with the passes' option names as autoshard's keywords: the passes speak the
-    command line's keys (``mode.verify_margin``), and here they are ``verify_margin=``."""
-    return lambda line: log(re.sub(r"\bmode\.([a-z_]+)(=?)", lambda m: f"{m.group(1)}=", line))
+    """``log`` speaking autoshard's keywords (``as_keywords``)."""
+    return lambda line: log(as_keywords(line))
+
+
+def as_keywords(text: str) -> str:
+    """The passes speak the command line's keys (``mode.verify_margin``); from Python they are
+    autoshard's keywords (``verify_margin=``)."""
+    return re.sub(r"\bmode\.([a-z_]+)(=?)", lambda m: f"{m.group(1)}=", text)
 
 
 def _print_main(line: str) -> None:
@@ -158,8 +174,8 @@ class AutoPlan:
 
     mesh_shape: list[int]
     constraints: dict[str, Any]
-    args: list[dict]                  # per array leaf of the arguments: path, shape, dtype
-    data_argnums: list[int]
+    args: list[dict]                  # per array leaf of the program's arguments (reading.py): path, shape, dtype
+    data_argnums: list[int]           # the step's data arguments (its own positions)
     device_count: int
     algorithm: str                    # cfp | ilp
     step: str                         # the step function's name
@@ -174,6 +190,10 @@ class AutoPlan:
     # that was the answer (dp, fsdp, user, alpa_ilp beside CFP); "" in files before there were answers.
     name: str = ""
     why: str = ""                     # which plan this is of the race, and why, in words
+    # How the step was read (reading.py), beyond data_argnums: its state arguments where given,
+    # and the path of its loss among its outputs ("" where none).
+    state_argnums: Optional[list[int]] = None
+    loss: str = ""
     # This session's pipeline.Searched, where CFP searched (its shortlist, profiles...); not saved.
     searched: Any = field(default=None, repr=False, compare=False)
     # The searched plan itself, where another plan is the answer (this one); not saved.
@@ -231,10 +251,13 @@ class AutoPlan:
     def _of(cls, program: TrainingProgram, algorithm: str, mesh_shape: Sequence[int], constraints: dict, source: str,
             predicted_s: float, predicted_bytes: float, run: PlanRun, baselines: dict[str, PlanRun],
             skipped: dict[str, str], meshes: list[dict]) -> "AutoPlan":
+        reading = program.reading
         return cls([int(n) for n in mesh_shape], dict(constraints), describe_leaves(program.args),
-                   list(program.data_argnums), jax.device_count(), algorithm, program.name, source, predicted_s,
+                   list(reading.user_data_argnums), jax.device_count(), algorithm, program.name, source, predicted_s,
                    predicted_bytes / 2**30, _run_json(run), {name: _run_json(r) for name, r in baselines.items()},
-                   dict(skipped), list(meshes))
+                   dict(skipped), list(meshes),
+                   state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
+                   loss=reading.loss_path)
 
     # --- what it says --------------------------------------------------------------------------
 
@@ -300,10 +323,11 @@ class AutoPlan:
         return make_mesh(self.mesh_shape, devices)
 
     def shardings(self, *args: Any) -> tuple:
-        """A ``NamedSharding`` per array leaf of ``args`` (shaped as the example arguments), as
-        the plan lays out the step's inputs: ``jax.device_put(args, plan.shardings(*args))``
-        or ``jax.jit(step, in_shardings=...)``. Non-array leaves (static) get None."""
-        arrays, _ = split(args)
+        """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
+        (``reading.py``: Flax NNX objects as their joint state, first), as the plan lays them out:
+        ``jax.device_put``, ``jax.jit(in_shardings=...)``. Non-array leaves (static) get None."""
+        pargs, _ = program_args(args)
+        arrays, _ = split(pargs)
         self._check_args(arrays)
         mesh = self.mesh()
         leaves, tree = jax.tree_util.tree_flatten_with_path(arrays)
@@ -311,14 +335,17 @@ class AutoPlan:
 
     def place(self, *args: Any) -> tuple:
         """``args`` laid out as the plan says (``shardings``): a value the same on every process
-        (host arrays, or jax arrays each process holds whole) becomes a global array."""
-        arrays, static = split(args)
-        sharded = self.shardings(*arrays)
-        return tuple(combine(jax.tree.map(_placed, arrays, sharded), static))
+        (host arrays, or jax arrays each process holds whole) becomes a global array; Flax NNX
+        objects are updated in place (and returned)."""
+        pargs, at = program_args(args)
+        arrays, static = split(pargs)
+        placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
+        return write_back(args, at, tuple(placed))
 
     def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
-        """``step_fn`` jitted under the plan: its arguments laid out as ``shardings`` (placed
-        there when they are not), every layout the plan fixes inside the step pinned (sharding
+        """``step_fn`` jitted under the plan, called as the step is (Flax NNX objects updated in
+        place, as ``nnx.jit`` does): its arguments laid out as ``shardings`` (placed there when
+        they are not), every layout the plan fixes inside the step pinned (sharding
         constraints), the state it returns laid out as it came in, the rest replicated."""
         return Applied(self, step_fn, tuple(donate_argnums))
 
@@ -406,20 +433,27 @@ class Applied:
 
     def __init__(self, plan: AutoPlan, fn: Callable[..., Any], donate_argnums: tuple[int, ...]) -> None:
         self.plan, self.fn, self.donate_argnums = plan, fn, donate_argnums
-        self._compiled: dict[Any, tuple[ArrayStep, Any, Any]] = {}
+        self._compiled: dict[Any, tuple[TrainingProgram, Any, Any]] = {}
 
     def __call__(self, *args: Any) -> Any:
-        arrays, static = split(args)
+        pargs, _ = program_args(args)
+        arrays, static = split(pargs)
         key = (jax.tree.structure(arrays), jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
         if key not in self._compiled:
-            self._compiled[key] = self._build(arrays, static)
-        step, jitted, shardings = self._compiled[key]
-        return step.whole(jitted(*jax.tree.map(_placed, arrays, shardings)))
+            self._compiled[key] = self._build(args)
+        program, jitted, shardings = self._compiled[key]
 
-    def _build(self, arrays: Any, static: Any) -> tuple[ArrayStep, Any, Any]:
+        def run(*pargs: Any) -> Any:
+            arrays, _ = split(pargs)
+            return program.step.whole(jitted(*jax.tree.map(_placed, arrays, shardings)))
+
+        return program.reading.call(run, args)
+
+    def _build(self, args: tuple) -> tuple[TrainingProgram, Any, Any]:
         plan = self.plan
-        shardings = plan.shardings(*arrays)
-        program = step_program(self.fn, combine(shapes_of(arrays), static), data_argnums=plan.data_argnums)
+        shardings = plan.shardings(*args)
+        program = step_program(self.fn, args, data_argnums=plan.data_argnums, state_argnums=plan.state_argnums,
+                               loss=plan.loss or None)
         if program.signature != plan.signature:
             raise UserError(f"this plan was searched for another step ({plan.step}, signature {plan.signature}); "
                             f"{program.name}'s traced program differs ({program.signature}): apply the plan to the "
@@ -428,8 +462,9 @@ class Applied:
         body, in_shardings, _ = constrained_step(program.step, program.args, plan.constraints, mesh,
                                                  plan=f"autoshard {plan.step}")
         outs = out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
-        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=outs, donate_argnums=self.donate_argnums)
-        return program.step, jitted, shardings
+        donate = tuple(sorted({program.reading.program_position(i) for i in self.donate_argnums}))
+        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=outs, donate_argnums=donate)
+        return program, jitted, shardings
 
 
 def _key(x: Any) -> Any:
@@ -444,7 +479,8 @@ def _key(x: Any) -> Any:
 # A step named on the command line (mode=search mode.step=pkg.module:make_step)
 
 
-def load_step(target: str, code_dir: Optional[str] = None) -> TrainingProgram:
+def load_step(target: str, code_dir: Optional[str] = None, log: Callable[[str], None] = lambda line: None
+              ) -> TrainingProgram:
     """The program of the step factory ``target`` (``module:function``, importable from
     ``code_dir``, default the working directory): called with no arguments, it returns
     ``(step_fn, example_args)`` or a ``Step``."""
@@ -457,4 +493,5 @@ def load_step(target: str, code_dir: Optional[str] = None) -> TrainingProgram:
     if not isinstance(made, Step) or not callable(made.fn) or not isinstance(made.args, (tuple, list)):
         raise UserError(f"mode.step={target} returned a {type(made).__name__}; a step factory returns (step_fn, "
                         "example_args) or launcher.cfp.autoshard.Step(fn, args, data_argnums=..., in_shardings=...)")
-    return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings)
+    return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings,
+                        state_argnums=made.state_argnums, loss=made.loss, log=log)

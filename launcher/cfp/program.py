@@ -42,6 +42,7 @@ class TrainingProgram:
     in_shardings: Any = None
     name: str = "step"
     signature: str = ""        # of its traced step (apply.program_signature): what a plan is checked against
+    reading: Any = None        # how a user's step was read (reading.Reading): its arguments and outputs
 
     @property
     def is_model(self) -> bool:

@@ -50,6 +50,7 @@ from launcher.cfp.analysis.strategies import Spec
 from launcher.cfp.apply import make_mesh, program_signature, spec_json
 from launcher.cfp.options import USER_BASELINE as USER
 from launcher.cfp.program import TrainingProgram
+from launcher.cfp.reading import ArrayStep, canonical, nnx_module, read, split
 from launcher.errors import UserError
 
 STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout for (and USER, its own)
@@ -59,42 +60,9 @@ STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout
 # Array leaves and the rest
 
 
-def is_array(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
-
-
-def split(tree: Any) -> tuple[Any, Any]:
-    """(arrays, static): ``tree`` with its non-array leaves set to None, and with its array
-    leaves set to None (``eqx.partition(tree, eqx.is_array)``)."""
-    return (jax.tree.map(lambda x: x if is_array(x) else None, tree),
-            jax.tree.map(lambda x: None if is_array(x) else x, tree))
-
-
-def combine(arrays: Any, static: Any) -> Any:
-    """``split``'s inverse."""
-    return jax.tree.map(lambda a, s: s if a is None else a, arrays, static, is_leaf=lambda x: x is None)
-
-
-class ArrayStep:
-    """``fn`` as a function of its arguments' array leaves: their other leaves are closed over,
-    and the other leaves of what it returns are kept from its last trace (``static_out``)."""
-
-    def __init__(self, fn: Callable[..., Any], static_args: tuple) -> None:
-        self.fn, self.static_args = fn, static_args
-        self.static_out: Any = None
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-
-    def __call__(self, *arrays: Any) -> Any:
-        out, self.static_out = split(self.fn(*combine(arrays, self.static_args)))
-        return out
-
-    def whole(self, out: Any) -> Any:
-        """What ``fn`` returns, from what this returned."""
-        return combine(out, self.static_out)
-
-
 def shapes_of(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    """Shapes and dtypes of an array pytree, dtypes as JAX takes them (``reading.canonical``)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x).dtype), tree)
 
 
 def describe_leaves(tree: Any) -> list[dict]:
@@ -109,76 +77,76 @@ def describe_leaves(tree: Any) -> list[dict]:
 
 
 def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: Optional[Sequence[int]] = None,
-                 in_shardings: Any = None, name: Optional[str] = None) -> TrainingProgram:
-    """``fn(*args)`` as a ``TrainingProgram`` (the module's doc says what is read from it).
-    Refused in one line (UserError): no argument, no array among them, ``data_argnums`` out of
+                 in_shardings: Any = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
+                 loss: Any = None, log: Callable[[str], None] = lambda line: None) -> TrainingProgram:
+    """``fn(*args)`` as a ``TrainingProgram``: read as ``reading.py`` says (NNX objects as their
+    joint state, host arrays as JAX takes them, the state fed back, the loss), refused in one
+    line (UserError) where it cannot be: no argument, no array among them, positions out of
     range, a step that cannot be traced on them, one with no contraction for the search to
-    decide, ``in_shardings`` that do not match the arguments."""
+    decide, state that is not returned or changes type, an ambiguous loss, ``in_shardings``
+    that do not match the arguments. ``in_shardings`` None: the layouts the example arguments
+    already have, where the state's are all laid out on one mesh (``_given_shardings``)."""
     name = name or getattr(fn, "__name__", type(fn).__name__)
     args = tuple(args)
     if not args:
         raise UserError(f"{name}: no example arguments; give them as the step takes them: "
                         "autoshard(step_fn, *example_args)")
-    arrays, static = split(args)
-    if not jax.tree.leaves(arrays):
+    if not jax.tree.leaves(split(args)[0]) and not any(_is_nnx_node(a) for a in args):
         raise UserError(f"{name}: none of its example arguments holds an array (jax or numpy array, or "
                         "jax.ShapeDtypeStruct); give the parameters, optimizer state and batch the step takes")
-    data = _data_argnums(name, data_argnums, len(args))
-    step = ArrayStep(fn, static)
+    reading, pargs = read(fn, args, name=name, data_argnums=data_argnums, state_argnums=state_argnums, loss=loss,
+                          log=log)
+    arrays, static = split(pargs)
+    step = ArrayStep(reading.step(fn), static)
     shapes = shapes_of(arrays)
-    try:
-        closed, g = trace(step, *shapes)
-    except Exception as e:  # the user's function on arguments it does not take: say which, keep the cause
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{name} cannot be traced on its example arguments ({type(e).__name__}: {first}); give "
-                        "example arguments shaped as the step takes them, one per parameter") from e
+    closed, g = trace(step, *shapes)
     contractions = find_contractions(g)
     if not contractions:
         raise UserError(f"{name} has no tensor contraction (dot_general/einsum, convolution or embedding lookup), "
                         "so there is nothing to shard: autoshard a training step whose loss multiplies by its "
                         "weights")
     out_shapes = jax.tree.unflatten(g.out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.out_avals])
-    feeds_back = state_outputs(shapes, out_shapes, data)
     given = any(not isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(arrays))
-    return TrainingProgram(step, shapes, data_argnums=data, values=arrays if given else None, feeds_back=feeds_back,
-                           out_shapes=out_shapes, loss_leaf=loss_leaf(out_shapes, shapes, feeds_back),
-                           flops=contraction_flops(contractions.values()),
-                           in_shardings=None if in_shardings is None else _user_shardings(name, in_shardings, shapes),
-                           name=name, signature=program_signature(g))
+    if in_shardings is not None and reading.nnx:
+        raise UserError(f"in_shardings of {name}: its Flax NNX objects' own layout is read from their arrays (lay "
+                        "them out as your program does, e.g. created under jax.set_mesh with sharding metadata); "
+                        "give in_shardings only for steps without NNX objects")
+    user = (_user_shardings(name, in_shardings, shapes) if in_shardings is not None
+            else _given_shardings(arrays, reading.data_argnums))
+    return TrainingProgram(step, shapes, data_argnums=reading.data_argnums, values=arrays if given else None,
+                           feeds_back=reading.feeds_back, out_shapes=out_shapes, loss_leaf=reading.loss_leaf,
+                           flops=contraction_flops(contractions.values()), in_shardings=user, name=name,
+                           signature=program_signature(g), reading=reading)
 
 
-def _data_argnums(name: str, data_argnums: Optional[Sequence[int]], n: int) -> tuple[int, ...]:
-    if data_argnums is None:
-        return (n - 1,)
-    given = (data_argnums,) if isinstance(data_argnums, int) else tuple(data_argnums)
-    if not all(isinstance(i, int) and -n <= i < n for i in given):
-        raise UserError(f"data_argnums={data_argnums}: {name} has {n} argument(s); give the positions of its data "
-                        f"(batch) arguments, 0 to {n - 1}")
-    return tuple(sorted({i % n for i in given}))
+def _is_nnx_node(x: Any) -> bool:
+    nnx = nnx_module()
+    return nnx is not None and nnx.graph.is_graph_node(x)
 
 
-def _alike(a: Any, b: Any) -> bool:
-    return jax.tree.structure(a) == jax.tree.structure(b) and all(
-        x.shape == y.shape and x.dtype == y.dtype for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+def _given_shardings(arrays: tuple, data_argnums: Sequence[int]) -> Optional[tuple]:
+    """The layout the example arguments already have, as the user's own (``user`` baseline):
+    where every array of the state arguments is a jax array laid out by a ``NamedSharding`` on
+    one mesh of every device, and some split. Data leaves without such a layout take dp's
+    (split on the leading dimension), as a loop placing each batch would."""
+    state = [a for i, a in enumerate(arrays) if i not in data_argnums]
+    leaves = jax.tree.leaves(state)
+    if not leaves or not all(isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) for x in leaves):
+        return None
+    meshes = {x.sharding.mesh for x in leaves}
+    if len(meshes) != 1 or next(iter(meshes)).size != jax.device_count() \
+            or not any(any(x.sharding.spec) for x in leaves):
+        return None
+    mesh = meshes.pop()
+    first = mesh.axis_names[0]
 
+    def laid_out(x: Any, data: bool) -> NamedSharding:
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
+            return x.sharding
+        lead = data and np.ndim(x) > 0 and np.shape(x)[0] % mesh.shape[first] == 0
+        return NamedSharding(mesh, PartitionSpec(first) if lead else PartitionSpec())
 
-def state_outputs(args: tuple, out: Any, data_argnums: Sequence[int]) -> tuple[int, ...]:
-    """The state arguments (the non-data ones, in order) when the step returns their new values
-    first, alike in structure, shapes and dtypes; else ()."""
-    state = [i for i in range(len(args)) if i not in data_argnums]
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if state and len(outs) >= len(state) and all(_alike(outs[j], args[i]) for j, i in enumerate(state)):
-        return tuple(state)
-    return ()
-
-
-def loss_leaf(out: Any, args: tuple, feeds_back: Sequence[int]) -> Optional[int]:
-    """The index (among the output's leaves) of the first scalar floating-point leaf after the
-    state returned, or None."""
-    leaves = jax.tree.leaves(out)
-    start = sum(len(jax.tree.leaves(args[i])) for i in feeds_back)
-    return next((k for k in range(start, len(leaves))
-                 if leaves[k].shape == () and jnp.issubdtype(leaves[k].dtype, jnp.floating)), None)
+    return tuple(jax.tree.map(lambda x, i=i: laid_out(x, i in data_argnums), a) for i, a in enumerate(arrays))
 
 
 def contraction_flops(contractions: Any) -> float:
@@ -299,7 +267,7 @@ def place(x: Any, sharding: Any) -> jax.Array:
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         return jax.jit(jnp.copy, out_shardings=sharding)(x)
-    host = np.asarray(x)
+    host = np.asarray(canonical(np.asarray(x)))   # float64 host data as JAX takes it
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 

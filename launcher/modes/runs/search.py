@@ -33,7 +33,7 @@ def run(ctx: Any) -> dict:
 def _user_step(ctx: Any) -> TrainingProgram:
     """mode.step's program (``autoshard.load_step``)."""
     ctx.log.info("searching the step of mode.step=%s (the model group is not used)", ctx.mode_cfg.step)
-    return load_step(ctx.mode_cfg.step)
+    return load_step(ctx.mode_cfg.step, log=ctx.log.info)
 
 
 def _cfp(ctx: Any, options: SearchOptions, subject: Any) -> dict:

@@ -1,0 +1,433 @@
+"""What a user's step is read as (``user_step.step_program``), so that nothing in it is guessed.
+
+The program CFP analyses, profiles and runs is ``step(*args) -> (*new_state, outputs)``: made
+once from the user's function (``Reading.step``) and undone where the plan is applied
+(``Reading.call``):
+
+- **Arguments.** Flax NNX objects (modules, optimizers: graph nodes) are passed as their joint
+  state, as ``nnx.jit`` passes them: a variable two of them hold (a model's ``Param`` that the
+  optimizer holds too, the Flax examples' pattern) is one input with one layout, updated once;
+  the step's in-place updates come back as that state, and ``Reading.call`` writes them into the
+  objects. Host arrays are taken as JAX takes them: NumPy float64 is float32 unless
+  ``jax_enable_x64`` (``jnp.asarray``'s dtype), in the search and wherever the plan is used.
+  One array reached from two state arguments (not NNX: those are joined) is refused, naming
+  both paths: fed back, it would become two.
+- **State.** A state argument (any that is not data) is fed back where the step returns, at the
+  top level of its output, a value alike in structure, shapes and dtypes, in any order
+  (``(state, loss)``, ``(loss, state)``, ``params, opt_state, loss``); ``state_argnums`` names the
+  state arguments instead (``()``: none, the step's reruns timed as such). Where the step returns
+  no state, the search would time reruns of one step: refused, saying what it returns and how to
+  settle it. A value in a state argument's place with its structure but another shape or
+  dtype: refused, naming the leaf.
+- **Loss.** The one scalar floating-point leaf of the outputs besides the state; among several,
+  the one whose path names ``loss``; ``loss=`` (a path such as ``"[1]['loss']"``, or a function of
+  the step's outputs returning one of them) says which. Several and none named so: refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from launcher.errors import UserError
+
+Loss = Optional[Any]   # None (read from the outputs), a path string, or a function of the outputs
+
+
+def nnx_module() -> Any:
+    """flax.nnx where the user's program imported Flax (a step holding NNX objects did)."""
+    if "flax" not in sys.modules:
+        return None
+    from flax import nnx  # noqa: PLC0415  only where the user's program uses Flax
+
+    return nnx
+
+
+def is_array(x: Any) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
+def split(tree: Any) -> tuple[Any, Any]:
+    """(arrays, static): ``tree`` with its non-array leaves set to None, and with its array
+    leaves set to None (``eqx.partition(tree, eqx.is_array)``)."""
+    return (jax.tree.map(lambda x: x if is_array(x) else None, tree),
+            jax.tree.map(lambda x: None if is_array(x) else x, tree))
+
+
+def combine(arrays: Any, static: Any) -> Any:
+    """``split``'s inverse."""
+    return jax.tree.map(lambda a, s: s if a is None else a, arrays, static, is_leaf=lambda x: x is None)
+
+
+class ArrayStep:
+    """``fn`` as a function of its arguments' array leaves: their other leaves are closed over,
+    and the other leaves of what it returns are kept from its last trace (``static_out``)."""
+
+    def __init__(self, fn: Callable[..., Any], static_args: tuple) -> None:
+        self.fn, self.static_args = fn, static_args
+        self.static_out: Any = None
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+
+    def __call__(self, *arrays: Any) -> Any:
+        out, self.static_out = split(self.fn(*combine(arrays, self.static_args)))
+        return out
+
+    def whole(self, out: Any) -> Any:
+        """What ``fn`` returns, from what this returned."""
+        return combine(out, self.static_out)
+
+
+
+
+def canonical(x: Any) -> Any:
+    """An array leaf as JAX takes it: NumPy data of a type JAX does not keep (float64, int64
+    under x64 off) in the type ``jnp.asarray`` gives it; the rest as it is."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+        return np.asarray(x, dtype) if dtype != x.dtype else x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+        return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding) if dtype != x.dtype else x
+    return x
+
+
+def canonical_args(args: Any) -> Any:
+    return jax.tree.map(lambda x: canonical(x) if is_array(x) else x, args)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a user's step with ``n_args`` arguments is read (module doc)."""
+    n_args: int
+    nnx: tuple[int, ...]                 # argument positions holding NNX objects, passed as one joint state
+    graphdef: Any                        # nnx.split's of those objects (None without any)
+    data_argnums: tuple[int, ...]        # of the program's arguments
+    feeds_back: tuple[int, ...]          # program arguments whose new values the program returns first
+    returned_at: tuple[Optional[int], ...]  # per fed-back argument: its place in the step's outputs (None: NNX state)
+    returns_tuple: bool                  # the step returns a tuple or list (else one value)
+    outputs: int                         # its top-level outputs
+    loss_leaf: Optional[int]             # among the program's output leaves
+    loss_path: str = ""                  # the loss as a path of the step's outputs ("" where none)
+    # The options as given, in the user's positions: what reads the step again (a plan applied).
+    user_data_argnums: tuple[int, ...] = ()
+    user_state_argnums: Optional[tuple[int, ...]] = None
+
+    # --- arguments ------------------------------------------------------------------------------
+
+    def args(self, user_args: Sequence[Any]) -> tuple:
+        """The program's arguments: the NNX objects' joint state first, where there are any."""
+        user_args = tuple(user_args)
+        if not self.nnx:
+            return canonical_args(user_args)
+        nnx = nnx_module()
+        objects = tuple(user_args[i] for i in self.nnx)
+        graphdef, state = nnx.split(objects)
+        if graphdef != self.graphdef:
+            raise UserError("the Flax NNX objects passed are not those the plan was searched for (their graph "
+                            "differs): pass the model and optimizer the step was searched with, or autoshard again")
+        return (state, *canonical_args([a for i, a in enumerate(user_args) if i not in self.nnx]))
+
+    def _user_args(self, args: Sequence[Any]) -> tuple[tuple, tuple]:
+        """(the user's arguments, the NNX objects among them) from the program's."""
+        if not self.nnx:
+            return tuple(args), ()
+        objects = tuple(nnx_module().merge(self.graphdef, args[0]))
+        rest, out = iter(args[1:]), []
+        for i in range(self.n_args):
+            out.append(objects[self.nnx.index(i)] if i in self.nnx else next(rest))
+        return tuple(out), objects
+
+    # --- the program ----------------------------------------------------------------------------
+
+    def raw(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` on the program's arguments: (the NNX objects' new state or None, what ``fn`` returns)."""
+        def raw_step(*args: Any) -> Any:
+            user_args, objects = self._user_args(args)
+            out = fn(*user_args)
+            return (nnx_module().state(objects) if objects else None), out
+        raw_step.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        return raw_step
+
+    def step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The program: ``fn`` on the program's arguments, returning the fed-back arguments' new
+        values first (in ``feeds_back``'s order), then the rest of its outputs as a tuple."""
+        raw = self.raw(fn)
+
+        def program_step(*args: Any) -> Any:
+            state, out = raw(*args)
+            outs = list(out) if self.returns_tuple else [out]
+            new = [state if at is None else outs[at] for at in self.returned_at]
+            taken = {at for at in self.returned_at if at is not None}
+            return (*new, tuple(o for k, o in enumerate(outs) if k not in taken))
+        program_step.__name__ = raw.__name__
+        return program_step
+
+    def call(self, program_step: Callable[..., Any], user_args: Sequence[Any]) -> Any:
+        """Runs the program (``program_step``: jitted under a plan) on the user's arguments and
+        returns what the user's step returns: its outputs in their places, the NNX objects
+        updated in place."""
+        out = program_step(*self.args(user_args))
+        new, rest = list(out[:len(self.feeds_back)]), list(out[len(self.feeds_back)])
+        if self.nnx:
+            nnx_module().update(tuple(user_args[i] for i in self.nnx), new[self.returned_at.index(None)])
+        outs: list[Any] = [None] * self.outputs
+        for value, at in zip(new, self.returned_at, strict=True):
+            if at is not None:
+                outs[at] = value
+        free = iter(rest)
+        outs = [o if k in self.returned_at else next(free) for k, o in enumerate(outs)]
+        return tuple(outs) if self.returns_tuple else outs[0]
+
+
+    def program_position(self, i: int) -> int:
+        """The program argument user argument ``i`` is (or is part of: NNX objects' joint state)."""
+        return _program_positions(self.n_args, self.nnx)[i % self.n_args]
+
+
+def program_args(args: Sequence[Any]) -> tuple[tuple, tuple[int, ...]]:
+    """(the program's arguments, the positions of the NNX objects among ``args``) of a step's
+    arguments, read as ``read`` reads them (for a plan used without its step: ``AutoPlan.place``)."""
+    args = tuple(args)
+    nnx = nnx_module()
+    at = tuple(i for i, a in enumerate(args) if nnx is not None and nnx.graph.is_graph_node(a))
+    if not at:
+        return canonical_args(args), ()
+    _, state = nnx.split(tuple(args[i] for i in at))
+    return (state, *canonical_args([a for i, a in enumerate(args) if i not in at])), at
+
+
+def write_back(args: Sequence[Any], at: tuple[int, ...], placed: tuple) -> tuple:
+    """``args`` with the program's arguments ``placed`` in their places: NNX objects updated in
+    place from the joint state (and returned as they are), the others replaced."""
+    if at:
+        nnx_module().update(tuple(args[i] for i in at), placed[0])
+    rest = iter(placed[1:] if at else placed)
+    return tuple(a if i in at else next(rest) for i, a in enumerate(args))
+
+
+# --- reading a step ---------------------------------------------------------------------------
+
+def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums: Optional[Sequence[int]] = None,
+         state_argnums: Optional[Sequence[int]] = None, loss: Loss = None, log: Callable[[str], None] = print
+         ) -> tuple[Reading, tuple]:
+    """(how ``fn`` is read, the program's arguments) from the user's example arguments
+    ``args`` and options (module doc). UserError naming what cannot be read, and the fix."""
+    args = tuple(args)
+    n = len(args)
+    data = _positions("data_argnums", data_argnums, n, (n - 1,), name, "data (batch) arguments")
+    nnx_mod = nnx_module()
+    nnx_at = tuple(i for i, a in enumerate(args) if nnx_mod is not None and nnx_mod.graph.is_graph_node(a))
+    if set(nnx_at) & set(data):
+        raise UserError(f"data_argnums={list(data)} names a Flax NNX object (argument {sorted(set(nnx_at) & set(data))}):"
+                        " data are the batch; give the positions of the batch arguments")
+    graphdef, pargs = None, canonical_args(args)
+    if nnx_at:
+        graphdef, state = nnx_mod.split(tuple(args[i] for i in nnx_at))
+        pargs = (state, *canonical_args([a for i, a in enumerate(args) if i not in nnx_at]))
+    to_program = _program_positions(n, nnx_at)
+    pdata = tuple(sorted({to_program[i] for i in data}))
+    stated = _positions("state_argnums", state_argnums, n, None, name, "state arguments")
+    pstate = (sorted({to_program[i] for i in stated} | ({0} if nnx_at else set())) if stated is not None else
+              [i for i in range(len(pargs)) if i not in pdata])
+    _refuse_shared(pargs, pstate)
+    probe = Reading(n, nnx_at, graphdef, pdata, (), (), False, 0, None)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) if is_array(x) else x, pargs)
+    try:
+        _, out = _eval_shape(probe.raw(fn), shapes)
+    except UserError:
+        raise
+    except Exception as e:  # the user's function on arguments it does not take: say which, keep the cause
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{name} cannot be traced on its example arguments ({type(e).__name__}: {first}); give "
+                        "example arguments shaped as the step takes them, one per parameter") from e
+    returns_tuple = isinstance(out, (tuple, list))
+    outs = list(out) if returns_tuple else [out]
+    feeds, at = _fed_back(name, pargs, pstate, outs, bool(nnx_at), stated is not None, to_program, log)
+    rest = tuple(o for k, o in enumerate(outs) if k not in set(at))
+    loss_leaf, loss_path = _loss(name, out, rest, at, returns_tuple, loss, log)
+    if loss_leaf is not None:  # among the program's output leaves: the fed-back values' come first
+        loss_leaf += sum(len(_array_leaves(pargs[i])) for i in feeds)
+    return Reading(n, nnx_at, graphdef, pdata, tuple(feeds), tuple(at), returns_tuple, len(outs), loss_leaf,
+                   loss_path, tuple(data), stated), pargs
+
+
+def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> Any:
+    """``jax.eval_shape`` of ``fn`` on ``shapes`` whose non-array leaves (an Equinox module's
+    activation, a Python number) are closed over, as the program closes over them."""
+    arrays, static = split(shapes)
+    step = ArrayStep(fn, static)
+    out = jax.eval_shape(step, *arrays)
+    return step.whole(out)
+
+
+def _positions(option: str, given: Optional[Sequence[int]], n: int, default: Any, name: str, what: str) -> Any:
+    if given is None:
+        return default
+    raw, given = given, (given,) if isinstance(given, int) else tuple(given)
+    if not all(isinstance(i, int) and -n <= i < n for i in given):
+        raise UserError(f"{option}={raw}: {name} has {n} argument(s); give the positions of its {what}, 0 to {n - 1}")
+    return tuple(sorted({i % n for i in given}))
+
+
+def _program_positions(n: int, nnx_at: tuple[int, ...]) -> dict[int, int]:
+    """User argument position -> program argument position (NNX objects: 0, their joint state)."""
+    out, k = {}, 1 if nnx_at else 0
+    for i in range(n):
+        if i in nnx_at:
+            out[i] = 0
+        else:
+            out[i], k = k, k + 1
+    return out
+
+
+def _paths(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [(prefix + jax.tree_util.keystr(p), x) for p, x in leaves]
+
+
+def _refuse_shared(pargs: tuple, state: Sequence[int]) -> None:
+    """One array (by identity) reached from two paths of which one is a fed-back state argument."""
+    seen: dict[int, str] = {}
+    for i, a in enumerate(pargs):
+        for path, x in _paths(a, f"[{i}]"):
+            if not isinstance(x, (jax.Array, np.ndarray)):
+                continue
+            first = seen.setdefault(id(x), path)
+            if first != path and (i in state or int(first[1:first.index("]")]) in state):
+                raise UserError(f"arguments {first} and {path} are one array: a variable reached from two arguments "
+                                "would be fed back as two and train in one place only; pass it once (Flax NNX objects "
+                                "sharing variables are joined as nnx.jit joins them), or pass a copy where the two are "
+                                "meant to differ")
+
+
+def _same_type(x: Any, y: Any) -> bool:
+    """Array leaves alike in shape and dtype (any other leaf, static, is not compared)."""
+    if not (is_array(x) and is_array(y)):
+        return is_array(x) == is_array(y)
+    return np.shape(x) == np.shape(y) and jnp.result_type(x) == jnp.result_type(y)
+
+
+def _alike(a: Any, b: Any) -> bool:
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        _same_type(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _fed_back(name: str, pargs: tuple, state: Sequence[int], outs: list, nnx: bool, named: bool,
+              to_program: dict[int, int], log: Callable[[str], None]) -> tuple[list[int], list[Optional[int]]]:
+    """(program arguments fed back, their places in the step's outputs): each state argument
+    with a value alike at the top level of the outputs, the first not taken (module doc)."""
+    feeds, at, taken = [], [], set()
+    for i in state:
+        if nnx and i == 0:
+            feeds.append(0)
+            at.append(None)
+            continue
+        k = next((k for k, o in enumerate(outs) if k not in taken and _alike(o, pargs[i])), None)
+        if k is None:
+            _refuse_changed(name, pargs[i], i, outs, taken)
+            continue
+        feeds.append(i)
+        at.append(k)
+        taken.add(k)
+    user = {p: u for u, p in to_program.items()}
+    missing = [i for i in state if i not in feeds]
+    if state and not feeds:
+        what = ", ".join(_describe(o) for o in outs) or "nothing"
+        raise UserError(f"{name} returns {what}: none of it is the new value of a state argument "
+                        f"({', '.join(f'argument {user[i]}' for i in state)}), so the search would time reruns of one "
+                        "step. Return the new state (e.g. state, loss = step(state, batch)), name the state arguments "
+                        "with state_argnums=..., or give state_argnums=() to time the step's reruns as they are")
+    if missing and not named:
+        log(f"{name}: argument{'s' if len(missing) > 1 else ''} {', '.join(str(user[i]) for i in missing)} "
+            "not returned: every step of the search's runs gets the same value (state_argnums=... to say otherwise)")
+    if missing and named:
+        raise UserError(f"state_argnums names argument {user[missing[0]]}, and {name} returns no value alike it "
+                        "(same structure, shapes and dtypes): return its new value, or leave it out of state_argnums")
+    return feeds, at
+
+
+def _refuse_changed(name: str, arg: Any, i: int, outs: list, taken: set) -> None:
+    """A returned value with a state argument's structure but another shape or dtype: the state
+    would change between steps."""
+    for k, o in enumerate(outs):
+        if k in taken or jax.tree.structure(o) != jax.tree.structure(arg):
+            continue
+        for (path, x), y in zip(_paths(arg, f"[{i}]"), jax.tree.leaves(o), strict=True):
+            if is_array(x) and is_array(y) and not _same_type(x, y):
+                raise UserError(f"{name} takes {path} as {_type(x)} and returns it (output {k}) as {_type(y)}: state must "
+                                "keep its shape and dtype from step to step; return it as it came (cast inside the "
+                                "step), or make the example argument what the step returns")
+
+
+def _array_leaves(tree: Any) -> list:
+    return [x for x in jax.tree.leaves(tree) if is_array(x)]
+
+
+def _loss(name: str, out: Any, rest: tuple, at: list, returns_tuple: bool, loss: Loss,
+          log: Callable[[str], None]) -> tuple[Optional[int], str]:
+    """(the loss's index among the array leaves of the outputs besides the fed-back state, its
+    path in the step's outputs)."""
+    leaves = [(p, x) for p, x in _paths(out, "out" if not returns_tuple else "") if is_array(x)]
+    where = {id(x): p for p, x in leaves}
+    index = {id(x): k for k, x in enumerate(_array_leaves(rest))}
+    skip = {id(x) for a in at if a is not None for x in jax.tree.leaves(out[a] if returns_tuple else out)}
+    if loss is not None:
+        chosen = _chosen(name, out, loss, leaves)
+        if np.shape(chosen) != () or not jnp.issubdtype(jnp.result_type(chosen), jnp.floating):
+            raise UserError(f"loss={loss!r} picks {where[id(chosen)]}, a {_type(chosen)}: the loss is a floating-point "
+                            "scalar; pick the step's loss")
+        if id(chosen) in skip:
+            raise UserError(f"loss={loss!r} picks {where[id(chosen)]}, part of the state the step returns: pick its loss")
+        return index[id(chosen)], where[id(chosen)]
+    scalars = [(p, x) for p, x in leaves if id(x) not in skip and np.shape(x) == ()
+               and jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+    if len(scalars) == 1:
+        return index[id(scalars[0][1])], scalars[0][0]
+    named = [(p, x) for p, x in scalars if "loss" in p.lower()]
+    if len(named) == 1:
+        log(f"{name}: the loss is {named[0][0]}, the scalar named so among {', '.join(p for p, _ in scalars)} "
+            "(loss=... to choose another)")
+        return index[id(named[0][1])], named[0][0]
+    if not scalars:
+        log(f"{name}: no floating-point scalar besides the state, so no loss is recorded (loss=... names one)")
+        return None, ""
+    raise UserError(f"{name} returns several floating-point scalars besides its state "
+                    f"({', '.join(p for p, _ in scalars)}) and none is named loss: say which is the loss with "
+                    f"loss={scalars[0][0]!r} (a path of the outputs) or loss=lambda out: ...")
+
+
+def _chosen(name: str, out: Any, loss: Loss, leaves: list[tuple[str, Any]]) -> Any:
+    """The output leaf ``loss`` (a path, or a function of the outputs returning one) picks."""
+    if isinstance(loss, str):
+        found = [x for p, x in leaves if p == loss or p == f"out{loss}"]
+        if not found:
+            raise UserError(f"loss={loss!r}: {name}'s outputs have no such path (they are "
+                            f"{', '.join(p for p, _ in leaves[:8])}); give one of them")
+        return found[0]
+    if callable(loss):
+        try:
+            picked = loss(out)
+        except Exception as e:  # a function that computes rather than picks
+            raise UserError(f"loss=: the function could not be applied to {name}'s outputs ({type(e).__name__}: {e}); "
+                            "give a function returning one of the outputs, e.g. lambda out: out[1]['loss']") from None
+        if not any(picked is x for _, x in leaves):
+            raise UserError("loss=: the function must return one of the step's outputs as it is (e.g. "
+                            "lambda out: out[1]['loss']), not compute a new value")
+        return picked
+    raise UserError(f"loss={loss!r}: give a path of the step's outputs (e.g. \"[1]['loss']\") or a function of them")
+
+
+def _type(x: Any) -> str:
+    return f"{jnp.result_type(x)}{list(np.shape(x))}"
+
+
+def _describe(o: Any) -> str:
+    leaves = _array_leaves(o)
+    if len(leaves) == 1 and leaves[0] is o:
+        return _type(o)
+    return f"a {type(o).__name__} of {len(leaves)} arrays"
