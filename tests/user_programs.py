@@ -127,9 +127,9 @@ def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01) -> Step:
     class MLP(nnx.Module):
         def __init__(self, din, dmid, dout, rngs):
             init = nnx.initializers.lecun_normal()
-            self.w1 = nnx.Param(init(rngs.params(), (din, dmid)), sharding_names=(None, "model"))
-            self.b1 = nnx.Param(jnp.zeros((dmid,)), sharding_names=("model",))
-            self.w2 = nnx.Param(init(rngs.params(), (dmid, dout)), sharding_names=("model", None))
+            self.w1 = nnx.Param(init(rngs.params(), (din, dmid)), out_sharding=(None, "model"))
+            self.b1 = nnx.Param(jnp.zeros((dmid,)), out_sharding=("model",))
+            self.w2 = nnx.Param(init(rngs.params(), (dmid, dout)), out_sharding=("model", None))
 
         def __call__(self, x):
             return nnx.relu(x @ self.w1 + self.b1) @ self.w2

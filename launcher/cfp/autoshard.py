@@ -28,6 +28,7 @@ from the one searched (its signature, ``apply.program_signature``) and another d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher.cfp import pipeline
@@ -47,11 +49,14 @@ from launcher.cfp.options import ILP_BASELINE, USER_BASELINE, IlpOptions, Profil
 from launcher.cfp.program import TrainingProgram
 from launcher.cfp.search.measure import PlanRun
 from launcher.cfp.search.meshes import AUTO
+from launcher.cfp.profile.keys import device_signature
+from launcher.cfp.profile.store import ProfileStore
 from launcher.cfp.search.report import table_text
 from launcher.cfp.reading import combine, program_args, split, write_back
 from launcher.cfp.user_step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
 from launcher.errors import UserError
+from launcher.runtime import hosts
 from launcher.runtime import program as user_program
 
 # Where autoshard's defaults differ from mode=search's (launcher/cfp/options.py): the final race
@@ -61,7 +66,7 @@ from launcher.runtime import program as user_program
 AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3}
 
 FORMAT = "xlaunch-autoshard-plan"
-VERSION = 1
+VERSION = 2  # 2: the step's reading (state_argnums, loss) saved, data_argnums in the step's positions
 
 
 @dataclass
@@ -80,7 +85,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
               data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
               state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
               baselines: Sequence[str] = STEP_BASELINES, log: Optional[Callable[[str], None]] = None,
-              **options: Any) -> "AutoPlan":
+              reuse: bool = True, **options: Any) -> "AutoPlan":
     """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
 
     ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
@@ -95,7 +100,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     already have, where laid out). ``state_argnums``: which arguments are state whose new values
     the step returns (default: those it returns a value alike; ``()``: none). ``loss``: a path of
     the step's outputs, or a function returning one (default: its one floating-point scalar).
-    ``baselines``: built-in names raced beside the
+    ``reuse``: hand back the plan an earlier search of the same step (traced program and
+    arguments), devices and options left in the profile store, without searching again (False:
+    search again). ``baselines``: built-in names raced beside the
     plan (dp, fsdp; ``alpa_ilp`` the ILP's plan beside CFP's). ``log``: a line at a time
     (default: printed by process 0). ``options``: any other option of the passes by name
     (``launcher/cfp/options.py``: iterations, run_repeats, repeats, max_segment_space,
@@ -110,9 +117,42 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
                            state_argnums=state_argnums, loss=loss, log=log)
     search, ilp = search_options(program, {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir,
                                            "baselines": list(baselines), **options})
+    store = ProfileStore(Path(search.profile.store_dir).expanduser().resolve())
+    key = _answer_key(program, mesh_shape, algorithm, search, ilp)
+    if reuse:
+        earlier = _stored_answer(store, key)
+        if earlier is not None:
+            log(f"reusing the plan a search of {program.name} with these arguments, devices and options left in "
+                f"{store.root} ({earlier.why or earlier.source}); reuse=False searches again")
+            return earlier
     plan = search_step(program, mesh_shape, algorithm, search, ilp, is_main=jax.process_index() == 0, log=log)
     own = replace(plan.own, why=as_keywords(plan.own.why)) if plan.own is not None else None
-    return replace(plan, why=as_keywords(plan.why), own=own)
+    plan = replace(plan, why=as_keywords(plan.why), own=own)
+    if jax.process_index() == 0:
+        store.put(key, {"plan": plan.to_json()})
+    return plan
+
+
+def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions,
+                ilp: IlpOptions) -> dict:
+    """What an answer depends on: the traced step and its arguments, the devices, the options
+    (the store it is kept in aside), the user's own layout."""
+    options = {**dataclasses.asdict(search), "profile": {k: v for k, v in dataclasses.asdict(search.profile).items()
+                                                          if k != "store_dir"}}
+    user = ([str(s.spec) for s in jax.tree.leaves(program.in_shardings)] if program.in_shardings is not None else None)
+    return {"version": VERSION, "kind": "autoshard-answer", "program": program.signature,
+            "args": describe_leaves(program.args), "devices": device_signature(make_mesh([jax.device_count()])),
+            "mesh_shape": str(mesh_shape), "algorithm": algorithm, "options": json.loads(json.dumps(options, default=str)),
+            "ilp_time_limit_s": ilp.time_limit_s, "user": user, "loss": program.reading.loss_path}
+
+
+def _stored_answer(store: ProfileStore, key: dict) -> Optional["AutoPlan"]:
+    """The stored plan for ``key``, rank 0's decision on every process (they share the store)."""
+    entry = store.get(key) if jax.process_index() == 0 else None
+    if not hosts.broadcast(np.array([int(entry is not None)], dtype=np.int32))[0]:
+        return None
+    entry = entry if entry is not None else store.get(key)
+    return AutoPlan.from_dict(entry["plan"], "the profile store")
 
 
 def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> tuple[SearchOptions, IlpOptions]:
@@ -154,7 +194,7 @@ def _keywords(log: Callable[[str], None]) -> Callable[[str], None]:
 def as_keywords(text: str) -> str:
     """The passes speak the command line's keys (``mode.verify_margin``); from Python they are
     autoshard's keywords (``verify_margin=``)."""
-    return re.sub(r"\bmode\.([a-z_]+)(=?)", lambda m: f"{m.group(1)}=", text)
+    return re.sub(r"\bmode\.([a-z_]+)", r"\1", text)
 
 
 def _print_main(line: str) -> None:
@@ -393,12 +433,17 @@ class AutoPlan:
                             "mode.step=... wrote") from None
         except (OSError, ValueError) as e:
             raise UserError(f"{path}: not a plan file ({e})") from None
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "AutoPlan":
+        """A plan from ``to_json``'s dict (read from ``where``)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise UserError(f"{path} is not an auto-sharding plan (a plan.json of mode=search for a built-in model "
+            raise UserError(f"{where} is not an auto-sharding plan (a plan.json of mode=search for a built-in model "
                             "runs with mode=train mode.plan=...; this loads what autoshard or mode=search "
                             "mode.step=... wrote)")
         if data.get("version") != VERSION:
-            raise UserError(f"{path}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
+            raise UserError(f"{where}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
                             "autoshard the step again")
         known = {f.name for f in fields(cls)} - _NOT_SAVED
         return cls(**{k: v for k, v in data.items() if k in known})
