@@ -33,12 +33,12 @@ class BERT(LanguageModel):
             "wte": ParamSpec((c.vocab_size, c.hidden), ("vocab", "embed")),
             "wpe": ParamSpec((c.seq_len, c.hidden), (None, "embed")),
             "ln_emb": L.layer_norm_spec(c.hidden),
-            "layers": [{
+            "layers": L.stacked([{
                 "attn": L.attention_spec(c.hidden, c.heads, bias=True),
                 "ln1": L.layer_norm_spec(c.hidden),
                 "mlp": L.mlp_spec(c.hidden, self.ffn, bias=True),
                 "ln2": L.layer_norm_spec(c.hidden),
-            } for _ in range(c.num_layers)],
+            } for _ in range(c.num_layers)], c.scan_layers),
             "head": {
                 "dense": ParamSpec((c.hidden, c.hidden), ("embed", None)),
                 "dense_bias": ParamSpec((c.hidden,), (None,), "zeros"),
@@ -50,14 +50,16 @@ class BERT(LanguageModel):
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         x = L.embed(params["wte"], batch["tokens"], self.dtype) + params["wpe"].astype(self.dtype)
         x = L.layer_norm(params["ln_emb"], x, LN_EPS)
-        for p in params["layers"]:
-            x = L.layer_norm(p["ln1"], x + L.attention(p["attn"], x, causal=False), LN_EPS)
-            x = L.layer_norm(p["ln2"], x + L.mlp(p["mlp"], x), LN_EPS)
+        x, _ = L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
         h = params["head"]
         x = jnp.einsum("bse,ef->bsf", x, h["dense"].astype(self.dtype)) + h["dense_bias"].astype(self.dtype)
         x = L.layer_norm(h["ln"], jax.nn.gelu(x), LN_EPS)
         logits = L.logits_from(x, params["wte"], tied=True) + h["bias"].astype(self.dtype)
         return logits, jnp.zeros((), jnp.float32)
+
+    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = L.layer_norm(p["ln1"], x + L.attention(p["attn"], x, causal=False), LN_EPS)
+        return L.layer_norm(p["ln2"], x + L.mlp(p["mlp"], x), LN_EPS), jnp.zeros((), jnp.float32)
 
     def make_batch(self, rng: jax.Array) -> dict[str, jax.Array]:
         c = self.config

@@ -196,12 +196,12 @@ class CFPGPT(LayerStack):
 
     def param_specs(self) -> Any:
         c = self.config
-        return {"layers": [bert_layer_spec(c.hidden, c.heads, self.ffn) for _ in range(c.num_layers)]}
+        return {"layers": L.stacked([bert_layer_spec(c.hidden, c.heads, self.ffn) for _ in range(c.num_layers)],
+                                    c.scan_layers)}
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
-        for p in params["layers"]:
-            x = bert_layer(p, x)
-        return x
+        return L.run_layers(params["layers"], x, lambda p, x: (bert_layer(p, x), jnp.zeros((), jnp.float32)),
+                            self.config.scan_layers)[0]
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs, less one product the step never computes:
@@ -260,7 +260,7 @@ class CFPMoE(LayerStack):
                 "w_in": ParamSpec((c.num_experts, c.hidden, self.ffn), ("expert", "embed", "mlp")),
                 "w_out": ParamSpec((c.num_experts, self.ffn, c.hidden), ("expert", "mlp", "embed")),
             }, "ln_moe": L.layer_norm_spec(c.hidden)})
-        return {"layers": layers}
+        return {"layers": L.stacked(layers, c.scan_layers, period=2)}
 
     def experts(self, p: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Alpa's FlaxPositionWiseMoELayer over x: (batch, seq, embed), with the einsums' operand
@@ -288,16 +288,15 @@ class CFPMoE(LayerStack):
         return y.reshape(b, s, h), aux
 
     def forward_with_aux(self, params: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        aux_total = jnp.zeros((), jnp.float32)
-        for p in params["layers"]:
-            if "moe" not in p:
-                x = bert_layer(p, x)
-                continue
-            a = post_ln_attention(p, x)
-            y, aux = self.experts(p["moe"], a)
-            aux_total = aux_total + aux
-            x = L.layer_norm(p["ln_moe"], y + a, BERT_LN_EPS)
-        return x, aux_total
+        return L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
+
+    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """An MoE layer (its parameters hold ``moe``) or a dense BERT layer."""
+        if "moe" not in p:
+            return bert_layer(p, x), jnp.zeros((), jnp.float32)
+        a = post_ln_attention(p, x)
+        y, aux = self.experts(p["moe"], a)
+        return L.layer_norm(p["ln_moe"], y + a, BERT_LN_EPS), aux
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         return self.forward_with_aux(params, x)[0]
@@ -349,20 +348,22 @@ class CFPLLaMA(LayerStack):
 
     def param_specs(self) -> Any:
         c = self.config
-        return {"layers": [{
+        return {"layers": L.stacked([{
             "attn_norm": L.rms_norm_spec(c.hidden),
             "attn": L.attention_spec(c.hidden, c.heads, bias=False),
             "mlp_norm": L.rms_norm_spec(c.hidden),
             "mlp": L.swiglu_spec(c.hidden, self.ffn),
-        } for _ in range(c.num_layers)]}
+        } for _ in range(c.num_layers)], c.scan_layers)}
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         c = self.config
-        for p in params["layers"]:
+
+        def layer(p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
             x = x + L.attention(p["attn"], L.rms_norm(p["attn_norm"], x, c.norm_eps), causal=True,
                                 rope_theta=c.rope_theta)
-            x = x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps))
-        return x
+            return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), jnp.zeros((), jnp.float32)
+
+        return L.run_layers(params["layers"], x, layer, c.scan_layers)[0]
 
     def make_batch(self, key: jax.Array) -> dict[str, jax.Array]:
         c = self.config

@@ -74,6 +74,10 @@ class _Experts:
             raise ModelError(f"model.expert_group_size={c.expert_group_size} does not divide the "
                             f"{tokens} tokens of a batch (batch_size {c.batch_size} x seq_len {c.seq_len}); "
                             "choose a group size that divides batch_size * seq_len")
+        if getattr(c, "scan_layers", False) and c.num_layers % 2:
+            raise ModelError(f"model.scan_layers=true stacks the MoE and dense layers as pairs, and "
+                             f"model.num_layers={c.num_layers} is odd: use an even number of layers, or "
+                             "model.scan_layers=false")
         if c.capacity_factor <= 0:
             raise ModelError(f"model.capacity_factor={c.capacity_factor}: must be positive (2.0 gives GShard's and CFP's capacity 2S/E)")
 
@@ -92,6 +96,7 @@ class GPTConfig(_LanguageModel):
     ffn_dim: Optional[int] = None  # None: 4 * hidden
     vocab_size: int = 51200
     dtype: str = "float32"  # compute dtype; parameters and optimizer state stay float32
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
 
 @dataclass
@@ -109,6 +114,7 @@ class BERTConfig(_LanguageModel):
     vocab_size: int = 30592
     mask_prob: float = 0.15  # fraction of positions masked and predicted
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
     @classmethod
     def check(cls, c: Any) -> None:
@@ -132,6 +138,7 @@ class LLaMA2Config(_Rotary, _LanguageModel):
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
 
 @dataclass
@@ -152,6 +159,7 @@ class MoEConfig(_Experts, _LanguageModel):
     capacity_factor: float = 2.0  # expert capacity C = ceil(capacity_factor * S / E); 2.0 gives GShard's 2S/E
     aux_loss_weight: float = 0.01  # weight of the load-balancing loss added to the LM loss
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
 
 # --- The CFP paper's workloads (models/cfp_workloads.py) ------------------------------------
@@ -174,6 +182,7 @@ class CFPGPTConfig(_Transformer):
     heads: int = 32
     ffn_dim: Optional[int] = None  # None: 4 * hidden
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
 
 @dataclass
@@ -191,6 +200,7 @@ class CFPLLaMAConfig(_Rotary, _Transformer):
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
 
 @dataclass
@@ -211,6 +221,7 @@ class CFPMoEConfig(_Experts, _Transformer):
     capacity_factor: float = 2.0  # expert capacity C = ceil(capacity_factor * S / E)
     gating: str = "dummy"  # "dummy": the artifact's top2_gating_dummy; "top2": GShard's routing (models/moe.py)
     dtype: str = "float32"
+    scan_layers: bool = False  # the layers stacked and run by jax.lax.scan (models/layers.py: stacked)
 
     @classmethod
     def check(cls, c: Any) -> None:

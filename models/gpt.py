@@ -2,7 +2,8 @@
 
 Token + learned position embeddings, ``num_layers`` pre-LN blocks (causal self-attention and a
 GELU MLP, each with a residual), a final LayerNorm, and logits from the token embedding (tied).
-Layers are an unrolled Python loop so every layer appears in the traced program.
+Layers are an unrolled Python loop so every layer appears in the traced program, or with
+``model.scan_layers=true`` stacked and run by ``jax.lax.scan`` (``layers.stacked``).
 """
 
 from __future__ import annotations
@@ -30,22 +31,24 @@ class GPT(LanguageModel):
         return {
             "wte": ParamSpec((c.vocab_size, c.hidden), ("vocab", "embed")),
             "wpe": ParamSpec((c.seq_len, c.hidden), (None, "embed"), std=0.01),
-            "layers": [{
+            "layers": L.stacked([{
                 "ln1": L.layer_norm_spec(c.hidden),
                 "attn": L.attention_spec(c.hidden, c.heads, bias=True, out_std=out_std),
                 "ln2": L.layer_norm_spec(c.hidden),
                 "mlp": L.mlp_spec(c.hidden, self.ffn, bias=True, out_std=out_std),
-            } for _ in range(c.num_layers)],
+            } for _ in range(c.num_layers)], c.scan_layers),
             "ln_f": L.layer_norm_spec(c.hidden),
         }
 
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         x = L.embed(params["wte"], batch["tokens"], self.dtype) + params["wpe"].astype(self.dtype)
-        for p in params["layers"]:
-            x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
-            x = x + L.mlp(p["mlp"], L.layer_norm(p["ln2"], x))
+        x, _ = L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
         x = L.layer_norm(params["ln_f"], x)
         return L.logits_from(x, params["wte"], tied=True), jnp.zeros((), jnp.float32)
+
+    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
+        return x + L.mlp(p["mlp"], L.layer_norm(p["ln2"], x)), jnp.zeros((), jnp.float32)
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs (the backward pass computes two products per forward one):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,47 @@ def init_params(specs: Any, key: jax.Array) -> Any:
 
 def axes_of(specs: Any) -> Any:
     return jax.tree.map(lambda s: s.axes, specs, is_leaf=is_spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers, unrolled or scanned (model.scan_layers)
+
+
+def stacked(layers: list, scan: bool, period: int = 1) -> Any:
+    """A model's ``layers`` parameter specs: the list itself, or with ``scan`` the layers
+    stacked on a leading ``layers`` axis, as production trainers store them for ``lax.scan``
+    (MaxText, Levanter, Flax's ``nn.scan``): ``period`` stacks, the k-th holding layers k,
+    k + period, ... (MoE's alternating MoE and dense layers stack as pairs). The ``layers`` axis
+    has no rule in any plan: it is never split."""
+    if not scan:
+        return layers
+    groups = [layers[k::period] for k in range(period)]
+    return [jax.tree.map(lambda *specs: ParamSpec((len(specs), *specs[0].shape), ("layers", *specs[0].axes),
+                                                  specs[0].init, specs[0].std), *group, is_leaf=is_spec)
+            for group in groups]
+
+
+def run_layers(layers: Any, x: jax.Array, layer: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
+               scan: bool) -> tuple[jax.Array, jax.Array]:
+    """``x`` through ``layers`` (``stacked``'s), ``layer(p, x) -> (x, auxiliary loss)`` each;
+    with ``scan`` by ``jax.lax.scan`` over the stacks (one iteration: a layer of each). Returns
+    ``x`` and the auxiliary losses' sum."""
+    aux = jnp.zeros((), jnp.float32)
+    if not scan:
+        for p in layers:
+            x, a = layer(p, x)
+            aux = aux + a
+        return x, aux
+
+    def body(carry: tuple[jax.Array, jax.Array], ps: tuple) -> tuple[tuple[jax.Array, jax.Array], None]:
+        x, aux = carry
+        for p in ps:
+            x, a = layer(p, x)
+            aux = aux + a
+        return (x, aux), None
+
+    (x, aux), _ = jax.lax.scan(body, (x, aux), tuple(layers))
+    return x, aux
 
 
 # ---------------------------------------------------------------------------------------------

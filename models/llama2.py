@@ -35,12 +35,12 @@ class LLaMA2(LanguageModel):
         c = self.config
         return {
             "tok_emb": ParamSpec((c.vocab_size, c.hidden), ("vocab", "embed")),
-            "layers": [{
+            "layers": L.stacked([{
                 "attn_norm": L.rms_norm_spec(c.hidden),
                 "attn": L.attention_spec(c.hidden, c.heads, bias=False),
                 "mlp_norm": L.rms_norm_spec(c.hidden),
                 "mlp": L.swiglu_spec(c.hidden, self.ffn),
-            } for _ in range(c.num_layers)],
+            } for _ in range(c.num_layers)], c.scan_layers),
             "norm": L.rms_norm_spec(c.hidden),
             "lm_head": ParamSpec((c.hidden, c.vocab_size), ("embed", "vocab")),
         }
@@ -48,12 +48,14 @@ class LLaMA2(LanguageModel):
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         c = self.config
         x = L.embed(params["tok_emb"], batch["tokens"], self.dtype)
-        for p in params["layers"]:
-            x = x + L.attention(p["attn"], L.rms_norm(p["attn_norm"], x, c.norm_eps), causal=True,
-                                rope_theta=c.rope_theta)
-            x = x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps))
+        x, _ = L.run_layers(params["layers"], x, self.layer, c.scan_layers)
         x = L.rms_norm(params["norm"], x, c.norm_eps)
         return L.logits_from(x, params["lm_head"], tied=False), jnp.zeros((), jnp.float32)
+
+    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        c = self.config
+        x = x + L.attention(p["attn"], L.rms_norm(p["attn_norm"], x, c.norm_eps), causal=True, rope_theta=c.rope_theta)
+        return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), jnp.zeros((), jnp.float32)
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs:

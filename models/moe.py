@@ -111,7 +111,7 @@ class MoE(LanguageModel):
         return {
             "wte": ParamSpec((c.vocab_size, c.hidden), ("vocab", "embed")),
             "wpe": ParamSpec((c.seq_len, c.hidden), (None, "embed"), std=0.01),
-            "layers": layers,
+            "layers": L.stacked(layers, c.scan_layers, period=2),
             "ln_f": L.layer_norm_spec(c.hidden),
         }
 
@@ -136,18 +136,18 @@ class MoE(LanguageModel):
 
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         x = L.embed(params["wte"], batch["tokens"], self.dtype) + params["wpe"].astype(self.dtype)
-        aux_total = jnp.zeros((), jnp.float32)
-        for p in params["layers"]:
-            x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
-            h = L.layer_norm(p["ln2"], x)
-            if "moe" in p:
-                y, aux = self.moe_mlp(p["moe"], h)
-                aux_total = aux_total + aux
-            else:
-                y = L.mlp(p["mlp"], h)
-            x = x + y
+        x, aux_total = L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
         x = L.layer_norm(params["ln_f"], x)
         return L.logits_from(x, params["wte"], tied=True), self.config.aux_loss_weight * aux_total
+
+    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """An MoE layer (its parameters hold ``moe``) or a dense one."""
+        x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
+        h = L.layer_norm(p["ln2"], x)
+        if "moe" in p:
+            y, aux = self.moe_mlp(p["moe"], h)
+            return x + y, aux
+        return x + L.mlp(p["mlp"], h), jnp.zeros((), jnp.float32)
 
     def flops_per_step(self) -> float:
         """Training matmul FLOPs, T = batch * seq, E experts, C slots, G = T/S groups:

@@ -90,10 +90,24 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     # blocks, not by the block that owns the scan operator: what reads its results starts afresh,
     # as what reads a program input does.
     scans = {loop for op in cons for loop in [g.outermost_loop(op)] if loop is not None and g.ops[loop].prim == "scan"}
+    made_by = _scan_results(g, scans)
 
     def owner_of(v: int | None) -> int | None:
-        if v is None or g.producer[v] is None or g.producer[v] in scans:
+        if v is None or g.producer[v] is None:
             return None
+        if g.producer[v] in scans:
+            # A scan's result belongs to the block making it in the body (its final carry, or its
+            # layers stacked: the optimizer updates a scanned model's stacked weights with the
+            # layouts the body's plan gives each layer's gradient).
+            if v not in made_by:
+                return None
+            u, stacked = made_by[v]
+            o = owner_of(u)
+            if o is not None:
+                for spec in blocks[o].specs:
+                    if u in spec and v not in spec:
+                        spec[v] = ((),) + tuple(spec[u]) if stacked else spec[u]
+            return o
         return owner[g.producer[v]]
 
     def is_member(v: int | None, b: Block) -> bool:
@@ -137,6 +151,8 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
             continue
         b = blocks[owner_of(_carrier(g, op, owned))]
         owner[op.id] = b.id
+        if op.id in scans:  # its results are laid out by its body's blocks (owner_of), not by this one
+            continue
         comm = False
         for p in range(b.num_plans):
             ins = [b.specs[p].get(v) if owner_of(v) == b.id else None for v in op.inputs]
@@ -151,6 +167,18 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     for i, o in enumerate(owner):
         blocks[o].ops.append(i)
     return blocks, owner  # type: ignore[return-value]
+
+
+def _scan_results(g: Graph, scans: set[int]) -> dict[int, tuple[int, bool]]:
+    """Each result of ``scans``: (the body tensor it is, whether stacked: a layer per iteration)."""
+    out = {}
+    for loop in scans:
+        (_, outs), = g.loop_io[loop]
+        nk = g.ops[loop].params["num_carry"]
+        for k, (u, v) in enumerate(zip(outs, g.ops[loop].outputs, strict=True)):
+            if u is not None:
+                out[v] = (u, k >= nk)
+    return out
 
 
 def _carrier(g: Graph, op, owned: list[int]) -> int:

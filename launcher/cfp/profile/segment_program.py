@@ -42,7 +42,13 @@ def segment_program(a: Analysis, start: int, end: int, top_level: bool = False) 
     if top_level:
         ops = [op.id for op in g.ops if op.loop is None and start <= a.owner[op.id] < end]
     else:
-        ops = [op.id for op in g.ops if a.evaluable(op.id) and start <= a.owner[op.id] < end]
+        # A loop body's blocks also own the top-level operators their results feed (the
+        # optimizer's update of the stacked weights, laid out as the body's plan lays out each
+        # layer): they run once a step, on every layer at once, not once an iteration, so the
+        # body's program leaves them out.
+        in_loop = g.ops[a.blocks[start].head].loop is not None
+        ops = [op.id for op in g.ops if a.evaluable(op.id) and start <= a.owner[op.id] < end
+               and (op.loop is not None) == in_loop]
     mine = set(ops)
     produced = {v for i in ops for v in g.ops[i].outputs}
     inputs, seen = [], set()
