@@ -57,9 +57,9 @@ class BERT(LanguageModel):
         logits = L.logits_from(x, params["wte"], tied=True) + h["bias"].astype(self.dtype)
         return logits, jnp.zeros((), jnp.float32)
 
-    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def layer(self, p: Any, x: jax.Array, aux: Any = None) -> tuple[jax.Array, Any]:
         x = L.layer_norm(p["ln1"], x + L.attention(p["attn"], x, causal=False), LN_EPS)
-        return L.layer_norm(p["ln2"], x + L.mlp(p["mlp"], x), LN_EPS), jnp.zeros((), jnp.float32)
+        return L.layer_norm(p["ln2"], x + L.mlp(p["mlp"], x), LN_EPS), aux
 
     def make_batch(self, rng: jax.Array) -> dict[str, jax.Array]:
         c = self.config

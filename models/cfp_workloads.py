@@ -200,8 +200,7 @@ class CFPGPT(LayerStack):
                                     c.scan_layers)}
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
-        return L.run_layers(params["layers"], x, lambda p, x: (bert_layer(p, x), jnp.zeros((), jnp.float32)),
-                            self.config.scan_layers)[0]
+        return L.run_layers(params["layers"], x, lambda p, x, aux: (bert_layer(p, x), aux), self.config.scan_layers)[0]
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs, less one product the step never computes:
@@ -288,15 +287,16 @@ class CFPMoE(LayerStack):
         return y.reshape(b, s, h), aux
 
     def forward_with_aux(self, params: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
+        return L.run_layers(params["layers"], x, self.layer, self.config.scan_layers, aux=jnp.zeros((), jnp.float32))
 
-    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """An MoE layer (its parameters hold ``moe``) or a dense BERT layer."""
+    def layer(self, p: Any, x: jax.Array, aux_total: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """An MoE layer (its parameters hold ``moe``) or a dense BERT layer; the balance losses so far."""
         if "moe" not in p:
-            return bert_layer(p, x), jnp.zeros((), jnp.float32)
+            return bert_layer(p, x), aux_total
         a = post_ln_attention(p, x)
         y, aux = self.experts(p["moe"], a)
-        return L.layer_norm(p["ln_moe"], y + a, BERT_LN_EPS), aux
+        aux_total = aux_total + aux
+        return L.layer_norm(p["ln_moe"], y + a, BERT_LN_EPS), aux_total
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         return self.forward_with_aux(params, x)[0]
@@ -358,10 +358,10 @@ class CFPLLaMA(LayerStack):
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         c = self.config
 
-        def layer(p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def layer(p: Any, x: jax.Array, aux: Any) -> tuple[jax.Array, Any]:
             x = x + L.attention(p["attn"], L.rms_norm(p["attn_norm"], x, c.norm_eps), causal=True,
                                 rope_theta=c.rope_theta)
-            return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), jnp.zeros((), jnp.float32)
+            return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), aux
 
         return L.run_layers(params["layers"], x, layer, c.scan_layers)[0]
 

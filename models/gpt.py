@@ -46,9 +46,9 @@ class GPT(LanguageModel):
         x = L.layer_norm(params["ln_f"], x)
         return L.logits_from(x, params["wte"], tied=True), jnp.zeros((), jnp.float32)
 
-    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def layer(self, p: Any, x: jax.Array, aux: Any = None) -> tuple[jax.Array, Any]:
         x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
-        return x + L.mlp(p["mlp"], L.layer_norm(p["ln2"], x)), jnp.zeros((), jnp.float32)
+        return x + L.mlp(p["mlp"], L.layer_norm(p["ln2"], x)), aux
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs (the backward pass computes two products per forward one):

@@ -81,24 +81,22 @@ def stacked(layers: list, scan: bool, period: int = 1) -> Any:
             for group in groups]
 
 
-def run_layers(layers: Any, x: jax.Array, layer: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
-               scan: bool) -> tuple[jax.Array, jax.Array]:
-    """``x`` through ``layers`` (``stacked``'s), ``layer(p, x) -> (x, auxiliary loss)`` each;
-    with ``scan`` by ``jax.lax.scan`` over the stacks (one iteration: a layer of each). Returns
-    ``x`` and the auxiliary losses' sum."""
-    aux = jnp.zeros((), jnp.float32)
+def run_layers(layers: Any, x: jax.Array, layer: Callable[[Any, jax.Array, Any], tuple[jax.Array, Any]],
+               scan: bool, aux: Optional[jax.Array] = None) -> tuple[jax.Array, Any]:
+    """``x`` through ``layers`` (``stacked``'s), ``layer(p, x, aux) -> (x, aux)`` each, ``aux`` the
+    running auxiliary loss (None where the model has none: unrolled, the traced program is then
+    the one written out by hand); with ``scan`` by ``jax.lax.scan`` over the stacks (one
+    iteration: a layer of each). Returns ``x`` and ``aux``."""
     if not scan:
         for p in layers:
-            x, a = layer(p, x)
-            aux = aux + a
+            x, aux = layer(p, x, aux)
         return x, aux
 
-    def body(carry: tuple[jax.Array, jax.Array], ps: tuple) -> tuple[tuple[jax.Array, jax.Array], None]:
-        x, aux = carry
+    def body(carry: tuple[jax.Array, Any], ps: tuple) -> tuple[tuple[jax.Array, Any], None]:
+        x, total = carry
         for p in ps:
-            x, a = layer(p, x)
-            aux = aux + a
-        return (x, aux), None
+            x, total = layer(p, x, total)
+        return (x, total), None
 
     (x, aux), _ = jax.lax.scan(body, (x, aux), tuple(layers))
     return x, aux

@@ -52,10 +52,10 @@ class LLaMA2(LanguageModel):
         x = L.rms_norm(params["norm"], x, c.norm_eps)
         return L.logits_from(x, params["lm_head"], tied=False), jnp.zeros((), jnp.float32)
 
-    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def layer(self, p: Any, x: jax.Array, aux: Any = None) -> tuple[jax.Array, Any]:
         c = self.config
         x = x + L.attention(p["attn"], L.rms_norm(p["attn_norm"], x, c.norm_eps), causal=True, rope_theta=c.rope_theta)
-        return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), jnp.zeros((), jnp.float32)
+        return x + L.swiglu(p["mlp"], L.rms_norm(p["mlp_norm"], x, c.norm_eps)), aux
 
     def flops_per_step(self) -> float:
         """3 x forward matmul FLOPs:

@@ -136,18 +136,21 @@ class MoE(LanguageModel):
 
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         x = L.embed(params["wte"], batch["tokens"], self.dtype) + params["wpe"].astype(self.dtype)
-        x, aux_total = L.run_layers(params["layers"], x, self.layer, self.config.scan_layers)
+        x, aux_total = L.run_layers(params["layers"], x, self.layer, self.config.scan_layers,
+                                    aux=jnp.zeros((), jnp.float32))
         x = L.layer_norm(params["ln_f"], x)
         return L.logits_from(x, params["wte"], tied=True), self.config.aux_loss_weight * aux_total
 
-    def layer(self, p: Any, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """An MoE layer (its parameters hold ``moe``) or a dense one."""
+    def layer(self, p: Any, x: jax.Array, aux_total: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """An MoE layer (its parameters hold ``moe``) or a dense one; the balance losses so far."""
         x = x + L.attention(p["attn"], L.layer_norm(p["ln1"], x), causal=True)
         h = L.layer_norm(p["ln2"], x)
         if "moe" in p:
             y, aux = self.moe_mlp(p["moe"], h)
-            return x + y, aux
-        return x + L.mlp(p["mlp"], h), jnp.zeros((), jnp.float32)
+            aux_total = aux_total + aux
+        else:
+            y = L.mlp(p["mlp"], h)
+        return x + y, aux_total
 
     def flops_per_step(self) -> float:
         """Training matmul FLOPs, T = batch * seq, E experts, C slots, G = T/S groups:

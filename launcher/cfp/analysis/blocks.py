@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from launcher.cfp.analysis.contractions import Contraction
-from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.graph import LOOPS, Graph
 from launcher.cfp.analysis.propagation import propagate
 from launcher.cfp.analysis.strategies import Spec, Strategy, enumerate_strategies, from_operand_specs, operand_specs
 
@@ -228,18 +228,48 @@ def _absorber(c: Contraction, blocks: list[Block], owner_of, is_member) -> tuple
 
 
 def _alike(g: Graph):
-    """v -> the tensors that are v or a layer of the same top-level tensor (``Graph.canonical``)."""
+    """v -> the tensors that are v: a layer of the same top-level tensor (``Graph.canonical``),
+    or recomputed (``_recomputed``)."""
+    same = _recomputed(g)
+    rep = lambda v: same.get(g.canonical(v), g.canonical(v))
     classes: dict[int, list[int]] = {}
-    for v in g.outer:
-        classes.setdefault(g.canonical(v), [g.canonical(v)]).append(v)
-    return lambda v: classes.get(g.canonical(v), [v])
+    for v in [*g.outer, *same]:
+        classes.setdefault(rep(v), [rep(v)]).append(v)
+    return lambda v: classes.get(rep(v), [v])
+
+
+def _recomputed(g: Graph) -> dict[int, int]:
+    """Tensors the backward pass recomputes under remat (``jax.checkpoint``) -> the forward
+    tensors they are: an operator inside a remat region of the backward pass computing what a
+    forward operator computes (same primitive and parameters, inputs that are the same tensors)
+    makes its outputs again."""
+    same: dict[int, int] = {}
+    made: dict[tuple, tuple[int, ...]] = {}
+
+    def key(op) -> tuple:
+        ins = tuple(None if v is None else same.get(g.canonical(v), g.canonical(v)) for v in op.inputs)
+        return op.prim, repr(sorted(op.params.items())), ins, tuple(g.vars[v].type_str for v in op.outputs)
+
+    for op in g.ops:
+        if op.prim in LOOPS or not op.outputs:
+            continue
+        if op.phase == "fwd":
+            made.setdefault(key(op), op.outputs)
+        elif "remat" in op.name or "checkpoint" in op.name:
+            first = made.get(key(op))
+            if first is not None:
+                same.update({v: same.get(u, u) for v, u in zip(op.outputs, first, strict=True)})
+    return same
 
 
 def _recompute(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
                owner: list[int | None], alike) -> tuple[Block, str, list[Strategy]] | None:
-    """The block of the forward contraction ``c`` repeats: the same operator (parameters and
-    operand types) reading the same tensor at the same operand position."""
+    """The block of the forward contraction ``c`` repeats under remat: the same operator
+    (parameters and operand types), inside a remat region, reading the same tensor at the same
+    operand position."""
     op = g.ops[c.op]
+    if "remat" not in op.name and "checkpoint" not in op.name:
+        return None
     for side in ("lhs", "rhs"):
         v = getattr(c, side)
         if v is None:

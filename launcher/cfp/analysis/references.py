@@ -78,18 +78,19 @@ def score(b: Block, cons: Mapping[int, Contraction], p: int, known: Reference) -
 
 
 def nearest_assignment(g: Graph, blocks: Sequence[Block], cons: Mapping[int, Contraction],
-                       known: Reference) -> list[int]:
-    """Per block, its plan nearest the reference ``known`` (see the module's docstring). Where
-    the reference says nothing of a tensor a block makes (a user's step: only its inputs'
-    layouts are known), the layout the block's chosen plan makes counts as the reference's for
-    the blocks after it: a block reading it then keeps it, as the reference's program would,
-    rather than resharding it."""
+                       known: Reference, carry: bool = False) -> list[int]:
+    """Per block, its plan nearest the reference ``known`` (see the module's docstring). With
+    ``carry`` (a reference of the inputs alone, a user's step's baselines), the layout a block's
+    chosen plan makes counts as the reference's for the blocks after it: a block reading it then
+    keeps it, as the reference's own program would (XLA propagates the inputs' layouts), rather
+    than resharding it."""
     out, known = [], dict(known)
     for b in blocks:
         scores = [score(b, cons, p, known) for p in range(b.num_plans)]
         out.append(scores.index(max(scores)))
-        for v, spec in b.specs[out[-1]].items():
-            known.setdefault(v, tuple(spec))
+        if carry:
+            for v, spec in b.specs[out[-1]].items():
+                known.setdefault(v, tuple(spec))
     return out
 
 

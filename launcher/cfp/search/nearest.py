@@ -118,10 +118,10 @@ def builtin_layouts(a: Analysis, program: Any, plan: Any) -> dict[int, Spec] | N
     return reference_layouts(a.graph, a.mesh_shape, program, plan)
 
 
-def nearest_assignment(a: Analysis, known: Reference) -> list[int]:
+def nearest_assignment(a: Analysis, known: Reference, carry: bool = False) -> list[int]:
     """Per block, the plan under which the most tensors it lays out have exactly the layout
-    ``known`` gives them (``analysis/references.py``)."""
-    return references.nearest_assignment(a.graph, a.blocks, a.contractions, known)
+    ``known`` gives them (``analysis/references.py``; ``carry``: a reference of inputs alone)."""
+    return references.nearest_assignment(a.graph, a.blocks, a.contractions, known, carry)
 
 
 @dataclass
@@ -188,7 +188,7 @@ def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -
     if known is None:
         return None
     known = references.into_loops(a.graph, known)
-    assignment = nearest_assignment(a, known)
+    assignment = nearest_assignment(a, known, carry=not program.is_model)
     return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
 
 
