@@ -78,6 +78,7 @@ class Sizes:
     cluster: tuple[str, ...]
     cfp_models: tuple[str, ...]
     cfp_set: tuple[str, ...] = ()
+    cfp_flags: tuple[str, ...] = ()
     # Device memory the layer count may plan on (the rest: XLA's workspace, fragmentation).
     memory_share: float = 0.75
     env: dict[str, str] = field(default_factory=dict)
@@ -103,6 +104,7 @@ CPU = Sizes(
     # The CPU run keeps the CFP stage's shape (profile, ILP, race) at its smallest: one mesh.
     cfp_set=("mode.mesh_shape=[8]", "mode.baselines=[dp]", "mode.iterations=2", "mode.run_repeats=3",
              "mode.verify_top_k=1", "mode.repeats=2"),
+    cfp_flags=("--no-ilp",),   # the ILP's collectives calibrated would be most of the stage's time
     memory_share=0.25,
 )
 
@@ -401,7 +403,7 @@ class Bench:
                                          "why": f"{self.clock.left():.0f} s of the budget left"})
                 return
             cmd = [sys.executable, str(REPO / "bench" / "bench_cfp_search.py"), "--users", "--models", model,
-                   "--out", str(out_file), "--set", *self.sizes.cfp_set]
+                   "--out", str(out_file), *self.sizes.cfp_flags, "--set", *self.sizes.cfp_set]
             say("  $ " + " ".join(cmd[1:]))
             env = {k: v for k, v in self.env.items() if k not in self.sizes.env}
             try:

@@ -509,7 +509,7 @@ def users_bench(args: argparse.Namespace) -> None:
         for name in args.models:
             cfg = compose_job(["mode=cfp", f"model={name}-tiny", f"mode.store_dir={store}", *composed])
             mode = OmegaConf.to_container(cfg.mode, resolve=True)
-            if "alpa_ilp" not in mode["baselines"]:
+            if "alpa_ilp" not in mode["baselines"] and not args.no_ilp:
                 mode["baselines"].append("alpa_ilp")
             spec = work / f"{name}.json"
             spec.write_text(json.dumps({"mode": mode, "model": OmegaConf.to_container(cfg.model, resolve=True),
@@ -597,6 +597,7 @@ def main() -> None:
                     "composed config; others: the job)")
     ap.add_argument("--budget-gb", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--reference", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--no-ilp", action="store_true", help="with --users: the ILP's plan not raced (a quicker run)")
     args = ap.parse_args()
 
     if args.shortcut_worker:

@@ -57,6 +57,21 @@ def cpu_compilation_cache_works(found: str | None = None) -> bool:
     return found is not None and version_tuple(found) >= (0, 5)
 
 
+def compilation_cache_env(accelerator: str, cache_dir: str, found: str | None = None) -> dict[str, str]:
+    """The environment that turns JAX's persistent compilation cache on in ``cache_dir`` for a
+    task (before JAX is imported), or {} where it cannot be used safely (CPU executables read
+    back crash jaxlib before 0.5: ``cpu_compilation_cache_works``). Every program is kept (no
+    minimum compile time: a profile's programs compile in under a second each, and a restart
+    should compile none of them again). Not ``jax_share_binary_between_hosts`` (the first process
+    compiling a program and the others loading it): with CPU devices, a loaded executable's gloo
+    collectives wait for keys its peers never set (0.10.2: "Gloo context initialization failed
+    ... GetKeyValue() timed out"), and no accelerator was there to try it on."""
+    if accelerator == "cpu" and not cpu_compilation_cache_works(found):
+        return {}
+    return {"JAX_COMPILATION_CACHE_DIR": cache_dir, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 # --- before the backend starts -------------------------------------------------------------------
 
 def set_cpu_device_count(n: int) -> None:

@@ -112,6 +112,12 @@ class LauncherConfig:
     progress_every_s: float = 30.0
     coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.submit.coordinator_port)
     xla_dump: bool = False
+    # JAX's persistent compilation cache, on for every job where the JAX in use keeps CPU
+    # executables safely (launcher/jaxcompat.py): null, the run dir's jax_cache/ (a requeued or
+    # restarted job, or a rerun in the same run dir, compiles nothing again); a path, shared by
+    # the runs naming it; "off": no cache. A JAX_COMPILATION_CACHE_DIR the tasks inherit counts
+    # as a path.
+    compile_cache_dir: Optional[str] = None
     # Each rank writes a jax.profiler trace of its measured steps (mode=train, hlo_replay, the
     # final run of search) to <run dir>/traces/rank<N>/ (launcher/runtime/trace.py).
     trace: bool = False

@@ -76,8 +76,10 @@ class ProfileOptions(_Options):
     # as CFP's artifact.
     profile_top_k: int = 8
     # Measure every resharding between segments the search may use (CFP's artifact), instead of
-    # pricing them with the mesh's calibrated collectives (the ILP's cost model, measured once per
-    # mesh and machine for every model: a few dozen programs where the pairs are hundreds).
+    # pricing them with the mesh's calibrated all-gathers and all-to-alls (the ILP's cost model,
+    # measured once per mesh and machine for every model: a few dozen programs, where the pairs
+    # are hundreds). They are priced where the store holds the calibration, or the pairs would
+    # take more programs than calibrating does; else measured.
     measure_resharding: bool = False
     memory_budget_gb: float = 0.0  # per device; 0: unlimited. The search's plans must fit it too
     # A combination no plan within memory_budget_gb can hold (its compiled memory plus the least

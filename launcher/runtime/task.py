@@ -137,6 +137,8 @@ class Task(Checkpointable):
             # A step found in JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, common
             # on clusters) is not compiled, so XLA would dump nothing: compile everything here.
             os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        else:
+            _compilation_cache(cfg, run_dir, log)
         jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
         import jax  # noqa: PLC0415  JAX: only once this task's devices are set (above)
         import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (above)
@@ -192,6 +194,22 @@ class Task(Checkpointable):
             # Keeps rank 0's coordinator alive until every rank has finished its last collective.
             jax.distributed.shutdown()
         return json.loads(json.dumps(result, default=str))
+
+
+def _compilation_cache(cfg, run_dir: Path, log: logging.Logger) -> None:
+    """Turns JAX's persistent compilation cache on for this task (``launcher.compile_cache_dir``),
+    before JAX is imported."""
+    where = cfg.launcher.get("compile_cache_dir")
+    if where == "off":
+        return
+    where = where or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(run_dir / "jax_cache")
+    env = jaxcompat.compilation_cache_env(cfg.cluster.accelerator, where)
+    if not env:
+        log.info("JAX's persistent compilation cache: off (the JAX in use cannot read CPU executables back "
+                 "safely: launcher/jaxcompat.py)")
+        return
+    os.environ.update(env)
+    log.info("JAX's persistent compilation cache: %s", where)
 
 
 def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str, restart: str | None = None) -> logging.Logger:

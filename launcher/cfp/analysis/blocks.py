@@ -89,26 +89,8 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     # A scan with contractions in its body (a scanned model's layers) is laid out by its body's
     # blocks, not by the block that owns the scan operator: what reads its results starts afresh,
     # as what reads a program input does.
-    scans = {loop for op in cons for loop in [g.outermost_loop(op)] if loop is not None and g.ops[loop].prim == "scan"}
-    made_by = _scan_results(g, scans)
-
-    def owner_of(v: int | None) -> int | None:
-        if v is None or g.producer[v] is None:
-            return None
-        if g.producer[v] in scans:
-            # A scan's result belongs to the block making it in the body (its final carry, or its
-            # layers stacked: the optimizer updates a scanned model's stacked weights with the
-            # layouts the body's plan gives each layer's gradient).
-            if v not in made_by:
-                return None
-            u, stacked = made_by[v]
-            o = owner_of(u)
-            if o is not None:
-                for spec in blocks[o].specs:
-                    if u in spec and v not in spec:
-                        spec[v] = ((),) + tuple(spec[u]) if stacked else spec[u]
-            return o
-        return owner[g.producer[v]]
+    owner_of = Owners(g, cons, blocks, owner)
+    scans = owner_of.scans
 
     def is_member(v: int | None, b: Block) -> bool:
         return v is not None and g.producer[v] is not None and g.producer[v] in b.members
@@ -167,6 +149,39 @@ def build_blocks(g: Graph, cons: dict[int, Contraction], mesh_shape: Sequence[in
     for i, o in enumerate(owner):
         blocks[o].ops.append(i)
     return blocks, owner  # type: ignore[return-value]
+
+
+class Owners:
+    """v -> the block owning the operator that makes tensor v (None: an input, or unowned).
+
+    A scan with contractions in its body (a scanned model's layers, ``scans``) is laid out by its
+    body's blocks, not by the block that owns the scan operator: each of its results belongs to
+    the block making it in the body (its final carry; or its layers, stacked: the optimizer
+    updates a scanned model's stacked weights with the layouts the body's plan gives each
+    layer's gradient), with that block's layouts, a layer axis added where stacked. Shared by the
+    ParallelBlocks and the ILP's operator graph (``ilp/operators.py``)."""
+
+    def __init__(self, g: Graph, cons: Mapping[int, Contraction], blocks: list[Block], owner: list[int | None]):
+        self.g, self.blocks, self.owner = g, blocks, owner
+        self.scans = {loop for op in cons for loop in [g.outermost_loop(op)]
+                      if loop is not None and g.ops[loop].prim == "scan"}
+        self.made_by = _scan_results(g, self.scans)
+
+    def __call__(self, v: int | None) -> int | None:
+        g = self.g
+        if v is None or g.producer[v] is None:
+            return None
+        if g.producer[v] not in self.scans:
+            return self.owner[g.producer[v]]
+        if v not in self.made_by:
+            return None
+        u, stacked = self.made_by[v]
+        o = self(u)
+        if o is not None:
+            for spec in self.blocks[o].specs:
+                if u in spec and v not in spec:
+                    spec[v] = ((),) + tuple(spec[u]) if stacked else spec[u]
+        return o
 
 
 def _scan_results(g: Graph, scans: set[int]) -> dict[int, tuple[int, bool]]:

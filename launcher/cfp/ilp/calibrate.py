@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,44 +39,67 @@ from launcher.runtime import hosts
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
 # sit inside the range, so their costs are read off the line, not extrapolated; the largest size
 # fixes the bandwidth, the smaller ones the latency that dominates at those sizes.
-SIZES = (4 * 2**10, 32 * 2**10, 256 * 2**10, 2**20)
+SIZES = (4 * 2**10, 64 * 2**10, 2**20)
 # Timed runs per program at least: on CPU devices a collective of the tiny models' sizes costs
 # about what one run's noise is (0.1 ms), so it takes many runs for the lower quartile to settle.
-MIN_REPEATS = 20
+MIN_REPEATS = 12
 CHAIN = 8           # collectives per timed program: one run's noise is shared among them
 MATMUL_SIZE = 256   # each device multiplies [256, 256] x [256, 256]
 
 
 def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: bool = True,
-              log: Callable[[str], None] = print) -> tuple[CommModel, bool, float]:
-    """(the model, whether it was measured now, seconds this took): the store's entry for this
-    mesh, or every collective measured now and the entry written."""
+              log: Callable[[str], None] = print, kinds: Sequence[str] = COLLECTIVES,
+              matmul: bool = True) -> tuple[CommModel, bool, float]:
+    """(the model, whether anything was measured now, seconds this took): the store's entry for
+    this mesh, with the collectives ``kinds`` (and the matmul rate, with ``matmul``) it lacks
+    measured now and the entry written again. The profile pass prices resharding with all-gathers
+    and all-to-alls alone; the ILP asks for every collective and the rate."""
     t0 = time.perf_counter()
     key = collective_model_key(mesh)
-    entry = store.get(key) if is_main else None
-    missing = not bool(hosts.broadcast(np.array([int(entry is not None)], dtype=np.int32))[0])
     mesh_shape = tuple(mesh.devices.shape)
+    entry = store.get(key) if is_main else None
+    have = CommModel.from_json(entry) if entry is not None else CommModel(mesh_shape, {}, 0.0)
+    lacking = [k for k in kinds if any((k, axes) not in have.lines for axes in axis_groups(mesh_shape))]
+    rate_lacking = matmul and not have.matmul_flops_per_s
+    flags = hosts.broadcast(np.array([int(bool(lacking)), int(rate_lacking)] + [int(k in lacking) for k in COLLECTIVES],
+                                     dtype=np.int32))
+    lacking = [k for k, f in zip(COLLECTIVES, flags[2:], strict=True) if f]
+    missing = bool(flags[0] or flags[1])
     if missing:
-        log(f"ILP cost model: calibrating {len(COLLECTIVES)} collectives over mesh axes "
+        what = f"{len(lacking)} collectives" + (" and the matmul rate" if flags[1] else "")
+        log(f"ILP cost model: calibrating {what} over mesh axes "
             f"{[list(g) for g in axis_groups(mesh_shape)]} at {[s // 1024 for s in SIZES]} KiB per device")
-        model = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)))
+        measured = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)), lacking, bool(flags[1]))
+        have = CommModel(mesh_shape, {**have.lines, **measured.lines},
+                         measured.matmul_flops_per_s or have.matmul_flops_per_s)
         if is_main:
-            store.put(key, model.to_json())
-    else:
-        model = CommModel.from_json(entry) if is_main else None
-    model = _broadcast(model, mesh_shape)
+            store.put(key, have.to_json())
+    model = _broadcast(have if is_main else None, mesh_shape, kinds)
     return model, missing, time.perf_counter() - t0
 
 
-def measure(mesh: Any, timer: Timer) -> CommModel:
-    """Every collective over every axis group of ``mesh``, and the matmul rate, timed now."""
+def calibrated(mesh: Any, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
+    """Whether the store holds this mesh's lines of ``kinds`` (rank 0's answer on every process)."""
+    entry = store.get(collective_model_key(mesh)) if is_main else None
+    have = CommModel.from_json(entry).lines if entry is not None else {}
+    found = all((k, axes) in have for k in kinds for axes in axis_groups(tuple(mesh.devices.shape)))
+    return bool(hosts.broadcast(np.array([int(found)], dtype=np.int32))[0])
+
+
+def programs(mesh: Any, kinds: Sequence[str]) -> int:
+    """The programs a calibration of ``kinds`` times on ``mesh``."""
+    return len(kinds) * len(axis_groups(tuple(mesh.devices.shape))) * len(SIZES)
+
+
+def measure(mesh: Any, timer: Timer, kinds: Sequence[str] = COLLECTIVES, matmul: bool = True) -> CommModel:
+    """The collectives ``kinds`` over every axis group of ``mesh`` (and the matmul rate), timed now."""
     mesh_shape = tuple(mesh.devices.shape)
     lines = {}
     for axes in axis_groups(mesh_shape):
-        for kind in COLLECTIVES:
+        for kind in kinds:
             points = [(nbytes, collective_seconds(mesh, kind, axes, nbytes, timer)) for nbytes in SIZES]
             lines[(kind, axes)] = fit_line(points)
-    return CommModel(mesh_shape, lines, matmul_rate(mesh, timer))
+    return CommModel(mesh_shape, lines, matmul_rate(mesh, timer) if matmul else 0.0)
 
 
 def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, timer: Timer) -> float:
@@ -132,9 +155,10 @@ def matmul_rate(mesh: Any, timer: Timer) -> float:
     return 2.0 * k ** 3 / seconds
 
 
-def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...]) -> CommModel:
-    """Rank 0's model on every process (as numbers in a fixed order; a no-op with one process)."""
-    order = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES]
+def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...], kinds: Sequence[str]) -> CommModel:
+    """Rank 0's model (its lines of ``kinds``) on every process (as numbers in a fixed order; a
+    no-op with one process)."""
+    order = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES if kind in kinds]
     if model is not None:
         flat = [x for k in order for x in (model.lines[k].latency_s, model.lines[k].bytes_per_s)]
         flat.append(model.matmul_flops_per_s)

@@ -110,10 +110,11 @@ def formulate(og: OperatorGraph, model: CommModel) -> Problem:
     nodes = a.blocks
     sizes = [b.num_plans for b in nodes]
     pricer = _Pricer(a, model)
-    node_s = [pricer.node(u) for u in range(len(nodes))]
+    # A node inside a scanned body runs once per iteration (its glue too, where it is there).
+    node_s = [pricer.node(u) * a.trips_of(b.head) for u, b in enumerate(nodes)]
     for op, per_plan in og.glue.items():
         u = a.owner[op]
-        node_s[u] = node_s[u] + np.array([pricer.glue(op, x) if x else 0.0 for x in per_plan])
+        node_s[u] = node_s[u] + a.trips_of(op) * np.array([pricer.glue(op, x) if x else 0.0 for x in per_plan])
     edges: dict[tuple[int, int], np.ndarray] = {}
 
     def charge(u: int, v: int, m: np.ndarray) -> None:
@@ -197,9 +198,9 @@ class _Pricer:
                 for p in range(m.shape[0]):
                     for q in range(m.shape[1]):
                         if bd.from_left[k]:
-                            m[p, q] += self.reshard(v, bd.produced[k][p], bd.wanted[k][q])
+                            m[p, q] += self.reshard(v, bd.produced[k][p], bd.wanted[k][q]) * bd.count(k)
                         else:
-                            m[p, q] += self.reshard(v, bd.produced[k][q], bd.wanted[k][p])
+                            m[p, q] += self.reshard(v, bd.produced[k][q], bd.wanted[k][p]) * bd.count(k)
             yield bd.left, bd.right, m
 
     def decider(self, v: int, depth: int = 3) -> int | None:
@@ -215,13 +216,17 @@ class _Pricer:
             nxt = []
             for u in frontier:
                 for op_id in g.consumers[u]:
+                    if op_id in a.expanded:   # into the scanned body, as apply.Layouts.wanted goes
+                        (ins, _), = g.loop_io[op_id]
+                        nxt.extend(ins[k] for k, x in enumerate(g.ops[op_id].inputs) if x == u)
+                        continue
                     b = a.blocks[a.owner[op_id]]
                     if op_id in b.roles:
                         c = a.contractions[op_id]
                         has = u in (c.lhs, c.rhs)
                     else:
                         has = any(o in b.specs[0] and g.shape(o) == g.shape(u) for o in g.ops[op_id].outputs)
-                    if has and _fits(shape, g.shape(u)):
+                    if has and (_fits(shape, g.shape(u)) or g.canonical(u) == v):
                         found = b.id
                         break
                     if g.ops[op_id].prim in ELEMENTWISE | PASS_THROUGH | {"broadcast_in_dim", "reshape"}:

@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from launcher.cfp.analysis.blocks import Block, _carrier, _settle_pending
+from launcher.cfp.analysis.blocks import Block, Owners, _carrier, _settle_pending
 from launcher.cfp.analysis.contractions import Contraction
 from launcher.cfp.analysis.core import Analysis
 from launcher.cfp.analysis.propagation import propagate
@@ -85,10 +85,7 @@ def operator_graph(a: Analysis) -> OperatorGraph:
     pending: list[int] = []
     glue: dict[int, list] = {}
 
-    def owner_of(v: int | None) -> int | None:
-        if v is None or g.producer[v] is None:
-            return None
-        return owner[g.producer[v]]
+    owner_of = Owners(g, cons, blocks, owner)   # a scanned body's results: as in CFP's blocks
 
     for op in g.ops:
         c = cons.get(op.id)
@@ -106,6 +103,8 @@ def operator_graph(a: Analysis) -> OperatorGraph:
             continue
         b = blocks[owner_of(_carrier(g, op, owned))]
         owner[op.id] = b.id
+        if op.id in owner_of.scans:   # laid out by its body's nodes
+            continue
         per_plan = []
         for p in range(b.num_plans):
             ins = [b.specs[p].get(v) if owner_of(v) == b.id else None for v in op.inputs]
@@ -121,8 +120,10 @@ def operator_graph(a: Analysis) -> OperatorGraph:
     _settle_pending(g, pending, owner, blocks)
     for i, o in enumerate(owner):
         blocks[o].ops.append(i)
+    # (The scans CFP's analysis runs a body iteration at a time are the ILP's too: its costs count
+    # them once per iteration, and the plan pins their bodies.)
     analysis = Analysis(g, a.mesh_shape, cons, blocks, owner, [f"op {b.head}" for b in blocks], [], [],
-                        a.closed_jaxpr)
+                        a.closed_jaxpr, _expanded=a.expanded)
     return OperatorGraph(analysis, glue)
 
 

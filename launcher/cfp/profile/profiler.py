@@ -45,7 +45,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from launcher.cfp.analysis.core import Analysis
-from launcher.cfp.ilp.calibrate import calibrate
+from launcher.cfp.ilp.calibrate import calibrate, calibrated
+from launcher.cfp.ilp.calibrate import programs as calibration_programs
 from launcher.cfp.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.cfp.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts
@@ -139,6 +140,10 @@ class Profiles:
         return total
 
 
+# What pricing resharding takes (``ilp/costmodel.py: reshard_seconds``).
+RESHARD_COLLECTIVES = ("all-gather", "all-to-all")
+
+
 class Profiler:
     """The profile pass over analysis ``a`` on ``mesh``, measuring what ``store`` lacks."""
 
@@ -155,6 +160,7 @@ class Profiler:
         self.loop = CandidateLoop(a, mesh, store, self.keys, self.timer, self.units, overlap=overlap, log=log,
                                   is_main=is_main, shortcuts=shortcuts, top_k=top_k, keep=keep)
         self.top_k, self.measure_resharding = top_k, measure_resharding
+        self.priced = False   # resharding priced by the calibrated collectives (reshard_costs)
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
         t0 = time.perf_counter()
@@ -198,7 +204,7 @@ class Profiler:
         table = self.loop.table(profiled=candidates)
         boundaries = find_boundaries(self.a, self.units)
         reshard, n_reshard = self.reshard_costs(boundaries, table)
-        how = f"{n_reshard} measured now" if self.measure_resharding else "priced by the calibrated collectives"
+        how = "priced by the calibrated collectives" if self.priced else f"{n_reshard} measured now"
         self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs ({how})")
         whole = self.whole_overhead()
         self.log(f"profile: running a program with the whole step's arguments and results costs "
@@ -224,13 +230,18 @@ class Profiler:
         costs, measured = {}, 0
         profiled = [[k for k, c in enumerate(u.combos()) if c in table[u.kind]] for u in self.units]
         pairs = layout_pairs(boundaries, profiled)
-        if not self.measure_resharding:
-            if not pairs:
-                return costs, 0
-            model, new, seconds = calibrate(self.mesh, self.store, is_main=self.is_main, log=self.log)
+        # Priced where the mesh's calibration is in the store already, or where measuring the
+        # pairs would time more programs than calibrating does (a collective program of the
+        # calibration costs about two of a pair's).
+        if pairs and not self.measure_resharding and (
+                calibrated(self.mesh, self.store, RESHARD_COLLECTIVES, self.is_main)
+                or len(pairs) > 2 * calibration_programs(self.mesh, RESHARD_COLLECTIVES)):
+            model, new, seconds = calibrate(self.mesh, self.store, is_main=self.is_main, log=self.log,
+                                            kinds=RESHARD_COLLECTIVES, matmul=False)
             if new:
                 self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
                          "model on this mesh)")
+            self.priced = True
             return {p: model.reshard_seconds(p[0][0], np.dtype(p[0][1]).itemsize, p[1], p[2]) for p in pairs}, 0
         for p in pairs:
             costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
