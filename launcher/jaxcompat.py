@@ -72,6 +72,23 @@ def compilation_cache_env(accelerator: str, cache_dir: str, found: str | None = 
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
+def count_compile_cache() -> dict[str, int]:
+    """Counts this process's persistent-compilation-cache hits and misses from now on (JAX's
+    monitoring events; the dict returned fills as programs compile). Listeners got only the
+    event name before 0.4.36 and keyword arguments after: take both."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    counts = {"hits": 0, "misses": 0}
+    names = {"/jax/compilation_cache/cache_hits": "hits", "/jax/compilation_cache/cache_misses": "misses"}
+
+    def listen(event, *args, **kwargs):
+        if event in names:
+            counts[names[event]] += 1
+
+    jax.monitoring.register_event_listener(listen)
+    return counts
+
+
 # --- before the backend starts -------------------------------------------------------------------
 
 def set_cpu_device_count(n: int) -> None:

@@ -51,19 +51,22 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
     task = Task(cfg, run_dir, cluster.coordinator_port)
     job = executor.submit(task)
-    # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/jobs.py).
-    record = {"job_id": str(job.job_id), "backend": cluster.backend, "submitted": time.time(),
-              "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
-              "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
-    (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
-    print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}", file=sys.stderr)
-    if not cfg.launcher.wait:
-        return None
+    # From here the launcher owns a job: stopped at any point until the job is left to run on
+    # its own (launcher.wait=false) or has ended, it stops the job (a stop a moment after the
+    # "submitted" line, as a test's or a script's is, included), and the run dir keeps what was
+    # done (logs, stored profiles).
     try:
+        # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/jobs.py).
+        record = {"job_id": str(job.job_id), "backend": cluster.backend, "submitted": time.time(),
+                  "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
+                  "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
+        (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
+        print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}",
+              file=sys.stderr)
+        if not cfg.launcher.wait:
+            return None
         return wait(job, cluster, cfg, run_dir)
     except KeyboardInterrupt:
-        # Whoever waits owns the job: stopping the launcher stops the job, and the run dir
-        # keeps what was done (logs, stored profiles).
         cluster.cancel(job)
         raise JobFailed(f"interrupted: job {job.job_id} cancelled; what it wrote is in {run_dir}") from None
 

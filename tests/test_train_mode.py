@@ -54,6 +54,8 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
     ("gpt", []), ("bert", []), ("llama2", []), ("moe", []), ("cfp-gpt", []), ("cfp-moe", []),
     # the artifact's learning rate: its constant label is learnt within a few steps at 1e-2
     ("cfp-llama", ["mode.learning_rate=1e-2"]),
+    # layers stacked and run by lax.scan (MoE's layer pairs stacked)
+    ("moe", ["model.scan_layers=true"]),
 ])
 def test_every_tiny_model_trains_through_the_launcher(tmp_path, family, extra):
     plan = "ep" if family.endswith("moe") else "dp_tp"
@@ -64,6 +66,24 @@ def test_every_tiny_model_trains_through_the_launcher(tmp_path, family, extra):
     assert len(r["losses"]) == 4 and all(np.isfinite(r["losses"]))
     assert r["losses"][-1] < r["losses"][0]  # the synthetic data's signal is being learnt
     assert r["flops_per_step"] == load_preset(f"{family}-tiny").flops_per_step()
+
+
+def test_a_scanned_model_trains_and_a_rerun_loads_its_compiled_programs(tmp_path):
+    """model.scan_layers=true through the launcher; every job keeps what it compiles
+    (launcher.compile_cache_dir), so a rerun in the same run dir loads its step instead."""
+    cache = tmp_path / "cache"
+    args = ("mode=train", "model=gpt-tiny", "model.scan_layers=true", "mode.plan=dp_tp", "mode.steps=3",
+            "mode.warmup_steps=1", f"launcher.compile_cache_dir={cache}")
+    run_cli(*args, run_dir=tmp_path / "first")
+    first = read_result(tmp_path / "first")
+    assert first["losses"][-1] < first["losses"][0]
+    assert f"JAX's persistent compilation cache: {cache}" in (tmp_path / "first" / "logs" / "rank0.log").read_text()
+    assert len(list(cache.iterdir())) > 0
+    run_cli(*args, run_dir=tmp_path / "again")
+    again = read_result(tmp_path / "again")
+    assert first["compile_cache"]["misses"] > 0
+    assert again["losses"] == first["losses"]
+    assert again["compile_cache"] == {"dir": str(cache), "hits": first["compile_cache"]["misses"], "misses": 0}
 
 
 def test_bad_input_found_by_a_task_exits_2_with_one_line(tmp_path):

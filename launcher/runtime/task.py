@@ -144,6 +144,9 @@ class Task(Checkpointable):
         import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (above)
 
         log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
+        cache_on = (os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                    and os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "true").lower() not in ("false", "0"))
+        cache = jaxcompat.count_compile_cache() if cache_on else None
         if cluster.accelerator == "cpu":
             jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
             if rank.num_processes > 1:  # before 0.5, gloo without jax.distributed fails to start
@@ -186,6 +189,8 @@ class Task(Checkpointable):
             "mode_time_s": time.perf_counter() - t1,
             **result,
         }
+        if cache is not None:  # rank 0's programs: loaded from the cache (hits) or compiled (misses)
+            result["compile_cache"] = {"dir": os.environ["JAX_COMPILATION_CACHE_DIR"], **cache}
         if ctx.is_main:
             ctx.write_json("result.json", result)
             log.info("wrote %s", run_dir / "result.json")
@@ -201,6 +206,8 @@ def _compilation_cache(cfg, run_dir: Path, log: logging.Logger) -> None:
     before JAX is imported."""
     where = cfg.launcher.get("compile_cache_dir")
     if where == "off":
+        os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"   # an inherited JAX_COMPILATION_CACHE_DIR too
+        log.info("JAX's persistent compilation cache: off (launcher.compile_cache_dir=off)")
         return
     where = where or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(run_dir / "jax_cache")
     env = jaxcompat.compilation_cache_env(cfg.cluster.accelerator, where)
