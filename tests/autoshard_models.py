@@ -123,6 +123,15 @@ def make_elementwise_step():
     return step, (jnp.ones((8, 8)), jnp.ones((8, 8)))
 
 
+def make_step_turning_its_state_to_bf16():
+    """A step that cannot be searched: it returns its weights as bfloat16, taken as float32."""
+    def to_half(w, x):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+        return (w - 0.1 * g).astype(jnp.bfloat16), loss
+
+    return to_half, (jnp.ones((16, 8)), jnp.ones((32, 16)))
+
+
 def train_under_plan(plan: str, steps: int = 5) -> dict:
     """``mode=run mode.target=tests.autoshard_models:train_under_plan mode.kwargs.plan=...``: the
     Flax model trained ``steps`` steps under a saved plan, on every process of the job."""

@@ -336,6 +336,20 @@ def test_the_baselines_of_a_user_step():
     assert program.flops == 2 * (2 * 8 * 4 * 2)   # x @ w and its weight gradient: 2 FLOPs per multiply-add
 
 
+def test_a_step_that_cannot_be_searched_exits_2_with_one_line_and_stores_nothing(tmp_path):
+    # Found by the task (reading the step needs JAX): reported as bad input found before
+    # submission is, and the profile store stays empty.
+    store = tmp_path / "store"
+    proc = run_cli("mode=search", "mode.step=tests.autoshard_models:make_step_turning_its_state_to_bf16",
+                   "mode.mesh_shape=[8]", f"mode.store_dir={store}", run_dir=tmp_path / "run", check=False, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "to_half takes [0] as float32[16, 8] and returns it (output 0) as bfloat16[16, 8]" in last, proc.stderr
+    assert "state must keep its shape and dtype" in last
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert not store.exists() or not any(store.iterdir())
+
+
 @pytest.mark.core
 def test_a_step_given_as_shapes_runs_on_made_up_values_and_trains():
     # Shapes only: the runs make the values up (floats in [0, 0.02), integers zero), the same on

@@ -70,6 +70,30 @@ def test_the_plan_nearest_dp_compiles_to_dps_own_collectives_and_trains_as_dp(re
     assert mine.peak_memory_bytes <= 1.05 * theirs.peak_memory_bytes
 
 
+LOOPS = {
+    # a fori_loop indexing the stacked weights (a static trip count: a scan whose body picks its layer)
+    "fori_loop": lambda: user_programs.make_scanned_lm(layers=2, fori=True),
+    "linen nn.scan": lambda: user_programs.make_linen_lm(scan=True),
+    "nnx.scan over nnx.vmap'd blocks": lambda: user_programs.make_nnx_scanned_mlp(),
+}
+
+
+@pytest.mark.parametrize("form", list(LOOPS))
+def test_every_way_of_writing_the_layer_loop_is_searched_as_one_and_its_nearest_dp_is_dp(form):
+    step = LOOPS[form]()
+    program = step_program(step.fn, step.args, data_argnums=step.data_argnums)
+    a = analyze(program.step, program.args, [4, 2])
+    (body,) = [s for s in a.segments if s.loop is not None]
+    assert body.trips in (2, 3) and len(body.blocks) >= 2
+    found = nearest(a, program, "dp", jax.devices())
+    assert found.exact, found.reason(a)
+    mine = plan_runner(a, program, dict(enumerate(found.assignment)), make_mesh([4, 2]))
+    theirs = baseline_runner(program, "dp", jax.devices())
+    mine.steps(1)
+    assert counts(mine.compiled) == counts(theirs.compiled)
+    assert mine.losses[:2] == pytest.approx(theirs.losses[:2], rel=1e-5)
+
+
 @pytest.mark.slow
 def test_a_scanned_lm_searched_from_python_trains_with_one_devices_losses(tmp_path):
     step, _ = scanned_lm(layers=2)

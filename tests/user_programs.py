@@ -7,14 +7,17 @@ has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
   every layer's parameters stacked on a leading layer axis and run by ``jax.lax.scan`` (with
   ``jax.checkpoint`` around the layer where ``remat``), optax AdamW, a
   ``(params, opt_state, batch) -> (params, opt_state, loss)`` step, and a hand-written FSDP x
-  tensor-parallel layout of its own.
+  tensor-parallel layout of its own; ``fori=True``: the loop a ``jax.lax.fori_loop`` indexing the
+  stacked weights instead.
 - ``make_nnx_fsdp``: Flax's NNX FSDP toy (``examples/nnx_toy_examples/10_fsdp_and_optimizer.py``):
   an optimizer object holding the model's own ``Param`` variables, an ``nnx.jit`` step updating
   both in place and returning the loss, parameters laid out by their sharding metadata (its own
   FSDP layout), float64 NumPy data.
+- ``make_nnx_scanned_mlp``: Flax NNX's scan over layers: blocks made by ``nnx.vmap``, run by
+  ``nnx.scan``, an ``nnx.Optimizer``, an ``nnx.jit`` step returning the loss.
 - ``make_linen_lm``: a Flax Linen transformer LM as Flax's lm1b example writes its step:
   ``train_step(state, batch) -> (state, metrics)``, a ``TrainState``, metrics holding the loss and
-  the accuracy.
+  the accuracy; ``scan=True``: its blocks run by ``nn.scan``.
 - ``make_equinox_mlp``: an Equinox MLP passed whole (its activation functions are leaves too).
 - ``make_numpy_mlp``: JAX's SPMD MNIST example's habit: parameters made with NumPy (float64),
   a plain ``(params, batch) -> (params, loss)`` step.
@@ -31,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from launcher.cfp.autoshard import Step
 
 SCANNED_LM = dict(layers=4, vocab=256, width=64, heads=4, ffn=256, seq=32, batch=16, lr=1e-3, remat=False,
-                  unrolled=False)
+                  unrolled=False, fori=False)
 
 
 def _rms_norm(x, scale):
@@ -73,6 +76,8 @@ def scanned_lm(**overrides):
         if c["unrolled"]:  # the same model, its layers a Python loop (the search decides each)
             for i in range(L):
                 x, _ = body(x, jax.tree.map(lambda w, i=i: w[i], params["layers"]))
+        elif c["fori"]:  # a fori_loop indexing the stacked weights (a static trip count: a scan)
+            x = jax.lax.fori_loop(0, L, lambda i, x: body(x, jax.tree.map(lambda w: w[i], params["layers"]))[0], x)
         else:
             x, _ = jax.lax.scan(body, x, params["layers"])
         logits = _rms_norm(x, params["ln_f"]) @ params["head"]
@@ -172,9 +177,52 @@ def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01) -> Step:
     return Step(train_step, (model, optimizer, x, y), data_argnums=(2, 3))
 
 
+def make_nnx_scanned_mlp(width: int = 32, layers: int = 3, batch: int = 32, lr: float = 1e-2) -> Step:
+    """Flax NNX's scan-over-layers pattern (its guide "Transforms: scan over layers"): blocks made by
+    ``nnx.vmap`` (parameters stacked on a leading layer axis), run by ``nnx.scan``, trained by an
+    ``nnx.Optimizer`` in an ``nnx.jit`` step that returns the loss."""
+    from flax import nnx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.LayerNorm(width, rngs=rngs)
+            self.up, self.down = nnx.Linear(width, 4 * width, rngs=rngs), nnx.Linear(4 * width, width, rngs=rngs)
+
+        def __call__(self, x):
+            return x + self.down(nnx.gelu(self.up(self.norm(x))))
+
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+        return Block(rngs)
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.inp, self.blocks, self.out = nnx.Linear(16, width, rngs=rngs), stacked(rngs), nnx.Linear(width, 4, rngs=rngs)
+
+        def __call__(self, x):
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def run(x, block):
+                return block(x)
+            return self.out(run(self.inp(x), self.blocks))
+
+    model = Model(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, optimizer, x, y):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    x = jax.random.normal(jax.random.key(1), (batch, 16))
+    return Step(train_step, (model, optimizer, x, jnp.tanh(x[:, :4])), data_argnums=(2, 3))
+
+
 def make_linen_lm(vocab: int = 64, width: int = 32, heads: int = 4, layers: int = 2, seq: int = 16,
-                  batch: int = 16, lr: float = 1e-3) -> Step:
-    """A Linen decoder LM stepped as lm1b's ``train_step(state, batch) -> (state, metrics)``."""
+                  batch: int = 16, lr: float = 1e-3, scan: bool = False) -> Step:
+    """A Linen decoder LM stepped as lm1b's ``train_step(state, batch) -> (state, metrics)``;
+    ``scan``: its blocks run by ``nn.scan`` (parameters stacked on a leading layer axis)."""
     import flax.linen as nn  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
     from flax.training import train_state  # noqa: PLC0415  likewise
 
@@ -186,11 +234,19 @@ def make_linen_lm(vocab: int = 64, width: int = 32, heads: int = 4, layers: int 
             h = nn.LayerNorm()(x)
             return x + nn.Dense(width)(nn.gelu(nn.Dense(4 * width)(h)))
 
+    class ScannedBlock(nn.Module):  # nn.scan's carry protocol: (carry, x) -> (carry, y)
+        @nn.compact
+        def __call__(self, x, _):
+            return Block()(x), None
+
     class LM(nn.Module):
         @nn.compact
         def __call__(self, tokens):
             x = nn.Embed(vocab, width)(tokens)
-            for _ in range(layers):
+            if scan:
+                x, _ = nn.scan(ScannedBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+                               length=layers)()(x, None)
+            for _ in range(0 if scan else layers):
                 x = Block()(x)
             return nn.Dense(vocab)(nn.LayerNorm()(x))
 

@@ -39,6 +39,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from launcher.cfp.analysis.blocks import Block, build_blocks
 from launcher.cfp.analysis.contractions import Contraction
 from launcher.cfp.analysis.graph import Graph
+from launcher.cfp.analysis.propagation import propagate
 from launcher.cfp.analysis.strategies import Spec, Strategy, enumerate_strategies, operand_specs, sub_strategies
 
 Reference = Mapping[int, Spec]
@@ -127,10 +128,18 @@ def referenced_strategies(g: Graph, cons: Mapping[int, Contraction], mesh_shape:
     return out
 
 
-def into_loops(g: Graph, known: Reference) -> dict[int, Spec]:
+# What a loop body does to take its layer of a stacked constant (``fori_loop``'s ``w[i]``:
+# a dynamic slice of the layer axis, then that axis squeezed away).
+LAYER_PICKS = frozenset({"dynamic_slice", "squeeze", "reshape"})
+
+
+def into_loops(g: Graph, known: Reference, mesh_shape: Sequence[int] = ()) -> dict[int, Spec]:
     """``known`` carried into the loops' bodies: a body's constant or carry is laid out as the
     operand it stands for; a layer of a stacked tensor (a scan's slice of it, or its result
-    stacked into it) as that tensor without its layer axis, where the layer axis is whole."""
+    stacked into it) as that tensor without its layer axis, where the layer axis is whole; and
+    with ``mesh_shape``, a layer a body picks out of a stacked constant itself (``LAYER_PICKS``,
+    as ``fori_loop`` indexes its weights) as the propagation rules lay it out, where that
+    moves no data."""
     out = dict(known)
     for v, (o, how) in sorted(g.outer.items()):  # an outer tensor's id is below its bodies'
         spec = out.get(o)
@@ -140,6 +149,15 @@ def into_loops(g: Graph, known: Reference) -> dict[int, Spec]:
             out[v] = spec
         elif spec and not spec[0]:
             out[v] = tuple(spec[1:])
+    if not mesh_shape:
+        return out
+    for op in g.ops:  # in program order: a pick's operand is known before the pick
+        if op.loop is None or op.prim not in LAYER_PICKS or op.inputs[0] not in out \
+                or any(v in out for v in op.outputs):
+            continue
+        specs, comm = propagate(g, op, [out.get(v) if v is not None else None for v in op.inputs], mesh_shape)
+        if not comm:
+            out.update(zip(op.outputs, specs, strict=True))
     return out
 
 

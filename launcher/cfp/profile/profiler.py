@@ -176,7 +176,7 @@ class Profiler:
         space = self.loop.space()
         chosen = "" if len(candidates) == space else (
             f" of their {space}: the {self.top_k} of each a rough cost model ranks first and the plans nearest the "
-            "baselines (mode.profile_top_k=0: every one)")
+            "baselines (mode.profile_top_k=0 profiles every one)")
         self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units{chosen} "
                  f"({reused} reused from the store, {len(todo)} to measure)")
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()

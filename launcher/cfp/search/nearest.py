@@ -187,7 +187,7 @@ def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -
         known = input_layouts(a, program, name, list(devices) or jax.devices())
     if known is None:
         return None
-    known = references.into_loops(a.graph, known)
+    known = references.into_loops(a.graph, known, a.mesh_shape)
     assignment = nearest_assignment(a, known, carry=not program.is_model)
     return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
 
