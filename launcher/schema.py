@@ -18,8 +18,6 @@ misspelt ``mode=serch``), and a schema is not one. Each YAML option starts with
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -30,29 +28,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import clusters, jaxcompat
+from launcher import jaxcompat
+from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.checks import Job
+from launcher.clusters.base import Cluster, backends
 from launcher.errors import UserError
 from launcher.models.configs import SCHEMAS, check as check_model
 from launcher.modes import MODES, find
-
-
-class Backend(str, Enum):
-    """Which submitit executor starts the tasks."""
-
-    local = "local"  # submitit's LocalExecutor: N processes on this host
-    slurm = "slurm"  # submitit's SlurmExecutor (slurm, lumi)
-    mpi = "mpi"  # ours: mpirun -np N (launcher.clusters.mpi)
-    tpu = "tpu"  # ours: gcloud ... tpu-vm ssh --worker=all (launcher.clusters.tpu)
-
-
-class Accelerator(str, Enum):
-    """How a task's devices are made visible before JAX is imported."""
-
-    cpu = "cpu"  # cluster.cpu_devices_per_task virtual CPU devices per task
-    cuda = "cuda"  # CUDA_VISIBLE_DEVICES per local rank
-    rocm = "rocm"  # ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES per local rank
-    tpu = "tpu"  # the TPU runtime owns its chips
 
 
 class Runtime(str, Enum):
@@ -60,30 +42,6 @@ class Runtime(str, Enum):
     singularity = "singularity"
     docker = "docker"
     podman = "podman"
-
-
-@dataclass
-class ClusterConfig:
-    """What every cluster backend has. Each backend's own keys are in its subclass, ``Config`` in
-    ``launcher/clusters/<backend>.py`` (local, slurm, mpi, tpu), beside its code and its checks."""
-
-    name: str = MISSING
-    backend: Backend = MISSING
-    accelerator: Accelerator = Accelerator.cpu
-    nodes: int = 1
-    tasks_per_node: int = 2
-    cpu_devices_per_task: int = 4
-    gpus_per_node: int = 0
-    timeout_min: int = 60
-    # How often a job that times out or is preempted may be requeued (SLURM only: submitit's
-    # max_num_timeout, and every requeue counts; launcher/runtime/requeue.py).
-    max_requeues: int = 3
-    env: Dict[str, str] = field(default_factory=dict)
-    setup: List[str] = field(default_factory=list)
-
-    @classmethod
-    def check(cls, cfg: DictConfig) -> None:
-        """The backend's own checks of the whole config (``cfg.cluster`` is this class's)."""
 
 
 @dataclass
@@ -138,15 +96,10 @@ class Config:
     seed: int = 0
 
 
-def cluster_schemas() -> Dict[str, type]:
-    """Each backend's cluster schema (``Config`` in ``launcher/clusters/<backend>.py``), by backend."""
-    out = {}
-    for info in pkgutil.iter_modules(clusters.__path__):
-        module = importlib.import_module(f"launcher.clusters.{info.name}")
-        schema = getattr(module, "Config", None)
-        if isinstance(schema, type) and issubclass(schema, ClusterConfig):
-            out[schema.backend.value] = schema
-    return out
+def cluster_schemas(module: Optional[str] = None) -> Dict[str, type]:
+    """Each backend's cluster schema (its class's ``config``: ``Config`` in
+    ``launcher/clusters/<backend>.py``, or in ``module`` for a backend outside the package), by backend."""
+    return {name: cls.config for name, cls in backends(module).items()}
 
 
 def mode_schemas() -> Dict[str, type]:
@@ -213,8 +166,9 @@ def job_of(cfg: DictConfig) -> Job:
         devices = c.nodes * c.tasks_per_node * c.cpu_devices_per_task
     elif c.accelerator in (Accelerator.cuda, Accelerator.rocm) and c.gpus_per_node > 0:
         devices = c.nodes * c.gpus_per_node
-    return Job(devices=devices, files_here=c.backend != Backend.tpu, model=cfg.model,
-               same_python=c.backend != Backend.tpu and cfg.container.runtime == Runtime.none)
+    backend = Cluster.of(c)
+    return Job(devices=devices, files_here=backend.shares_filesystem, model=cfg.model,
+               same_python=backend.runs_this_python and cfg.container.runtime == Runtime.none)
 
 
 def typed(cfg: DictConfig) -> DictConfig:
@@ -231,11 +185,7 @@ def typed(cfg: DictConfig) -> DictConfig:
             raise UserError(f"{key}: not a key of the config (its keys: {', '.join(_fields(Config))}); remove "
                             f"+{key}=..., or put it under the group it belongs to (e.g. +mode.{key}=...)")
     cluster, mode = raw.get("cluster") or {}, raw.get("mode") or {}
-    backend = getattr(cluster.get("backend"), "value", cluster.get("backend"))
-    clusters = cluster_schemas()
-    if backend not in clusters:
-        raise UserError(f"cluster.backend={backend}: no such backend (known: {', '.join(sorted(clusters))})")
-    cluster_schema, mode_schema = clusters[backend], mode_schema_of(mode)
+    cluster_schema, mode_schema = Cluster.of(cluster).config, mode_schema_of(mode)
     for group, schema, value in (("cluster", cluster_schema, cluster), ("mode", mode_schema, mode),
                                  ("launcher", LauncherConfig, raw.get("launcher") or {}),
                                  ("container", ContainerConfig, raw.get("container") or {})):
@@ -326,14 +276,14 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>', 'abort:<rank>' or 'hang:<rank>'")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
-    cluster_schemas()[c.backend.value].check(cfg)
+    Cluster.of(c).config.check(cfg)
     # The model's own fields (models/configs.py: check): a built-in model that cannot be built
     # is refused here, not after queueing. (How it fits the devices is the mode's check.)
 
     check_model(cfg.model)
     _validate_mode_counts(cfg.mode)
     mode_schema_of(cfg.mode).check(cfg.mode, job_of(cfg))
-    if cfg.container.runtime == Runtime.none and c.backend in (Backend.local, Backend.slurm, Backend.mpi):
+    if job_of(cfg).same_python:
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)
         jaxcompat.check_version()

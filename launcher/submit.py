@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 import shutil
 import socket
@@ -15,8 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import console
-from launcher.clusters.base import Cluster, free_port
-from launcher.clusters.tpu import DEFAULT_TPU_COORDINATOR_PORT
+from launcher.clusters.base import Cluster
 from launcher.console import seconds
 from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
@@ -74,20 +72,13 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 def coordinator_port(cfg: DictConfig) -> int:
     """The jax.distributed coordinator port: decided here, once per job, at submission, and
     handed to the Cluster (whose dry run shows it) and to the Task (every rank gets the same).
-
-    ``launcher.coordinator_port`` when set; else, by backend: local and mpi, a port free on this
-    host now (rank 0 runs here, or on the first of ``cluster.hosts``); tpu, JAX's own Cloud TPU
-    default (8482); slurm, a random port in 20000-39999, since rank 0's node is not known
-    before the job starts.
+    ``launcher.coordinator_port`` when set; else the backend's choice
+    (``Cluster.choose_coordinator_port``: a port free here when rank 0 runs here, JAX's own
+    default on Cloud TPU, a random one where rank 0's node is not known before the job starts).
     """
     if cfg.launcher.coordinator_port:
         return int(cfg.launcher.coordinator_port)
-    backend = getattr(cfg.cluster.backend, "value", cfg.cluster.backend)
-    if backend == "tpu":
-        return DEFAULT_TPU_COORDINATOR_PORT
-    if backend in ("local", "mpi"):
-        return free_port()
-    return random.SystemRandom().randrange(20000, 40000)
+    return Cluster.of(cfg.cluster).choose_coordinator_port(cfg)
 
 
 def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

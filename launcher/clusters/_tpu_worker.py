@@ -1,9 +1,8 @@
 """What each TPU VM worker runs: ``python -m launcher.clusters._tpu_worker <folder> <workers> <job id>``.
 
-submitit finds job environments through the ``submitit`` entry-point group, which holds one
-executor and one job environment per distribution; xlaunch's slot holds the MPI one. So this
-module adds the TPU job environment to submitit's table itself, then hands over to submitit's
-own ``process_job``: from there on a TPU task runs exactly like a SLURM or local one.
+It finds the worker's number (below), opens that worker's own log, then hands over to
+submitit's own ``process_job``: from there on a TPU task runs exactly like a SLURM or local
+one (submitit finds ``TpuJobEnvironment`` through xlaunch's entry point, as for every backend).
 
 Which worker am I? GKE sets ``TPU_WORKER_ID`` and ``TPU_WORKER_HOSTNAMES``. A TPU VM reached by
 ``gcloud ... ssh`` has neither in its environment; there the numbers come from the VM's
@@ -26,7 +25,6 @@ from submitit.core import plugins
 from submitit.core.submission import process_job
 from submitit.core.utils import JobPaths
 
-from launcher.clusters.tpu import TpuJobEnvironment
 from launcher.runtime.ranks import TpuEnv
 
 
@@ -61,12 +59,6 @@ def worker_identity(env: Mapping[str, str] = os.environ) -> tuple[int, list[str]
     return int(metadata("agent-worker-number", env)), hosts
 
 
-def register_job_environment() -> None:
-    # get_job_environments() is a cached dict that get_job_environment() searches on every
-    # call: adding to it is how a second environment of one distribution joins.
-    plugins.get_job_environments().setdefault(TpuJobEnvironment.name(), TpuJobEnvironment())
-
-
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
         sys.exit("usage: python -m launcher.clusters._tpu_worker <submitit folder> <workers> <job id>")
@@ -83,9 +75,11 @@ def main(argv: list[str]) -> None:
     for fd, path in ((1, paths.stdout), (2, paths.stderr)):
         with open(path, "a") as f:
             os.dup2(f.fileno(), fd)
+    # submitit's job environment, found now (its plugins import every backend): once the pid
+    # file says the worker runs, the task is about to load.
+    plugins.get_job_environment()
     # For cancelling: the job script kills what these files name.
     Path(paths.folder / f"{job_id}_{worker}.pid").write_text(f"{os.getpid()}\n")
-    register_job_environment()
     process_job(folder)
 
 

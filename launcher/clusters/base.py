@@ -1,8 +1,12 @@
 """The launch side of a cluster: which submitit executor starts the tasks, and with what.
 
-One subclass per backend (``cluster.backend``), registered by subclassing. A subclass builds a
-configured submitit executor and says exactly what it would submit (for dry runs and for the
-copy saved in the run dir); the task callable is the same everywhere.
+One subclass per backend (``cluster.backend``), registered by subclassing, holding every fact
+of its backend that the rest of the launcher asks about: its keys (``config``), which submitit
+executor starts its tasks and exactly what it would submit (for dry runs and for the copy saved
+in the run dir), which rank environment its tasks read, its coordinator port, whether its tasks
+see this machine's files, whether it can requeue a job. Nothing outside a backend's own module
+branches on its name; adding a backend is one module and one yaml (docs/architecture.md). The
+task callable is the same everywhere.
 
 A job submitted earlier is found again by its id alone (``xlaunch status|cancel``, from any
 shell; ``launcher/jobs.py``): ``scheduled`` asks where it is and ``cancel_id`` ends it. Here,
@@ -16,13 +20,14 @@ import contextlib
 import importlib
 import os
 import pkgutil
+import random
 import shlex
 import signal
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import submitit
 from omegaconf import DictConfig
@@ -32,6 +37,11 @@ from launcher import clusters
 from launcher.containers import python_command
 from launcher.errors import UserError
 from launcher.runtime import ranks
+from launcher.clusters.config import ClusterConfig
+
+
+# Names the module of a backend outside the package in its tasks' environment.
+BACKEND_MODULE_ENV = "XLAUNCH_BACKEND_MODULE"
 
 
 @dataclass(frozen=True)
@@ -45,10 +55,26 @@ class Scheduled:
 
 class Cluster:
     backend: ClassVar[str] = ""
+    # Its keys: ClusterConfig's and its own, with its checks (Config.check), typed at composition.
+    config: ClassVar[type[ClusterConfig]] = ClusterConfig
+    # What the messages call it ("SLURM"); the backend's name when not given.
+    display_name: ClassVar[str] = ""
     submission_name: ClassVar[str] = "submission.sh"  # what the run dir keeps of the submission
     # The job is a process on the submitting host (its pid is the job id): only that host can
     # see or signal it.
     runs_on_submitting_host: ClassVar[bool] = True
+    # The tasks read this machine's files (input files are checked here, mode=run's code runs in
+    # place); False: they run elsewhere, and mode=run's code is copied to them.
+    shares_filesystem: ClassVar[bool] = True
+    # The tasks run the launcher's own python when no container is configured (so its JAX is
+    # checked here, before submission).
+    runs_this_python: ClassVar[bool] = True
+    # Whether a job warned of its time limit or preempted can be requeued in its run dir
+    # (launcher/runtime/requeue.py), cluster.max_requeues times at most.
+    requeues: ClassVar[bool] = False
+    # Where the tasks' rank numbers come from (launcher/runtime/ranks.py). With an executor of
+    # ours, submitit reads them there too (RankJobEnvironment).
+    rank_env: ClassVar[type[ranks.RankEnv] | None] = None
     _registry: ClassVar[dict[str, type["Cluster"]]] = {}
 
     def __init_subclass__(cls, **kwargs):
@@ -64,13 +90,31 @@ class Cluster:
 
     @classmethod
     def for_config(cls, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0) -> "Cluster":
-        for info in pkgutil.iter_modules(clusters.__path__):
-            importlib.import_module(f"launcher.clusters.{info.name}")
-        backend = cfg.cluster.backend
+        return cls.of(cfg.cluster)(cfg, run_dir, coordinator_port)
+
+    @staticmethod
+    def of(cluster: Any) -> type["Cluster"]:
+        """The class of a cluster config's backend (``cluster.backend``), its module imported
+        first when it lives outside launcher/clusters (``cluster.module``)."""
+        module = cluster.get("module") if hasattr(cluster, "get") else None
+        registry = backends(module)
+        backend = cluster.get("backend") if hasattr(cluster, "get") else cluster
         backend = getattr(backend, "value", backend)
-        if backend not in cls._registry:
-            raise UserError(f"cluster.backend={backend}: no such backend (known: {', '.join(sorted(cls._registry))})")
-        return cls._registry[backend](cfg, run_dir, coordinator_port)
+        if backend not in registry:
+            where = f" (cluster.module={module} defines none by that name)" if module else ""
+            raise UserError(f"cluster.backend={backend}: no such backend{where}; known: {', '.join(sorted(registry))}")
+        return registry[backend]
+
+    @classmethod
+    def label(cls) -> str:
+        return cls.display_name or cls.backend
+
+    @classmethod
+    def choose_coordinator_port(cls, cfg: DictConfig) -> int:  # noqa: ARG003 - subclasses read it
+        """The jax.distributed coordinator port when ``launcher.coordinator_port`` does not say
+        (``launcher.submit.coordinator_port``). Here: a random port in 20000-39999, since rank
+        0's node is not known before the job starts."""
+        return random.SystemRandom().randrange(20000, 40000)
 
     # -- what subclasses provide -------------------------------------------------------------
     def executor(self) -> submitit.Executor:
@@ -86,8 +130,11 @@ class Cluster:
         return python_command(self.cfg, self.run_dir)
 
     def setup_lines(self) -> list[str]:
-        """Shell lines run before the tasks start: cluster.env exported (quoted), then cluster.setup."""
+        """Shell lines run before the tasks start: cluster.env exported (quoted), then cluster.setup.
+        A backend defined outside the package exports its module too (``active_job_environment``)."""
         exports = [f"export {_env_name(k)}={shlex.quote(str(v))}" for k, v in self.cfg.cluster.env.items()]
+        if self.cfg.cluster.get("module"):
+            exports.insert(0, f"export {BACKEND_MODULE_ENV}={shlex.quote(self.cfg.cluster.module)}")
         return exports + list(self.cfg.cluster.setup)
 
     def cancel(self, job: submitit.Job) -> None:
@@ -121,6 +168,20 @@ class Cluster:
         if n < 0:
             raise UserError(f"cluster.max_requeues={n}: must be 0 (never requeue) or more")
         return int(n)
+
+
+def backends(module: str | None = None) -> dict[str, type[Cluster]]:
+    """Every registered backend, by name: launcher/clusters' modules, and ``module`` (a backend
+    defined outside the package, named by its cluster yaml's ``module`` key)."""
+    for info in pkgutil.iter_modules(clusters.__path__):
+        importlib.import_module(f"launcher.clusters.{info.name}")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"cluster.module={module}: cannot be imported ({e}); put its directory on PYTHONPATH "
+                            "or install it") from None
+    return dict(Cluster._registry)
 
 
 def _env_name(name: str) -> str:
@@ -168,11 +229,18 @@ def free_port() -> int:
 
 
 class RankJobEnvironment(job_environment.JobEnvironment):
-    """A submitit job environment of our executors (mpi, tpu) that takes its numbers from the
-    rank reader the Task uses (``launcher.runtime.ranks``), so both always agree. ``_env`` still
-    names the job id's variable (``SUBMITIT_<EXECUTOR>_JOB_ID``)."""
+    """A submitit job environment of our executors (mpi, tpu, ray) that takes its numbers from
+    the rank reader the Task uses (``launcher.runtime.ranks``), so both always agree. One
+    subclass per executor, in its backend's module, registered by subclassing; submitit's one
+    entry-point slot (pyproject.toml) holds ``active_job_environment`` below, which hands submitit the
+    one its task runs under. ``_env`` names the job id's variable (``SUBMITIT_<EXECUTOR>_JOB_ID``)."""
 
     reader: ClassVar[type[ranks.RankEnv]]
+    _registry: ClassVar[dict[str, type["RankJobEnvironment"]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        RankJobEnvironment._registry[cls.name()] = cls
 
     def _numbers(self) -> ranks.RankInfo:
         return self.reader(os.environ).numbers()
@@ -196,3 +264,13 @@ class RankJobEnvironment(job_environment.JobEnvironment):
     @property
     def local_rank(self) -> int:
         return self._numbers().local_rank
+
+
+def active_job_environment() -> job_environment.JobEnvironment:
+    """submitit's ``job_environment`` entry point: the job environment of the executor this
+    process runs under (``SUBMITIT_EXECUTOR``), among every backend's (a backend outside the
+    package is imported from ``XLAUNCH_BACKEND_MODULE``, which its job script exports);
+    elsewhere, the MPI one, which submitit then lists for this distribution."""
+    backends(os.environ.get(BACKEND_MODULE_ENV) or None)
+    name = os.environ.get("SUBMITIT_EXECUTOR", "")
+    return RankJobEnvironment._registry.get(name, RankJobEnvironment._registry["mpi"])()

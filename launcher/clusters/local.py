@@ -15,17 +15,18 @@ from typing import Callable
 import submitit
 import submitit.local.local
 
-from launcher.clusters.base import Cluster, job_process_alive, wait_until
+from launcher.clusters.base import Cluster, free_port, job_process_alive, wait_until
+from launcher.clusters.config import ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime import status
-from launcher.schema import Backend, ClusterConfig
+from launcher.runtime.ranks import SubmititLocalEnv
 
 
 @dataclass
 class Config(ClusterConfig):
     """cluster.backend=local: no keys beyond the common ones."""
 
-    backend: Backend = Backend.local
+    backend: str = "local"
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -38,6 +39,12 @@ class Config(ClusterConfig):
 class LocalCluster(Cluster):
     backend = "local"
     submission_name = "submission.txt"
+    config = Config
+    rank_env = SubmititLocalEnv
+
+    @classmethod
+    def choose_coordinator_port(cls, cfg) -> int:
+        return free_port()  # rank 0 runs on this host
 
     def executor(self) -> submitit.LocalExecutor:
         c = self.cfg.cluster

@@ -20,17 +20,17 @@ from typing import List
 
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import env_name, one_line, operand
-from launcher.clusters.base import Cluster, RankJobEnvironment
+from launcher.clusters.base import Cluster, RankJobEnvironment, free_port
+from launcher.clusters.config import ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime.ranks import OpenMpiEnv
-from launcher.schema import Backend, ClusterConfig
 
 
 @dataclass
 class Config(ClusterConfig):
     """cluster.backend=mpi (cluster=mpi-local): how mpirun is called, and on which hosts."""
 
-    backend: Backend = Backend.mpi
+    backend: str = "mpi"
     mpirun: str = "mpirun"
     mpirun_args: List[str] = field(default_factory=list)
     hosts: List[str] = field(default_factory=list)  # one per node; empty: every rank on this host
@@ -49,6 +49,12 @@ class Config(ClusterConfig):
 class MpiCluster(Cluster):
     backend = "mpi"
     submission_name = "submission.sh"
+    config = Config
+    rank_env = OpenMpiEnv
+
+    @classmethod
+    def choose_coordinator_port(cls, cfg) -> int:
+        return free_port()  # rank 0 runs here, or on the first of cluster.hosts
 
     def executor(self) -> "MpiExecutor":
         c = self.cfg.cluster

@@ -18,15 +18,16 @@ from submitit.core.utils import FailedJobError
 
 from launcher.clusters._shell import one_line
 from launcher.clusters.base import Cluster, Scheduled, wait_until
+from launcher.clusters.config import ClusterConfig
 from launcher.errors import UserError
-from launcher.schema import Backend, ClusterConfig
+from launcher.runtime.ranks import SlurmEnv
 
 
 @dataclass
 class Config(ClusterConfig):
     """cluster.backend=slurm (cluster=slurm, lumi): the sbatch and srun options."""
 
-    backend: Backend = Backend.slurm
+    backend: str = "slurm"
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -57,6 +58,10 @@ class SlurmCluster(Cluster):
     backend = "slurm"
     submission_name = "submission.sh"
     runs_on_submitting_host = False
+    config = Config
+    display_name = "SLURM"
+    requeues = True
+    rank_env = SlurmEnv
 
     def executor(self) -> "SlurmExecutor":
         # submitit counts the job's timeouts against max_num_timeout; the task counts every

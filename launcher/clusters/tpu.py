@@ -35,10 +35,10 @@ from launcher.clusters import _code
 from launcher.clusters._script import ScriptExecutor
 from launcher.clusters._shell import one_line, operand
 from launcher.clusters.base import Cluster, RankJobEnvironment
+from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime.program import CODE_DIR_ENV
 from launcher.runtime.ranks import TpuEnv
-from launcher.schema import Accelerator, Backend, ClusterConfig
 
 # JAX's own default coordinator port on Cloud TPU (jax/_src/clusters/cloud_tpu_cluster.py).
 DEFAULT_TPU_COORDINATOR_PORT = 8482
@@ -48,7 +48,7 @@ DEFAULT_TPU_COORDINATOR_PORT = 8482
 class Config(ClusterConfig):
     """cluster.backend=tpu: which TPU VM pod, and how to reach its workers."""
 
-    backend: Backend = Backend.tpu
+    backend: str = "tpu"
     accelerator: Accelerator = Accelerator.tpu
     tasks_per_node: int = 1
     tpu_name: Optional[str] = None
@@ -75,6 +75,15 @@ class Config(ClusterConfig):
 class TpuCluster(Cluster):
     backend = "tpu"
     submission_name = "submission.sh"
+    config = Config
+    display_name = "TPU"
+    shares_filesystem = False  # TPU VM workers: the code and the run dir are copied
+    runs_this_python = False  # cluster.remote_python, on the workers
+    rank_env = TpuEnv
+
+    @classmethod
+    def choose_coordinator_port(cls, cfg) -> int:
+        return DEFAULT_TPU_COORDINATOR_PORT
 
     def remote_run_dir(self) -> str:
         """The run dir on each worker, relative to its home: <remote_dir>/<date>/<run>."""

@@ -94,6 +94,23 @@ def read_cancelled(run_dir: Path) -> dict | None:
         return None
 
 
+def mark_failed(run_dir: Path, rank: int, message: str, host: str = "") -> None:
+    """Records, for a rank that could not (it was killed, its node was lost), that it failed:
+    written by whatever started it and saw it end (the Ray driver). A rank that already ended
+    (done, failed, stopped) keeps its own word."""
+    path = status_dir(run_dir) / f"rank{rank}.json"
+    try:
+        st = json.loads(path.read_text())
+    except (OSError, ValueError):
+        st = {"rank": rank, "pid": 0, "host": host, "log": str(rank_log(run_dir, rank)),
+              "attempt": read_attempt(run_dir).get("attempt", 0)}
+    if st.get("state") in ("done", "failed", "stopped", "requeued"):
+        return
+    st.update(state="failed", message=message, time=time.time())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, st)
+
+
 def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:
     """Each rank's last status in the job's current attempt and the age in seconds of its last
     heartbeat. A status an earlier attempt left (its ranks ended when the job was requeued) is

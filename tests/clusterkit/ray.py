@@ -1,0 +1,80 @@
+"""A real Ray cluster on this machine, for tests: a head and a second worker node.
+
+Both are ``ray start --block`` processes, children of this one, each a Ray node of its own (two
+"nodes", as the tests' SLURM has two slurmd) with 2 CPUs and a small object store, the head's
+port chosen free. Stopped by SIGTERM to those two processes (which drains and ends every Ray
+process they started), never by ``ray stop``, which would end every Ray cluster on the machine.
+If a node does not come up, ``start`` raises with its output; it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from launcher.clusters.base import free_port
+
+NODE_OPTIONS = ["--num-cpus=2", "--object-store-memory=200000000", "--block"]
+
+
+class LocalRay:
+    """``LocalRay().start()``; then ``address`` (host:port of the head); ``stop()``."""
+
+    def __init__(self, nodes: int = 2):
+        self.nodes = nodes
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.logs = Path(tempfile.mkdtemp(prefix="xlaunch-ray-"))
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        # No usage reporting (there is no network), and the tasks' python finds this checkout.
+        return {"RAY_USAGE_STATS_ENABLED": "0"}
+
+    def _ray(self, *args: str, name: str) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 - the process holds it
+        ray = Path(sys.executable).with_name("ray")
+        proc = subprocess.Popen([str(ray), "start", *args, *NODE_OPTIONS], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **self.env}, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start(self, timeout: float = 90) -> "LocalRay":
+        self._ray("--head", f"--port={self.port}", "--include-dashboard=false", name="head")
+        self._wait_for(1, timeout)
+        for i in range(1, self.nodes):
+            self._ray(f"--address={self.address}", name=f"node{i}")
+        self._wait_for(self.nodes, timeout)
+        return self
+
+    def alive_nodes(self) -> list[dict]:
+        out = subprocess.run([sys.executable, "-m", "launcher.clusters.ray", "probe", self.address],
+                             capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
+
+    def _wait_for(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.alive_nodes()) < count:
+            dead = [p for p in self.procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.name} ---\n{p.read_text()[-2000:]}" for p in sorted(self.logs.glob("*.log")))
+                self.stop()
+                raise RuntimeError(f"the test Ray cluster did not reach {count} node(s)\n{logs}")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,68 @@
+"""The house is open to new parts (issue 35): a backend defined in one module outside the
+package, with one yaml, runs through the CLI; and nothing in the package branches on a
+backend's name outside that backend's own module."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.clusters.base import backends
+from tests.launch import REPO, read_result, run_cli
+
+TOY = [f"hydra.searchpath=[file://{REPO}/tests/toy_conf]", "cluster=toy"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_backend_from_outside_the_package_runs_through_the_cli(tmp_path):
+    run = tmp_path / "run"
+    run_cli(*TOY, "mode=check", "mode.allgather_mb=0.25", run_dir=run, timeout=240)
+    r = read_result(run)
+    assert (r["cluster"], r["num_processes"], r["global_devices"], r["psum_ok"]) == ("toy", 2, 4, True)
+    for rank in (0, 1):
+        assert f"rank {rank}/2" in (run / "logs" / f"rank{rank}.log").read_text()
+        assert "from explicit" in (run / "logs" / f"rank{rank}.log").read_text()
+    # submitit found the backend's own job environment in each task (its module, imported there).
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    assert "global_rank=1(2)" in (run / "submitit" / f"{job_id}_1_log.out").read_text()
+    # The commands that follow a job work on it as on a built-in backend.
+    assert "done: 4 devices, psum ok" in run_cli("status", str(run)).stdout
+    # Its dry run, and its own checks.
+    dry = run_cli(*TOY, "mode=check", "launcher.dry_run=true", run_dir=tmp_path / "dry")
+    assert "export SUBMITIT_EXECUTOR=toy" in dry.stdout and "export XLAUNCH_BACKEND_MODULE=tests.toy_backend" in dry.stdout
+    refused = run_cli(*TOY, "mode=check", "cluster.nodes=2", run_dir=tmp_path / "bad", check=False)
+    assert refused.returncode == 2 and "cluster.nodes=2: cluster=toy runs on this host only" in refused.stderr
+    missing = run_cli(*TOY, "mode=check", "cluster.module=tests.no_such_backend", run_dir=tmp_path / "bad2", check=False)
+    assert missing.returncode == 2 and "cluster.module=tests.no_such_backend: cannot be imported" in missing.stderr
+
+
+def _branches_on(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines comparing something with a backend's name (``== "slurm"``, ``in ("local", "mpi")``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in [node.left, *node.comparators]:
+            values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            if any(isinstance(v, ast.Constant) and v.value in names for v in values):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_branches_on_a_backends_name_outside_its_own():
+    classes = backends()
+    names = set(classes)
+    own = {Path(c.__module__.replace(".", "/") + ".py") for c in classes.values()}
+    found = {}
+    for path in sorted((REPO / "launcher").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel in own:
+            continue
+        lines = _branches_on(ast.parse(path.read_text()), names)
+        if lines:
+            found[str(rel)] = lines
+    assert not found, f"branches on a backend's name outside its module: {found}"
