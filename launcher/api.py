@@ -8,12 +8,19 @@
     ctx.restart                                # 0, or how often SLURM requeued the job
     if ctx.should_stop():                      # SLURM asked the job to stop: save, then return
         ...
+    ctx.step()                                 # once a step: this process is making progress
 
 ``should_stop()`` gives every process the same answer at the same call (the processes agree on
 it), so call it at the same point on all of them, once a step or every few steps. Once it has
 said True, a program that returns (or exits with status 0) is requeued: it starts again in the
 same run dir with ``restart`` one higher and resumes from what it saved
 (``launcher/runtime/stop.py`` has the mechanism).
+
+``step()`` tells the launcher that this process is making progress; where no process of the
+job has (nor written to its log) for ``launcher.hang_timeout_s``, every process writes the
+stacks of its threads into its log, the launcher says where each one was (``ranks 0,2 at
+train.py:41 in main (loss = step(batch)); rank 1 at loader.py:12 in next (...)``) and the job
+ends as hung. A program that never calls it is judged by its log alone.
 
 Run by hand (``python train.py``) the same calls describe a single process working in the
 current directory: rank 0 of 1, restart 0, checkpoints in ``./checkpoints``, and should_stop()
@@ -36,6 +43,7 @@ class Context:
     checkpoint_dir: Path
     launched: bool = False  # started by the launcher (mode=run); False when run by hand
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False, compare=False)
+    _progressed: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -46,6 +54,11 @@ class Context:
         """True once SLURM has asked the job to stop (its time limit is near, or it is being
         preempted): save, then return. The same answer on every process at the same call."""
         return self._should_stop()
+
+    def step(self) -> None:
+        """This process finished a step (call once a step, or at any point it passes often): what
+        ``launcher.hang_timeout_s`` watches. Cheap: written at most once a second."""
+        self._progressed()
 
 
 _current: Optional[Context] = None

@@ -1,4 +1,4 @@
-"""``xlaunch status|logs|cancel|runs``: follow and stop jobs submitted earlier.
+"""``xlaunch status|logs|cancel|runs|stacks``: follow and stop jobs submitted earlier.
 
 A first word that names a command can never be a Hydra override (those are ``key=value``), so
 ``launcher.cli.main`` hands such a command line here before Hydra sees it. Each command takes a
@@ -21,8 +21,9 @@ from launcher import jobs
 from launcher.console import seconds
 from launcher.errors import BAD_INPUT
 from launcher.errors import BAD_INPUT as bad
+from launcher.runtime import status
 
-COMMANDS = ("status", "logs", "cancel", "runs")
+COMMANDS = ("status", "logs", "cancel", "runs", "stacks")
 
 _RUN_HELP = "the run dir (default: the latest run under ./outputs and ./multirun)"
 
@@ -34,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n  xlaunch status\n  xlaunch logs -f\n  xlaunch logs --rank 1 outputs/2026-01-31/12-00-00-train-slurm\n"
                "  xlaunch cancel\n  xlaunch runs -n 20",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,logs,cancel,runs}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{status,logs,cancel,runs,stacks}")
 
     s = sub.add_parser("status", help="the job's state and each rank's",
                        description="The job's state (queued, running, requeued, done, failed with the rank and "
@@ -54,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
                                    "workers. The run dir keeps what the job wrote.")
     s.add_argument("run", nargs="?", help=_RUN_HELP)
 
+    s = sub.add_parser("stacks", help="where each rank of a running job is: its threads' stacks",
+                       description="Asks every rank of a running job for the Python stacks of all its threads "
+                                   "(written into its log, also while the rank waits inside XLA) and prints where "
+                                   "each rank is, ranks at the same place together.")
+    s.add_argument("run", nargs="?", help=_RUN_HELP)
+    s.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the ranks' answers (default 15)")
+
     s = sub.add_parser("runs", help="recent runs with their state and result",
                        description="The runs under ./outputs and ./multirun, newest first: when, mode, cluster, job "
                                    "id, state and the headline result.")
@@ -64,7 +72,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"status": _status, "logs": _logs, "cancel": _cancel, "runs": _runs}[args.command](args)
+        return {"status": _status, "logs": _logs, "cancel": _cancel, "runs": _runs,
+                "stacks": _stacks}[args.command](args)
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -114,6 +123,15 @@ def _cancel(args: argparse.Namespace) -> int:
     st = jobs.cancel(run)
     print(f"cancelled job {run.job_id} on {run.cluster_name} ({run.backend}); now {st.state}; what it wrote is in "
           f"{run.path}")
+    return 0
+
+
+def _stacks(args: argparse.Namespace) -> int:
+    run = jobs.run_or_latest(args.run)
+    stacks = jobs.stacks(run, args.timeout)
+    print(f"job {run.job_id}: {status.where_ranks_are(stacks, run.ranks)}")
+    for rank in sorted(stacks):
+        print(f"rank {rank}: every thread's stack is in {status.rank_log(run.path, rank)}")
     return 0
 
 

@@ -33,6 +33,7 @@ from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.checks import Job
 from launcher.clusters.base import Cluster, backends
 from launcher.errors import UserError
+from launcher.runtime.status import HEARTBEAT_S
 from launcher.models.configs import SCHEMAS, check as check_model
 from launcher.modes import MODES, find
 
@@ -64,6 +65,15 @@ class LauncherConfig:
     init_timeout_s: int = 60  # a rank that has not joined by then fails the job
     heartbeat_timeout_s: int = 30  # jax.distributed's own peer-loss detection
     peer_timeout_s: float = 15.0  # our watchdog: a silent rank is declared dead after this
+    # A job none of whose ranks progressed (a step, a profiled combination, launcher.context()
+    # .step(), a line in its log) for this long is hung: every rank writes its threads' stacks
+    # into its log, the launcher says where each was, and the job ends. Long enough for the
+    # longest compile of a real job.
+    hang_timeout_s: float = 1800.0
+    # A job whose rank fails (exits non-zero, is killed, its node is lost) or that hangs is
+    # started again this many times at most, in the same run dir (launcher.context().restart one
+    # higher), resuming from its checkpoints; by the waiting launcher, on every backend.
+    max_restarts: int = 0
     poll_interval_s: float = 0.5
     # Without a terminal (nohup, CI, a batch step) the waiting launcher prints a plain progress
     # line this often while the job's progress changes, and 5 times less often while it does not.
@@ -266,10 +276,7 @@ def validate(cfg: DictConfig) -> None:
                 f"cluster.gpus_per_node={c.gpus_per_node} cannot be split evenly over "
                 f"cluster.tasks_per_node={c.tasks_per_node}: make gpus_per_node a multiple of tasks_per_node"
             )
-    if lc.progress_every_s <= 0:
-        raise UserError(f"launcher.progress_every_s={lc.progress_every_s}: must be more than 0 (seconds)")
-    if not 0 <= lc.coordinator_port < 65536:
-        raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
+    _validate_launcher(lc)
     if lc.fault:
         kind, _, rank = lc.fault.partition(":")
         if kind not in ("crash", "abort", "hang") or not rank.isdigit():
@@ -287,6 +294,22 @@ def validate(cfg: DictConfig) -> None:
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)
         jaxcompat.check_version()
+
+
+def _validate_launcher(lc: DictConfig) -> None:
+    """launcher.*'s own checks (the timeouts, restarts, progress lines, port)."""
+    if lc.hang_timeout_s <= HEARTBEAT_S:
+        raise UserError(f"launcher.hang_timeout_s={lc.hang_timeout_s}: must be more than the ranks' heartbeat "
+                        f"interval ({HEARTBEAT_S:g} s); a real job wants minutes (e.g. launcher.hang_timeout_s=1800)")
+    if lc.max_restarts < 0:
+        raise UserError(f"launcher.max_restarts={lc.max_restarts}: must be 0 (never restart) or more")
+    if lc.max_restarts and not lc.wait:
+        raise UserError(f"launcher.max_restarts={lc.max_restarts} needs launcher.wait=true: the waiting launcher "
+                        "restarts the job (or set launcher.max_restarts=0)")
+    if lc.progress_every_s <= 0:
+        raise UserError(f"launcher.progress_every_s={lc.progress_every_s}: must be more than 0 (seconds)")
+    if not 0 <= lc.coordinator_port < 65536:
+        raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
 
 
 # Counts the modes share by name: checked here, before submission, rather than in each task.

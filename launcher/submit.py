@@ -9,12 +9,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import console
-from launcher.clusters.base import Cluster
+from launcher.clusters.base import Cluster, wait_until
 from launcher.console import seconds
 from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
@@ -47,26 +47,43 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
     # A reused run dir must not show the last run's ranks to this run's watchers.
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
-    task = Task(cfg, run_dir, cluster.coordinator_port)
-    job = executor.submit(task)
+    submitted = {"job": executor.submit(Task(cfg, run_dir, cluster.coordinator_port)), "restarts": 0}
     # From here the launcher owns a job: stopped at any point until the job is left to run on
     # its own (launcher.wait=false) or has ended, it stops the job (a stop a moment after the
     # "submitted" line, as a test's or a script's is, included), and the run dir keeps what was
     # done (logs, stored profiles).
     try:
         # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/jobs.py).
-        record = {"job_id": str(job.job_id), "backend": cluster.backend, "submitted": time.time(),
+        record = {"job_id": str(submitted["job"].job_id), "backend": cluster.backend, "submitted": time.time(),
                   "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
                   "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
         (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
-        print(f"submitted job {job.job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}",
+        print(f"submitted job {submitted['job'].job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}",
               file=sys.stderr)
         if not cfg.launcher.wait:
             return None
-        return wait(job, cluster, cfg, run_dir)
+
+        def restart(reason: str) -> Any:
+            """The job again, in the same run dir, one restart on (None once launcher.max_restarts
+            are spent): it resumes from what the run dir holds, as a requeued SLURM job does."""
+            if submitted["restarts"] >= cfg.launcher.max_restarts:
+                return None
+            submitted["restarts"] += 1
+            attempt = status.read_attempt(run_dir).get("attempt", 0) + 1
+            why = f"restarted after: {reason.splitlines()[0][:200]}"
+            status.write_attempt(run_dir, attempt, why)  # the failed attempt's ranks are not this one's
+            shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
+            task = Task(cfg, run_dir, cluster.coordinator_port)
+            task.attempt, task.restart_reason = attempt, why
+            submitted["job"] = executor.submit(task)
+            record.update(job_id=str(submitted["job"].job_id), restarts=submitted["restarts"])
+            (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
+            return submitted["job"]
+
+        return wait(submitted["job"], cluster, cfg, run_dir, restart)
     except KeyboardInterrupt:
-        cluster.cancel(job)
-        raise JobFailed(f"interrupted: job {job.job_id} cancelled; what it wrote is in {run_dir}") from None
+        cluster.cancel(submitted["job"])
+        raise JobFailed(f"interrupted: job {submitted['job'].job_id} cancelled; what it wrote is in {run_dir}") from None
 
 
 def coordinator_port(cfg: DictConfig) -> int:
@@ -81,46 +98,83 @@ def coordinator_port(cfg: DictConfig) -> int:
     return Cluster.of(cfg.cluster).choose_coordinator_port(cfg)
 
 
-def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Polls the job and the ranks' status files until the job ends; fails fast on a bad rank."""
+def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
+         restart: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Polls the job and the ranks' status files until the job ends; fails fast on a bad rank.
+    A job that fails or hangs is started again by ``restart`` (the next job, or None when no
+    restart is left: launcher.max_restarts)."""
     lc = cfg.launcher
     n = expected_ranks(cfg)
-    first_seen = None
-    attempt = 0
-    clock = status.StallClock()
+    watch = {"first_seen": None, "attempt": 0, "clock": status.StallClock()}
+
+    def again(reason: str) -> Any:
+        """The restarted job, or None: bad input is not retried (it would fail the same way)."""
+        if restart is None or status.refusal(run_dir):
+            return None
+        nxt = restart(reason)
+        if nxt is not None:
+            watch.update(first_seen=None, clock=status.StallClock(),
+                         attempt=status.read_attempt(run_dir).get("attempt", 0))
+            view.note(f"job {job.job_id} failed ({reason.splitlines()[0]}); restarted as job {nxt.job_id} "
+                      f"(restart {watch['attempt']} of at most launcher.max_restarts={lc.max_restarts}), "
+                      f"resuming from {run_dir}")
+        return nxt
+
     with _ProgressView(job.job_id, lc.progress_every_s) as view:
         while True:
-            awake_since = clock.tick()
+            awake_since = watch["clock"].tick()
             requeued = status.read_attempt(run_dir)
-            if requeued.get("attempt", 0) != attempt:
+            if requeued.get("attempt", 0) != watch["attempt"]:
                 # SLURM requeued the job (runtime/requeue.py): the last attempt's ranks ended on
                 # purpose, and the time it waits in the queue again does not count.
-                attempt, first_seen = requeued["attempt"], None
-                view.note(f"job {job.job_id} requeued ({requeued.get('reason', '')}): restart {attempt} of at most "
-                          f"cluster.max_requeues={cfg.cluster.max_requeues}; it resumes when it runs again")
+                watch.update(attempt=requeued["attempt"], first_seen=None)
+                view.note(f"job {job.job_id} requeued ({requeued.get('reason', '')}): restart {watch['attempt']} of "
+                          f"at most cluster.max_requeues={cfg.cluster.max_requeues}; it resumes when it runs again")
             statuses = status.read_statuses(run_dir)
-            now = time.time()
-            if statuses and first_seen is None:
-                first_seen = now  # the job is running: queueing time does not count
-            reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since)
-            if not reason and first_seen is not None and now - max(first_seen, awake_since) > lc.init_timeout_s + 5:
-                missing = sorted(set(range(n)) - set(statuses))
-                if missing:
-                    reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
-                              f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
+            if statuses and watch["first_seen"] is None:
+                watch["first_seen"] = time.time()  # the job is running: queueing time does not count
+            reason = _failing(run_dir, lc, n, statuses, watch["first_seen"], awake_since)
             cancelled = status.read_cancelled(run_dir)
             if cancelled:  # `xlaunch cancel` from another shell: the ranks' ends are its doing
                 raise JobFailed(f"job {job.job_id} was cancelled ({cancelled.get('by', 'xlaunch cancel')}); "
                                 f"what it wrote is in {run_dir}")
             if reason:
+                if reason.startswith("the job hung"):  # each rank says so itself, a moment apart: let them
+                    wait_until(lambda: all(st.state != "joined" for st, _ in status.read_statuses(run_dir).values()), 5)
                 cluster.cancel(job)
+                nxt = again(reason)
+                if nxt is not None:
+                    job = nxt
+                    continue
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
-            view.update(status.read_progress(run_dir), _phase(statuses, n, attempt))
+            view.update(status.read_progress(run_dir), _phase(statuses, n, watch["attempt"]))
             if job.done():
-                break
+                restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
+                reason = _ended_badly(job, cfg, run_dir) if restartable else ""
+                nxt = again(reason) if reason else None
+                if nxt is None:
+                    break
+                job = nxt
             time.sleep(lc.poll_interval_s)
+    return _result(job, cfg, run_dir)
 
+
+def _failing(run_dir: Path, lc: DictConfig, n: int, statuses: dict, first_seen: float | None,
+             awake_since: float) -> str:
+    """Why the running job cannot go on ("" if it can): a rank failed, went silent, hung, or
+    never started within launcher.init_timeout_s of the first."""
+    reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since)
+    if not reason and first_seen is not None and time.time() - max(first_seen, awake_since) > lc.init_timeout_s + 5:
+        missing = sorted(set(range(n)) - set(statuses))
+        if missing:
+            reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
+                      f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
+    return reason
+
+
+def _result(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The ended job's result.json, or JobFailed (UserError for bad input) saying why there is none."""
     # A job that ended before any rank started (an image that cannot start) has no result for
     # submitit to wait for (it waits about 15 s for one): say why at once.
     reason = never_started(cfg, run_dir)
@@ -136,6 +190,18 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str
     if not result_path.exists():
         raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
     return json.loads(result_path.read_text())
+
+
+def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> str:
+    """Why a job that has ended failed ("" if it did not): what the launcher would report."""
+    reason = never_started(cfg, run_dir)
+    if reason:
+        return reason
+    try:
+        job.results()
+    except Exception as e:  # noqa: BLE001 - any failure submitit reports is a failed job
+        return status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
+    return "" if (run_dir / "result.json").exists() else f"job {job.job_id} finished but wrote no result.json"
 
 
 def never_started(cfg: DictConfig, run_dir: Path) -> str:
@@ -172,6 +238,8 @@ def expected_ranks(cfg: DictConfig) -> int:
 
 
 def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
+    if reason.startswith("the job hung"):  # every rank's stacks are in its log; the reason says where each was
+        return reason + f"\n(each rank's stacks, every thread's, are in its log: {status.rank_log(run_dir, 0).parent}/)"
     m = re.search(r"rank (\d+)", reason)
     named = int(m.group(1)) if m else None
     # How the other ranks ended: a rank the watchdog stopped says which peer it gave up on.

@@ -103,6 +103,8 @@ class _Progress:
         self.completed += n
         if description:
             self.description = description
+        if self.ctx.reporter is not None:
+            self.ctx.reporter.progressed()  # every rank: what launcher.hang_timeout_s watches
         if not self.ctx.is_main:
             return
 

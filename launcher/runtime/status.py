@@ -42,7 +42,8 @@ def rank_log(run_dir: Path, rank: int) -> Path:
 class RankStatus:
     rank: int
     # starting | joining | joined | done | failed | stopped (ended because a peer failed) |
-    # requeued (rank 0 of an attempt that asked SLURM to requeue the job)
+    # requeued (rank 0 of an attempt that asked SLURM to requeue the job) | hung (no rank of the
+    # job progressed for launcher.hang_timeout_s; the message says where each rank was)
     state: str
     pid: int
     host: str
@@ -52,6 +53,7 @@ class RankStatus:
     pidns: str = ""  # the pid is only checkable from the same host and pid namespace
     bad_input: bool = False  # failed on bad input (the message says what to fix), not a fault
     attempt: int = 0  # 0 for the job's first run, n after its n-th requeue
+    progress: float = 0.0  # when this rank last made progress (a step, a combination, a log line)
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -145,32 +147,184 @@ class RankReporter:
     def set(self, state: str, message: str = "", bad_input: bool = False) -> None:
         self.status.state, self.status.message, self.status.time = state, message, time.time()
         self.status.bad_input = bad_input
+        self.status.progress = max(self.status.progress, self.status.time)
         _write_json(self.path, asdict(self.status))
 
-    def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None]) -> None:
+    def progressed(self, when: float | None = None) -> None:
+        """This rank made progress (a step, a profiled combination, a line in its log): written at
+        most once a second, since steps can be much more frequent."""
+        now = time.time() if when is None else when
+        due = now - self.status.progress >= HEARTBEAT_S
+        self.status.progress = max(self.status.progress, now)
+        if due:
+            _write_json(self.path, asdict(self.status))
+
+    def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None],
+              hang_timeout_s: float = float("inf"), on_hang: Callable[[str], None] | None = None) -> None:
+        """Heartbeats every second from a thread; on each, the peers are watched (a failed or
+        silent one calls ``on_peer_failure``), a stack dump asked for (``xlaunch stacks``) is
+        written, and a job where no rank progressed for ``hang_timeout_s`` dumps its stacks on
+        every rank, then calls ``on_hang`` with where each rank is."""
+        log = rank_log(self.run_dir, self.rank)
+
         def loop() -> None:
             clock = StallClock()
+            answered = read_stacks_request(self.run_dir)
             while not self._stop.wait(HEARTBEAT_S):
                 awake_since = clock.tick()
                 try:
                     os.utime(self.path)
+                    self.progressed(log.stat().st_mtime)  # a program that prints is making progress
                 except OSError:
                     pass
                 if read_attempt(self.run_dir).get("attempt", 0) > self.status.attempt:
                     # This attempt is being requeued: its ranks end as SLURM stops them, and
                     # ending one first would fail the job step before the requeue is through.
                     return
+                # A peer found the job hung and dumped its stacks: so does this rank, at once.
+                hang = on_hang is not None and read_stacks(self.run_dir, HANG_REQUEST)
+                quiet = hung_for(self.run_dir, awake_since)
+                if hang or (on_hang is not None and quiet > hang_timeout_s):
+                    dump_stacks(self.run_dir, self.rank, HANG_REQUEST)
+                    stacks = wait_for_stacks(self.run_dir, HANG_REQUEST, self.num_ranks, timeout_s=10)
+                    quiet = max(quiet, hang_timeout_s)
+                    on_hang(f"no rank progressed for {quiet:.0f} s (launcher.hang_timeout_s={hang_timeout_s:g}): "
+                            f"{where_ranks_are(stacks, self.num_ranks)}")
+                    return
                 reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank,
                                       awake_since=awake_since)
                 if reason:
                     on_peer_failure(reason)
                     return
+                asked = read_stacks_request(self.run_dir)
+                if asked > answered:
+                    answered = asked
+                    dump_stacks(self.run_dir, self.rank, asked)
 
         self._thread = threading.Thread(target=loop, name="xlaunch-heartbeat", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# --- where each rank is: stack dumps --------------------------------------------------------------
+
+STACKS_DIR = "stacks"
+STACKS_REQUEST = "stacks-request.json"
+HANG_REQUEST = -1.0  # the request id of the dump a hang makes (an `xlaunch stacks` one is its time)
+
+
+def request_stacks(run_dir: Path) -> float:
+    """Asks every running rank of the job for its stacks (``xlaunch stacks``); returns the
+    request's id, which each rank's answer carries."""
+    d = Path(run_dir) / STATUS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    asked = time.time()
+    _write_json(d / STACKS_REQUEST, {"time": asked})
+    return asked
+
+
+def read_stacks_request(run_dir: Path) -> float:
+    try:
+        return float(json.loads((Path(run_dir) / STATUS_DIR / STACKS_REQUEST).read_text())["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def dump_stacks(run_dir: Path, rank: int, request: float) -> None:
+    """This process's Python stacks, every thread's: in full into its log (stderr is the log),
+    and where its main thread is into ``.xlaunch/stacks/rank<N>.json``. Run from the heartbeat
+    thread: the main thread may be blocked inside XLA (which releases the GIL while it waits)."""
+    import faulthandler  # noqa: PLC0415  only a dump needs it
+    import sys  # noqa: PLC0415
+    import traceback  # noqa: PLC0415
+
+    sys.stderr.write(f"=== xlaunch: the stacks of rank {rank}'s threads, "
+                     f"{'no rank progressing' if request == HANG_REQUEST else 'as asked (xlaunch stacks)'} ===\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    stack = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_stack(frame)] if frame else []
+    d = Path(run_dir) / STATUS_DIR / STACKS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    _write_json(d / f"rank{rank}.json", {"rank": rank, "request": request, "time": time.time(),
+                                         "where": _where(stack), "stack": stack})
+
+
+def read_stacks(run_dir: Path, request: float) -> dict[int, dict]:
+    """The ranks' answers to ``request``, by rank."""
+    out = {}
+    for p in (Path(run_dir) / STATUS_DIR / STACKS_DIR).glob("rank*.json"):
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if d.get("request") == request:
+            out[d["rank"]] = d
+    return out
+
+
+def wait_for_stacks(run_dir: Path, request: float, num_ranks: int, timeout_s: float) -> dict[int, dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stacks = read_stacks(run_dir, request)
+        if len(stacks) >= num_ranks or time.monotonic() > deadline:
+            return stacks
+        time.sleep(0.2)
+
+
+def where_ranks_are(stacks: dict[int, dict], num_ranks: int) -> str:
+    """One clause per place, ranks at the same place together: ``ranks 0,2 at train.py:41 in
+    step (total = psum(x)); rank 1 at loader.py:12 in next (...)``; ranks that did not answer
+    last."""
+    places: dict[str, list[int]] = {}
+    for rank, d in sorted(stacks.items()):
+        places.setdefault(d["where"], []).append(rank)
+    parts = [f"{'ranks' if len(rs) > 1 else 'rank'} {','.join(map(str, rs))} {where}" for where, rs in places.items()]
+    silent = sorted(set(range(num_ranks)) - set(stacks))
+    if silent:
+        parts.append(f"{'ranks' if len(silent) > 1 else 'rank'} {','.join(map(str, silent))} did not answer")
+    return "; ".join(parts)
+
+
+def _where(stack: list) -> str:
+    """Where a main thread is, said by the innermost frame of the user's own code (not Python's,
+    an installed package's or xlaunch's), else the innermost of xlaunch's, else the innermost."""
+    if not stack:
+        return "(no Python frame)"
+    ours = str(Path(__file__).resolve().parents[1])
+
+    def kind(filename: str) -> int:
+        path = str(Path(filename).resolve()) if filename and not filename.startswith("<") else filename
+        if "site-packages" in path or "dist-packages" in path or path.startswith(_STDLIB) or path.startswith("<"):
+            return 0
+        return 1 if path.startswith(ours) else 2
+
+    frame = max(reversed(stack), key=lambda f: kind(f[0]))  # innermost among the best kind
+    filename, line, name, text = frame
+    code = text.split("  #")[0].strip()  # the statement, without an inline comment
+    return f"at {Path(filename).name}:{line} in {name}" + (f" ({code})" if code else "")
+
+
+def _stdlib() -> str:
+    import sysconfig  # noqa: PLC0415
+
+    return str(Path(sysconfig.get_paths()["stdlib"]).resolve())
+
+
+_STDLIB = _stdlib()
+
+
+def hung_for(run_dir: Path, awake_since: float = 0.0) -> float:
+    """How long no rank of the job has progressed (0 unless every rank has joined and none
+    has ended): the age of the latest progress any rank reported, counted from ``awake_since``
+    at the earliest (``StallClock``)."""
+    statuses = read_statuses(run_dir)
+    if not statuses or any(st.state != "joined" for st, _ in statuses.values()):
+        return 0.0
+    latest = max(max(st.progress, st.time) for st, _ in statuses.values())
+    return time.time() - max(latest, awake_since)
 
 
 def refusal(run_dir: Path) -> str:
@@ -209,6 +363,9 @@ def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, ex
     ``awake_since`` at the earliest (``StallClock``)."""
     since = time.time() - awake_since
     statuses = {r: (st, min(age, since)) for r, (st, age) in read_statuses(run_dir).items() if r != exclude}
+    hung = [st for _, (st, _) in sorted(statuses.items()) if st.state == "hung"]
+    if hung:  # every rank says the same: where each one was
+        return f"the job hung: {hung[0].message}"
     failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed")
     here = (socket.gethostname(), _pid_namespace())
     dead = [st for r, (st, _) in sorted(statuses.items())

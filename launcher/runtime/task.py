@@ -40,7 +40,8 @@ class Task(Checkpointable):
         self.run_dir = str(run_dir)
         # Decided once, at submission (launcher.submit.coordinator_port): every rank gets the same.
         self.coordinator_port = coordinator_port
-        self.attempt = 0  # how many times the job was requeued before this run
+        self.attempt = 0  # how many times the job was requeued or restarted before this run
+        self.restart_reason = ""  # why the launcher restarted the job (launcher.max_restarts)
         self._running: dict[str, Any] = {}  # this run's config, log and attempt, for checkpoint()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -82,6 +83,7 @@ class Task(Checkpointable):
         run_dir = Path(self.run_dir).absolute()
         rank = ranks.detect(self.coordinator_port)
         attempt, reason = requeue.attempt_of(self.attempt)
+        reason = getattr(self, "restart_reason", "") or reason
         status.write_attempt(run_dir, attempt, reason)
         reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes, attempt)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
@@ -165,7 +167,9 @@ class Task(Checkpointable):
             )
         init_s = time.perf_counter() - t0
         reporter.set("joined")
-        reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s, on_peer_failure=lambda why: _abort(log, reporter, why))
+        reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s,
+                       on_peer_failure=lambda why: _abort(log, reporter, why),
+                       hang_timeout_s=cfg.launcher.hang_timeout_s, on_hang=lambda why: _abort(log, reporter, why, "hung"))
         log.info("joined in %.2f s: %d global devices, %d local (%s)", init_s, jax.device_count(),
                  jax.local_device_count(), jax.devices()[0].platform)
         if fault_kind in ("crash", "abort") and int(fault_rank) == rank.process_id:
@@ -242,11 +246,11 @@ def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str, restart: str
     return log
 
 
-def _abort(log: logging.Logger, reporter: status.RankReporter, why: str) -> None:
+def _abort(log: logging.Logger, reporter: status.RankReporter, why: str, state: str = "stopped") -> None:
     # Called from the heartbeat thread: the main thread may be stuck inside a collective that
     # will never complete, so leave at once rather than raise.
     log.error("ending this rank because %s", why)
-    reporter.set("stopped", why)
+    reporter.set(state, why)
     for h in log.handlers:
         h.flush()
     os._exit(17)

@@ -39,7 +39,8 @@ def run(ctx) -> dict:
     stops.install()
     api._install(api.Context(run_dir=ctx.run_dir, rank=ctx.rank.process_id, num_processes=ctx.rank.num_processes,
                              restart=ctx.attempt, checkpoint_dir=checkpoints, launched=True,
-                             _should_stop=stops.should_stop))
+                             _should_stop=stops.should_stop,
+                             _progressed=ctx.reporter.progressed if ctx.reporter is not None else lambda: None))
     ctx.log.info("running %s in %s%s", what, code_dir, f" (restart {ctx.attempt})" if ctx.attempt else "")
     returned = None
     with _initialized_already(ctx):
