@@ -21,7 +21,7 @@ from launcher import jobs
 from launcher.console import seconds
 from launcher.errors import BAD_INPUT
 from launcher.errors import BAD_INPUT as bad
-from launcher.runtime import status
+from launcher.runtime import status, timing
 
 COMMANDS = ("status", "logs", "cancel", "runs", "stacks")
 
@@ -87,9 +87,11 @@ def main(argv: list[str]) -> int:
 def _status(args: argparse.Namespace) -> int:
     run = jobs.run_or_latest(args.run)
     st = jobs.job_state(run)
+    spent = timing.summary(run.path, now=None if st.state in ("running", "queued", "requeued") else
+                           max([a.get("ended") or 0.0 for a in timing.attempts(run.path)] or [0.0]) or None)
     if args.json:
         print(json.dumps({"run_dir": str(run.path), "job_id": run.job_id, "backend": run.backend,
-                          "mode": run.mode, "cluster": run.cluster_name, **st.to_json()}))
+                          "mode": run.mode, "cluster": run.cluster_name, **st.to_json(), "time": spent}))
         return 0
     rows = [("run dir", str(run.path)),
             ("job", f"{run.job_id} on {run.cluster_name} ({run.backend}), mode {run.mode}, submitted "
@@ -97,6 +99,8 @@ def _status(args: argparse.Namespace) -> int:
             ("state", f"{st.state}: {st.detail}" if st.detail else st.state)]
     if st.scheduler:
         rows.append(("scheduler", st.scheduler))
+    if spent:
+        rows.append(("time", timing.line(spent)))
     for r in st.ranks:
         text = r.state + (f" on {r.host} pid {r.pid}" if r.host else "")
         if r.heartbeat_age_s is not None:

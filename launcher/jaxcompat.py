@@ -89,6 +89,23 @@ def count_compile_cache() -> dict[str, int]:
     return counts
 
 
+def time_compiles() -> dict[str, float]:
+    """Sums this process's compile time from now on (``{"s": seconds}``, filling as programs
+    compile): JAX's duration events for tracing, lowering and XLA's compile, and for loading a
+    program from the persistent cache. Listeners got the event and duration before 0.4.36 and
+    keyword arguments beside them after: take both."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    total = {"s": 0.0}
+
+    def listen(event, duration, *args, **kwargs):
+        if event.startswith("/jax/core/compile/") or event == "/jax/compilation_cache/cache_retrieval_time_sec":
+            total["s"] += float(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    return total
+
+
 # --- before the backend starts -------------------------------------------------------------------
 
 def set_cpu_device_count(n: int) -> None:

@@ -75,6 +75,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
             shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
             task = Task(cfg, run_dir, cluster.coordinator_port)
             task.attempt, task.restart_reason = attempt, why
+            cluster.prepare_restart(executor)
             submitted["job"] = executor.submit(task)
             record.update(job_id=str(submitted["job"].job_id), restarts=submitted["restarts"])
             (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")

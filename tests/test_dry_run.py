@@ -78,6 +78,10 @@ def test_tpu_dry_run_is_the_exact_gcloud_script(tmp_path):
                         "cluster.project=my-proj", "cluster.nodes=4")
     flags = "--zone=us-central2-b --project=my-proj"
     remote = "xlaunch-runs/2030-01-01/run"
+    # Quoted for the shell once: the command's own double quotes stay as they are.
+    CLEAR = ('{ sudo -n rm -f /tmp/libtpu_lockfile || rm -f /tmp/libtpu_lockfile; for dev in /dev/accel* '
+             '/dev/vfio/[0-9]*; do [ -e "$dev" ] && { sudo -n fuser -k -9 "$dev" || fuser -k -9 "$dev"; }; done; } '
+             '>/dev/null 2>&1; true')
     assert text == f"""#!/bin/bash
 # submitit job on TPU VM pod my-v4-32 (4 worker(s)): copy the pickled task
 # to every worker, run it there (one process and one log per worker), copy each worker's
@@ -103,7 +107,8 @@ stop_workers() {{
 }}
 
 set -e
-gcloud compute tpus tpu-vm ssh my-v4-32 --command='mkdir -p {remote}/submitit' {flags} --worker=all
+# What a killed job leaves on the workers (the TPU lock, processes holding the chips) goes first.
+gcloud compute tpus tpu-vm ssh my-v4-32 --command='{CLEAR} && mkdir -p {remote}/submitit' {flags} --worker=all
 gcloud compute tpus tpu-vm scp "$pickle" my-v4-32:{remote}/submitit/ {flags} --worker=all
 set +e
 gcloud compute tpus tpu-vm ssh my-v4-32 --command='set -e

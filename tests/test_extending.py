@@ -66,3 +66,19 @@ def test_no_module_branches_on_a_backends_name_outside_its_own():
         if lines:
             found[str(rel)] = lines
     assert not found, f"branches on a backend's name outside its module: {found}"
+
+
+def test_help_names_every_mode_and_every_cluster():
+    text = run_cli("--help").stdout
+    groups = text.split("Groups (what each chooses)")[1].split("Options of each group")[0]
+    for group in ("mode", "cluster"):
+        for option in sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml")):
+            assert option in groups, (group, option)
+
+
+def test_a_function_its_module_lacks_is_named_so_before_submission(tmp_path):
+    proc = run_cli("mode=run", "mode.target=os.path:nosuch", run_dir=tmp_path / "run", check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and lines == ["error: mode.target=os.path:nosuch: os.path has no nosuch; name a "
+                                              "function of it"], proc.stderr
+    assert not (tmp_path / "run" / "job.json").exists()

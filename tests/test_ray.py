@@ -176,3 +176,25 @@ def test_ray_is_needed_only_where_cluster_ray_submits(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(lines) == 1 and "pip install 'xlaunch[ray]'" in lines[0], proc.stderr
     assert not (tmp_path / "none" / "job.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_task_restarts_the_job_in_its_run_dir(ray_cluster, tmp_path):
+    # launcher.max_restarts on Ray: the program waits on its first run, where rank 1 is killed.
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", *on_ray(ray_cluster, "mode=run", "mode.script=tests/programs/preempted.py",
+                                                    "cluster.nodes=2", "cluster.tasks_per_node=1",
+                                                    "cluster.cpu_devices_per_task=1", "launcher.max_restarts=1"),
+            f"hydra.run.dir={run}"]
+    launcher = subprocess.Popen(args, cwd=REPO, env={**os.environ, **ray_cluster.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run / "logs" / "rank1.log").exists() and "restart 0" in (run / "logs" / "rank1.log").read_text(),
+                 120, "the first run")
+        os.kill(json.loads((run / ".xlaunch" / "ranks" / "rank1.json").read_text())["pid"], 9)
+        _, err = launcher.communicate(timeout=200)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert "killed by signal 9 on Ray node" in err and "restarted as job" in err
+    assert read_result(run)["restart"] == 1 and "done" in (run / "logs" / "rank0.log").read_text()

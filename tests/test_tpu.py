@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,9 +52,11 @@ def test_check_runs_on_every_worker_of_a_stand_in_pod(tmp_path):
     script = (run / "submission.sh").read_text()
     assert replay_gcloud_calls(script, job_id, tmp_path / "replayed") == calls
     assert [c[3] for c in calls] == ["ssh", "scp", "ssh", "scp", "scp"]  # mkdir, task, run, 2 x copy back
-    assert calls[0] == ["compute", "tpus", "tpu-vm", "ssh", "pod-a",
-                        "--command=mkdir -p xlaunch-runs/2030-01-01/run/submitit", "--zone=us-central2-b",
-                        "--worker=all"]
+    assert calls[0][:5] == ["compute", "tpus", "tpu-vm", "ssh", "pod-a"]
+    assert calls[0][6:] == ["--zone=us-central2-b", "--worker=all"]
+    # A killed job's TPU lock and the processes holding the chips are cleared before anything else.
+    assert calls[0][5].startswith("--command={ sudo -n rm -f /tmp/libtpu_lockfile || rm -f /tmp/libtpu_lockfile;")
+    assert calls[0][5].endswith("; true && mkdir -p xlaunch-runs/2030-01-01/run/submitit")
     assert calls[2][5].endswith(f"launcher.clusters._tpu_worker submitit 2 {job_id}")
 
 
@@ -135,3 +138,48 @@ def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypat
     assert job.done() and not any(map(_running, pids))
     for w in (0, 1):  # each worker's log was copied back on the way out
         assert "Loading pickle" in (run / "submitit" / f"{job.job_id}_{w}_log.out").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_restart_makes_a_preempted_pod_again_and_clears_its_locks_first(tmp_path):
+    code, pod, run = tmp_path / "code", tmp_path / "pod", tmp_path / "2030-01-01" / "run"
+    code.mkdir()
+    (code / "preempted.py").write_text((REPO / "tests" / "programs" / "preempted.py").read_text())
+    env = {**os.environ, "PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
+           "XLAUNCH_STANDIN_TPU_WORKERS": "2", "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-m", "launcher", "mode=run", f"mode.code_dir={code}", "mode.script=preempted.py",
+            "cluster=tpu", "cluster.tpu_name=pod-a", "cluster.nodes=2", "cluster.accelerator=cpu",
+            "cluster.cpu_devices_per_task=1", f"cluster.remote_python={sys.executable}",
+            "cluster.accelerator_type=v4-16", "cluster.runtime_version=tpu-ubuntu2204-base", "cluster.spot=true",
+            f"launcher.coordinator_port={free_port()}", "launcher.max_restarts=1", f"hydra.run.dir={run}"]
+    launcher = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    remote = [pod / f"worker{w}" / "xlaunch-runs" / "2030-01-01" / "run" for w in (0, 1)]
+    lock = Path("/tmp/libtpu_lockfile")  # no TPU here: nothing else uses it
+    try:
+        deadline = time.monotonic() + 120
+        while not all((r / "logs" / f"rank{w}.log").exists() and "restart 0" in (r / "logs" / f"rank{w}.log").read_text()
+                      for w, r in enumerate(remote)):
+            assert time.monotonic() < deadline and launcher.poll() is None, "the first run never started"
+            time.sleep(0.5)
+        # Preempted: the pod goes, its workers' processes with it, and a TPU lock is left behind.
+        (pod / "state.json").write_text(json.dumps({"pod": "PREEMPTED"}))
+        lock.touch()
+        for w, r in enumerate(remote):
+            for pid_file in (r / "submitit").glob(f"*_{w}.pid"):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert "restarted as job" in err and read_result(run)["restart"] == 1
+    calls = [json.loads(line) for line in (pod / "calls.log").read_text().splitlines()]
+    verbs = [c[2] + " " + c[3] for c in calls]
+    # The restart asked for the pod's state, made it again, then cleared the locks before the task.
+    again = verbs.index("tpu-vm describe")
+    assert verbs[again:again + 4] == ["tpu-vm describe", "tpu-vm delete", "tpu-vm create", "tpu-vm ssh"]
+    assert calls[again + 2][4:7] == ["pod-a", "--accelerator-type=v4-16", "--spot"]
+    assert calls[again + 2][7] == "--version=tpu-ubuntu2204-base"
+    assert calls[again + 3][5].startswith("--command={ sudo -n rm -f /tmp/libtpu_lockfile")
+    assert not lock.exists() and json.loads((pod / "state.json").read_text())["pod"] == "READY"
+    assert "=== restart 1 (restarted after:" in (run / "logs" / "rank1.log").read_text()

@@ -141,6 +141,9 @@ class Cluster:
         """Ends a job that can no longer succeed."""
         job.cancel(check=False)
 
+    def prepare_restart(self, executor: submitit.Executor) -> None:
+        """Called before the job is submitted again (launcher.max_restarts). Here: nothing."""
+
     # -- a job submitted earlier, by its id ---------------------------------------------------
     def scheduled(self, job_id: str) -> Scheduled:
         """Where the job is now. Here: whether its process (pid = job id) still runs."""

@@ -42,6 +42,11 @@ from launcher.runtime.ranks import TpuEnv
 
 # JAX's own default coordinator port on Cloud TPU (jax/_src/clusters/cloud_tpu_cluster.py).
 DEFAULT_TPU_COORDINATOR_PORT = 8482
+# Run on every worker before a job starts: a killed job leaves libtpu's lock file and, often,
+# processes holding the chips, and the next start then fails to open the TPU (jax issue 10192).
+_CLEAR_TPU = ("{ sudo -n rm -f /tmp/libtpu_lockfile || rm -f /tmp/libtpu_lockfile; "
+              "for dev in /dev/accel* /dev/vfio/[0-9]*; do [ -e \"$dev\" ] && "
+              "{ sudo -n fuser -k -9 \"$dev\" || fuser -k -9 \"$dev\"; }; done; } >/dev/null 2>&1; true")
 
 
 @dataclass
@@ -57,6 +62,13 @@ class Config(ClusterConfig):
     gcloud: str = "gcloud"
     remote_dir: str = "xlaunch-runs"  # on each worker, relative to its home
     remote_python: str = "python3"  # the workers' interpreter (with jax[tpu], submitit and xlaunch)
+    # How to make the pod again when a restart (launcher.max_restarts) finds it preempted or
+    # lost: its type and runtime (gcloud's --accelerator-type, --version), whether it is a spot
+    # pod, and the queued resource it was made through (none: made directly).
+    accelerator_type: Optional[str] = None
+    runtime_version: Optional[str] = None
+    spot: bool = False
+    queued_resource: Optional[str] = None
 
     @classmethod
     def check(cls, cfg) -> None:
@@ -103,8 +115,23 @@ class TpuCluster(Cluster):
         ex = TpuExecutor(self.folder, tpu_name=c.tpu_name, remote_run_dir=self.remote_run_dir(),
                          python=c.remote_python, gcloud=c.gcloud, zone=c.zone, project=c.project,
                          remote_code_dir=self.remote_code_dir() if code is not None else None)
-        ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines())
+        ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines(),
+                             recreate=self.recreate())
         return ex
+
+    def recreate(self) -> dict | None:
+        """How a preempted or lost pod is made again (None: it cannot be; the restart says so)."""
+        c = self.cfg.cluster
+        if not (c.accelerator_type and c.runtime_version):
+            return None
+        return {"accelerator_type": operand("cluster.accelerator_type", c.accelerator_type),
+                "runtime_version": operand("cluster.runtime_version", c.runtime_version), "spot": bool(c.spot),
+                "queued_resource": operand("cluster.queued_resource", c.queued_resource) if c.queued_resource else None}
+
+    def prepare_restart(self, executor: "TpuExecutor") -> None:
+        # A restart often follows a preemption: the script first asks gcloud for the pod's state
+        # and makes a preempted or lost pod again.
+        executor.update_parameters(check_pod=True)
 
     def submission_text(self, executor: "TpuExecutor") -> str:
         return executor._make_submission_file_text(executor._submitit_command_str, uid="")
@@ -127,11 +154,14 @@ class TpuJobEnvironment(RankJobEnvironment):
 
 class TpuExecutor(ScriptExecutor):
     """Runs a submitit job once per worker of a TPU VM pod. Parameters: workers, timeout_min,
-    setup (shell lines run on each worker before the task). With ``remote_code_dir``, the run
+    setup (shell lines run on each worker before the task), check_pod (first ask gcloud for the
+    pod's state and make a preempted or lost one again, as ``recreate`` says: a restart's
+    script), recreate. Every start clears what a killed job leaves on the workers (the TPU lock
+    file, processes holding the chips). With ``remote_code_dir``, the run
     dir's code.tar.gz (the user's code, ``launcher/clusters/_code.py``) is unpacked there on every
     worker before the task starts, and the task is told where (``XLAUNCH_CODE_DIR``)."""
 
-    defaults = {"workers": 1, "timeout_min": 60, "setup": []}
+    defaults = {"workers": 1, "timeout_min": 60, "setup": [], "check_pod": False, "recreate": None}
 
     def __init__(self, folder: tp.Union[str, Path], tpu_name: str, remote_run_dir: str, python: str = "python3",
                  gcloud: str = "gcloud", zone: tp.Optional[str] = None, project: tp.Optional[str] = None,
@@ -196,6 +226,8 @@ class TpuExecutor(ScriptExecutor):
             shlex.quote("_*.pid) 2>/dev/null; true")
         name = shlex.quote(self.tpu_name)
         leaf = shlex.quote(Path(self.remote_run_dir).name)
+        prepare = f"{_CLEAR_TPU} && " + (f"rm -rf {code} && mkdir -p {rdir}/{sub} {code}" if code
+                                            else f"mkdir -p {rdir}/{sub}")
         return "\n".join([
             "#!/bin/bash",
             f"# submitit job on TPU VM pod {self.tpu_name} ({p['workers']} worker(s)): copy the pickled task",
@@ -221,9 +253,10 @@ class TpuExecutor(ScriptExecutor):
             "  " + self._gcloud("ssh", name, stop),
             "}",
             "",
+            *(self._pod_check() if p["check_pod"] else []),
             "set -e",
-            self._gcloud("ssh", name, "--command=" + shlex.quote(
-                f"rm -rf {code} && mkdir -p {rdir}/{sub} {code}" if code else f"mkdir -p {rdir}/{sub}")),
+            "# What a killed job leaves on the workers (the TPU lock, processes holding the chips) goes first.",
+            self._gcloud("ssh", name, "--command=" + shlex.quote(prepare)),
             self._gcloud("scp", '"$pickle"', self._remote(f"/{self.folder.name}/")),
             *([self._gcloud("scp", f'"$local/{_code.ARCHIVE}"', self._remote_code())] if code else []),
             "set +e",
@@ -236,6 +269,48 @@ class TpuExecutor(ScriptExecutor):
             'exit "$rc"',
             "",
         ])
+
+    def _tpus(self, *args: str) -> str:
+        return " ".join([shlex.quote(self.gcloud), "compute", "tpus", *args, *map(shlex.quote, self.flags)])
+
+    def _pod_check(self) -> list[str]:
+        """Lines that make a preempted or lost pod again before the job starts on it."""
+        name, r = shlex.quote(self.tpu_name), self.parameters["recreate"]
+        if r is None:
+            remake = [f'  echo "error: TPU VM pod {self.tpu_name} is $state and cannot be made again: set '
+                      'cluster.accelerator_type and cluster.runtime_version (and cluster.queued_resource, '
+                      'cluster.spot as it was made)" >&2', "  exit 1"]
+        else:
+            spot = ["--spot"] if r["spot"] else []
+            made = [f"--accelerator-type={shlex.quote(r['accelerator_type'])}", *spot]
+            if r["queued_resource"]:
+                qr = shlex.quote(r["queued_resource"])
+                remake = [
+                    "  " + self._tpus("queued-resources", "delete", qr, "--force", "--quiet"),
+                    "  " + self._tpus("queued-resources", "create", qr, f"--node-id={name}", *made,
+                                      f"--runtime-version={shlex.quote(r['runtime_version'])}"),
+                    "  for _ in $(seq 360); do",
+                    "    qstate=$(" + self._tpus("queued-resources", "describe", qr, "--format='value(state.state)'") + ")",
+                    '    [ "$qstate" = ACTIVE ] && break',
+                    '    case "$qstate" in FAILED|SUSPENDED) echo "error: queued resource ' + r["queued_resource"] +
+                    ' is $qstate" >&2; exit 1;; esac',
+                    "    sleep 10",
+                    "  done",
+                ]
+            else:
+                remake = [
+                    "  " + self._tpus("tpu-vm", "delete", name, "--quiet"),
+                    "  " + self._tpus("tpu-vm", "create", name, *made,
+                                      f"--version={shlex.quote(r['runtime_version'])}"),
+                ]
+        return [
+            "# A restart: the pod as gcloud sees it now; a preempted or lost one is made again first.",
+            "state=$(" + self._tpus("tpu-vm", "describe", name, "--format='value(state)'") + ") || state=MISSING",
+            'if [ "$state" != READY ]; then',
+            f'  echo "TPU VM pod {self.tpu_name} is $state: making it again" >&2',
+            *remake,
+            "fi",
+        ]
 
     def _check_available(self) -> None:
         if shutil.which(self.gcloud) is None:

@@ -35,6 +35,7 @@ class TaskContext:
     # This rank's status (runtime/status.py), for a mode that must end the rank from a thread of
     # its own (mode=run's stop requests); None outside a task.
     reporter: Any = None
+    clock: Any = None  # this attempt's times (launcher/runtime/timing.py): modes add theirs
 
     @property
     def is_main(self) -> bool:

@@ -72,6 +72,13 @@ def check_target(target: str, kwargs: Mapping[str, Any], code_dir: Path, option:
     them). Raises UserError naming what is wrong; silent where the source cannot tell."""
     module, name = parse_target(target, option)
     spec = find_module(module, [str(code_dir), *sys.path])
+    if spec is None and module in sys.modules:  # imported already, under that name (os.path is posixpath)
+        obj: Any = sys.modules[module]
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                raise UserError(f"{option}={target}: {module} has no {name}; name a function of it")
+            obj = getattr(obj, part)
+        return
     if spec is None:
         raise UserError(f"{option}={target}: no module {module} in the code directory {code_dir} nor on the "
                         "launcher's python path; give an importable module (run from the directory holding it, "

@@ -29,7 +29,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from launcher import jaxcompat, modes
 from launcher.errors import BAD_INPUT
-from launcher.runtime import devices, ranks, requeue, status
+from launcher.runtime import devices, ranks, requeue, status, timing
 from launcher.runtime.context import TaskContext
 
 
@@ -86,13 +86,15 @@ class Task(Checkpointable):
         reason = getattr(self, "restart_reason", "") or reason
         status.write_attempt(run_dir, attempt, reason)
         reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes, attempt)
+        clock = timing.AttemptClock(run_dir, attempt, write=rank.process_id == 0)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
-        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir}
+        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock}
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
             reporter.set("stopped", "interrupted")
+            clock.end("stopped", self._running.get("compile", {}).get("s"))
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
             if isinstance(e, SystemExit) and self._running.get("requeued"):
@@ -111,6 +113,7 @@ class Task(Checkpointable):
                 message = f"{type(e).__name__}: {e}"
                 log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
             reporter.set("failed", message, bad_input=bad_input)
+            clock.end("failed", self._running.get("compile", {}).get("s"))
             raise
         finally:
             reporter.stop()
@@ -149,6 +152,7 @@ class Task(Checkpointable):
         cache_on = (os.environ.get("JAX_COMPILATION_CACHE_DIR")
                     and os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "true").lower() not in ("false", "0"))
         cache = jaxcompat.count_compile_cache() if cache_on else None
+        compiles = self._running["compile"] = jaxcompat.time_compiles()
         if cluster.accelerator == "cpu":
             jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
             if rank.num_processes > 1:  # before 0.5, gloo without jax.distributed fails to start
@@ -167,6 +171,7 @@ class Task(Checkpointable):
             )
         init_s = time.perf_counter() - t0
         reporter.set("joined")
+        self._running["clock"].mark("joined")
         reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s,
                        on_peer_failure=lambda why: _abort(log, reporter, why),
                        hang_timeout_s=cfg.launcher.hang_timeout_s, on_hang=lambda why: _abort(log, reporter, why, "hung"))
@@ -179,7 +184,8 @@ class Task(Checkpointable):
             raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
 
 
-        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter)
+        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
+                          clock=self._running["clock"])
         run = modes.find(cfg.mode).load()  # the mode's module imports JAX: only now may it be imported
         t1 = time.perf_counter()
         result = run(ctx)
@@ -195,6 +201,9 @@ class Task(Checkpointable):
         }
         if cache is not None:  # rank 0's programs: loaded from the cache (hits) or compiled (misses)
             result["compile_cache"] = {"dir": os.environ["JAX_COMPILATION_CACHE_DIR"], **cache}
+        # Where the time went, over this job's attempts so far (this one ends here).
+        ctx.clock.end("done", compiles["s"])
+        result["time"] = timing.summary(run_dir, step_times=result.get("step_times_s"))
         if ctx.is_main:
             ctx.write_json("result.json", result)
             log.info("wrote %s", run_dir / "result.json")

@@ -4,6 +4,7 @@ resumed (``launcher/runtime/checkpoint.py``). The options: ``launcher/modes/trai
 from __future__ import annotations
 
 import statistics
+import time
 
 import jax
 from omegaconf import OmegaConf
@@ -36,19 +37,29 @@ def run(ctx) -> dict:
     # What a checkpoint must share with this run to be resumed from (runtime/checkpoint.py).
     fingerprint = {"model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
                    "plan": {**plan.to_dict(), "mesh_shape": mesh_shape}, "optimizer": opts, "seed": cfg.seed}
+    clock = ctx.clock if ctx.clock is not None else _NoClock()
+    t = time.perf_counter()
     ckpts, times = _resume(ctx, cfg, trainer, fingerprint)
+    clock.add("checkpoint_s", time.perf_counter() - t)  # restoring
     resumed_from = trainer.step_no
+    clock.set(resumed_from_step=resumed_from, last_step=resumed_from, steps_done=0)
     every = cfg.checkpoint_every
     with ctx.progress(cfg.steps, f"train {type(model).__name__} [{plan.name}]") as bar:
         bar.advance(trainer.step_no)
+        steps_bar = _StepsSeen(bar, clock, trainer)
         with trace.recording(ctx, "train") as traced:
             while trainer.step_no < cfg.steps:
                 n = cfg.steps - trainer.step_no
                 n = min(n, every - trainer.step_no % every) if every else n
-                times += _traced_steps(trainer, n, bar) if traced else trainer.steps(n, bar)
+                new = _traced_steps(trainer, n, steps_bar) if traced else trainer.steps(n, steps_bar)
+                times += new
+                clock.add("steps_s", sum(new))
+                clock.set(steps_done=trainer.step_no - resumed_from, last_step=trainer.step_no)
                 if every and (trainer.step_no % every == 0 or trainer.step_no == cfg.steps):
                     # Inside the trace when there is one: saving is part of what the run spends.
+                    t = time.perf_counter()
                     ckpts.save(trainer.step_no, trainer.state, trainer.losses, times)
+                    clock.add("checkpoint_s", time.perf_counter() - t)
     if ckpts is not None:
         ckpts.close()
 
@@ -107,6 +118,25 @@ def _resume(ctx, cfg, trainer, fingerprint) -> tuple:
                         f"mode.steps={at.step} or more to go on from it")
     trainer.load_state(state, at.step, at.losses)
     return ckpts, list(at.step_times_s)
+
+
+class _StepsSeen:
+    """The progress bar, telling this attempt's clock how far the steps got as they go."""
+
+    def __init__(self, bar, clock, trainer) -> None:
+        self.bar, self.clock, self.trainer = bar, clock, trainer
+
+    def advance(self, *args, **kwargs) -> None:
+        self.bar.advance(*args, **kwargs)
+        self.clock.progressed(self.trainer.step_no)
+
+
+class _NoClock:
+    def add(self, *args, **kwargs) -> None: ...
+
+    def set(self, **kwargs) -> None: ...
+
+    def progressed(self, step: int) -> None: ...
 
 
 def _traced_steps(trainer, n: int, bar) -> list:
