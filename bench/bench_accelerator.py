@@ -528,6 +528,8 @@ def main() -> None:
     ap.add_argument("--skip", nargs="+", choices=STAGES, default=[], help="stages left out")
     ap.add_argument("--max-layers", type=int, help="cap on the models' layers (default 16: their compile time; --cpu 2)")
     ap.add_argument("--cfp-models", nargs="+", help="tiny models for the cfp stage, in order")
+    ap.add_argument("--train-models", nargs="+", help="the train stage's models, of gpt, llama2, moe (default all; "
+                    "the first one's dumped step is what replay replays)")
     ap.add_argument("--work", help="where the jobs' run dirs go (default a fresh temporary folder)")
     ap.add_argument("--wheels", metavar="DIR", help="download the wheels a GPU host needs into DIR, and stop")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -546,6 +548,11 @@ def main() -> None:
     if args.max_layers or args.cfp_models:
         sizes = Sizes(**{**sizes.__dict__, **({"max_layers": args.max_layers} if args.max_layers else {}),
                          **({"cfp_models": tuple(args.cfp_models)} if args.cfp_models else {})})
+    if args.train_models:
+        unknown = sorted(set(args.train_models) - set(sizes.models))
+        if unknown:
+            ap.error(f"--train-models: no model {', '.join(unknown)} (known: {', '.join(sizes.models)})")
+        sizes = Sizes(**{**sizes.__dict__, "models": {m: sizes.models[m] for m in args.train_models}})
     missing = [m for m in ("hydra", "omegaconf", "submitit", "highspy", "jax", "optax", "rich") if not _importable(m)]
     if missing:
         raise SystemExit(f"missing Python packages: {', '.join(missing)}; on a host without network, carry "

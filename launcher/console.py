@@ -1,8 +1,9 @@
 """What a finished run prints: the answer to the question its mode asks, then where the rest is.
 
-One entry per mode, keyed by mode name, each turning ``result.json`` into text: ``ANSWERS`` (the
-lines printed when the run ends: the comparison table of cfp/search, loss, step time and TFLOPS
-of train, devices and bandwidth of check, ...) and ``HEADLINES`` (one short line, the
+One entry per mode, keyed by the mode that runs (``mode_code``: a preset such as cfp runs
+search's), each turning ``result.json`` into text: ``ANSWERS`` (the lines printed when the run
+ends: the comparison table of cfp/search, loss, step time and TFLOPS of train, devices and
+bandwidth of check, ...) and ``HEADLINES`` (one short line, the
 ``Result`` column of ``xlaunch runs``). A mode without an entry gets a generic answer from its
 result's own fields. Every scalar stays in ``result.json``; the console gives the answer and the
 path, in plain text that reads the same in a terminal, a pipe or a batch log.
@@ -17,6 +18,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Callable
+
+from launcher.schema import mode_codes
 
 Render = Callable[[dict], str]
 ANSWERS: dict[str, Render] = {}
@@ -40,14 +43,21 @@ def headline(mode: str) -> Callable[[Render], Render]:
     return register
 
 
+def _runs(result: dict) -> str:
+    """The mode that ran: its code (a preset, cfp or one of yours, runs search's); for a result
+    written before results carried it, the code conf/mode gives its name."""
+    name = str(result.get("mode"))
+    return str(result.get("mode_code") or mode_codes().get(name, name))
+
+
 def answer_text(result: dict) -> str:
     """The mode's answer (several lines, no trailing newline)."""
-    return ANSWERS.get(str(result.get("mode")), _generic_answer)(result).rstrip("\n")
+    return ANSWERS.get(_runs(result), _generic_answer)(result).rstrip("\n")
 
 
 def headline_text(result: dict) -> str:
     """One short line: the run's result at a glance."""
-    render = HEADLINES.get(str(result.get("mode")))
+    render = HEADLINES.get(_runs(result))
     if render is None:
         first = answer_text(result).splitlines()
         return first[0] if first else ""
@@ -169,9 +179,9 @@ def _comparison_line(r: dict) -> str:
     return f"answer {answer['name']}; {line}" if answer.get("name") else line
 
 
-for _mode in ("search", "cfp"):
-    answer(_mode)(_comparison)
-    headline(_mode)(_comparison_line)
+# Keyed by what runs: every preset of search (cfp, or one of a user's) gets its comparison.
+answer("search")(_comparison)
+headline("search")(_comparison_line)
 
 
 @answer("hlo_replay")

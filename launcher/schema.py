@@ -18,6 +18,7 @@ misspelt ``mode=serch``), and a schema is not one. Each YAML option starts with
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -277,6 +278,8 @@ def validate(cfg: DictConfig) -> None:
                 f"cluster.tasks_per_node={c.tasks_per_node}: make gpus_per_node a multiple of tasks_per_node"
             )
     _validate_launcher(lc)
+    if job_of(cfg).files_here:
+        _check_writable("launcher.compile_cache_dir", lc.compile_cache_dir)
     if lc.fault:
         kind, _, rank = lc.fault.partition(":")
         if kind not in ("crash", "abort", "hang") or not rank.isdigit():
@@ -310,6 +313,21 @@ def _validate_launcher(lc: DictConfig) -> None:
         raise UserError(f"launcher.progress_every_s={lc.progress_every_s}: must be more than 0 (seconds)")
     if not 0 <= lc.coordinator_port < 65536:
         raise UserError(f"launcher.coordinator_port={lc.coordinator_port}: must be 0 (automatic) or a TCP port")
+
+
+def _check_writable(key: str, where: Optional[str]) -> None:
+    """A directory the tasks will write (made here if need be), where they see this machine's files."""
+    if not where or where == "off":
+        return
+    path = Path(where).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".xlaunch-write-check-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"{key}={where}: cannot be written ({e.strerror or e}); give a directory you can write, "
+                        f"or {key}=off") from None
 
 
 # Counts the modes share by name: checked here, before submission, rather than in each task.

@@ -18,7 +18,7 @@ from launcher.clusters.base import Cluster, wait_until
 from launcher.console import seconds
 from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
-from launcher.runtime import status
+from launcher.runtime import requeue, status
 from launcher.runtime.task import Task
 
 JOB_FILE = "job.json"  # the submitted job's record in its run dir
@@ -66,10 +66,11 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         def restart(reason: str) -> Any:
             """The job again, in the same run dir, one restart on (None once launcher.max_restarts
             are spent): it resumes from what the run dir holds, as a requeued SLURM job does."""
-            if submitted["restarts"] >= cfg.launcher.max_restarts:
+            # One count for restarts and SLURM's requeues (launcher/runtime/requeue.py: limit_of).
+            attempt = status.read_attempt(run_dir).get("attempt", 0) + 1
+            if attempt > cfg.launcher.max_restarts:
                 return None
             submitted["restarts"] += 1
-            attempt = status.read_attempt(run_dir).get("attempt", 0) + 1
             why = f"restarted after: {reason.splitlines()[0][:200]}"
             status.write_attempt(run_dir, attempt, why)  # the failed attempt's ranks are not this one's
             shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
@@ -129,8 +130,9 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 # SLURM requeued the job (runtime/requeue.py): the last attempt's ranks ended on
                 # purpose, and the time it waits in the queue again does not count.
                 watch.update(attempt=requeued["attempt"], first_seen=None)
+                key, limit = requeue.limit_of(cfg)
                 view.note(f"job {job.job_id} requeued ({requeued.get('reason', '')}): restart {watch['attempt']} of "
-                          f"at most cluster.max_requeues={cfg.cluster.max_requeues}; it resumes when it runs again")
+                          f"at most {key}={limit}; it resumes when it runs again")
             statuses = status.read_statuses(run_dir)
             if statuses and watch["first_seen"] is None:
                 watch["first_seen"] = time.time()  # the job is running: queueing time does not count

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import console
 from launcher.clusters.base import backends
 from tests.launch import REPO, read_result, run_cli
 
@@ -82,3 +83,13 @@ def test_a_function_its_module_lacks_is_named_so_before_submission(tmp_path):
     assert proc.returncode == 2 and lines == ["error: mode.target=os.path:nosuch: os.path has no nosuch; name a "
                                               "function of it"], proc.stderr
     assert not (tmp_path / "run" / "job.json").exists()
+
+
+def test_a_result_is_rendered_by_the_mode_that_ran_not_by_its_name():
+    # A preset of search under a name of the user's: the comparison's headline, not a generic one.
+    mine = {"mode": "my-search", "mode_code": "search", "step_time_s": 0.1, "answer": {"name": "cfp"}}
+    assert console.headline_text(mine) == console.headline_text({**mine, "mode": "cfp"})
+    assert console.headline_text(mine).startswith("answer cfp; searched plan")
+    # A result written before results carried the code: conf/mode says what its name runs.
+    assert console.headline_text({k: v for k, v in mine.items() if k != "mode_code"} | {"mode": "cfp"}) == \
+        console.headline_text(mine)

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from launcher.runtime import requeue
 from tests.launch import REPO, read_result, run_cli
 from tests.test_operate import one_line_error, state_of, wait_for
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted
@@ -99,6 +101,8 @@ def test_xlaunch_stacks_shows_where_each_rank_of_a_running_job_is(tmp_path):
     ("launcher.hang_timeout_s=1", "launcher.hang_timeout_s=1.0: must be more than the ranks' heartbeat interval"),
     ("launcher.max_restarts=-1", "launcher.max_restarts=-1: must be 0 (never restart) or more"),
     ("launcher.max_restarts=1 launcher.wait=false", "launcher.max_restarts=1 needs launcher.wait=true"),
+    ("launcher.compile_cache_dir=/proc/xlaunch-cache", "launcher.compile_cache_dir=/proc/xlaunch-cache: cannot be "
+                                                       "written"),
 ])
 def test_bad_hang_and_restart_settings_are_refused_before_submission(tmp_path, override, message):
     run = tmp_path / "run"
@@ -139,3 +143,13 @@ def test_a_training_job_killed_at_one_rank_restarts_and_ends_with_the_uninterrup
     status = run_cli("status", str(run)).stdout
     assert re.search(r"^time +queued .* lost [\d.]+ s \(\d+ steps done again\); goodput \d+% of .*, 2 attempts$",
                      status, re.M), status
+
+
+def test_on_slurm_launcher_max_restarts_also_bounds_requeues(tmp_path):
+    cfg = OmegaConf.create({"cluster": {"name": "slurm", "backend": "slurm", "max_requeues": 3},
+                            "launcher": {"max_restarts": 1}})
+    assert requeue.why_not(cfg, tmp_path, attempt=0) == ""
+    assert "not requeued again, launcher.max_restarts=1 reached" in requeue.why_not(cfg, tmp_path, attempt=1)
+    cfg.launcher.max_restarts = 0  # unset: cluster.max_requeues, as before
+    assert requeue.why_not(cfg, tmp_path, attempt=2) == "" and "cluster.max_requeues=3 reached" in \
+        requeue.why_not(cfg, tmp_path, attempt=3)

@@ -18,6 +18,7 @@ import pytest
 
 from tests.clusterkit.ray import LocalRay
 from tests.launch import REPO, read_result, run_cli
+from tests.test_hang import OTHERS, RANK1, STUCK
 from tests.test_operate import job_processes, one_line_error, state_of, wait_for
 from tests.test_run import HEADER, assert_same_losses, log, losses, reference
 
@@ -68,6 +69,17 @@ def test_check_runs_two_tasks_on_each_of_two_ray_nodes(ray_cluster, tmp_path):
     status = run_cli("status", str(run), env=ray_cluster.env).stdout
     assert "on ray (ray)" in status and "done: 8 devices, psum ok" in status
     assert run_cli("logs", "--rank", "3", str(run)).stdout == (run / "logs" / "rank3.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_job_reaches_the_cluster_through_ray_client(ray_cluster, tmp_path):
+    # ray://host:port, as a KubeRay head is reached from outside its Kubernetes cluster.
+    run = tmp_path / "run"
+    run_cli("cluster=ray", f"cluster.address={ray_cluster.client_address}", "mode=check", "cluster.nodes=2",
+            "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1", "mode.allgather_mb=0.25",
+            run_dir=run, env=ray_cluster.env, timeout=240)
+    assert read_result(run)["num_processes"] == 2
+    assert len({p["node_id"] for p in placement(run)}) == 2
 
 
 @pytest.mark.timeout(400)
@@ -198,3 +210,11 @@ def test_a_failed_task_restarts_the_job_in_its_run_dir(ray_cluster, tmp_path):
     assert launcher.returncode == 0, err
     assert "killed by signal 9 on Ray node" in err and "restarted as job" in err
     assert read_result(run)["restart"] == 1 and "done" in (run / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_a_stuck_rank_is_shown_and_the_job_ends(ray_cluster, tmp_path):
+    proc = run_cli(*on_ray(ray_cluster, *STUCK, "cluster.nodes=2", "cluster.tasks_per_node=1"), run_dir=tmp_path / "run",
+                   env=ray_cluster.env, check=False, timeout=240)
+    line = next((line for line in proc.stderr.splitlines() if "the job hung" in line), proc.stderr)
+    assert proc.returncode == 1 and RANK1.search(line) and OTHERS.search(line), proc.stderr

@@ -166,11 +166,13 @@ class Cluster:
         wait_until(lambda: not job_process_alive(pid, self.run_dir), 10)
 
     def max_requeues(self) -> int:
-        """``cluster.max_requeues``, checked: how often a timed-out or preempted job may be requeued."""
+        """How often a timed-out or preempted job may be requeued: ``cluster.max_requeues``,
+        checked, or ``launcher.max_restarts`` where that is set (the two then share one count)."""
         n = self.cfg.cluster.max_requeues
         if n < 0:
             raise UserError(f"cluster.max_requeues={n}: must be 0 (never requeue) or more")
-        return int(n)
+        restarts = (self.cfg.get("launcher") or {}).get("max_restarts") or 0
+        return int(restarts or n)
 
 
 def backends(module: str | None = None) -> dict[str, type[Cluster]]:

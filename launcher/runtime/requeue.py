@@ -39,10 +39,19 @@ def why_not(cfg: Any, run_dir: Any, attempt: int) -> str:
         able = " and ".join(sorted(c.label() for c in backends().values() if c.requeues))
         return (f"{signal_name()} (time limit near, or preempted): cluster={cfg.cluster.name} cannot requeue a "
                 f"job (only {able} can); {keep}")
-    if attempt >= cfg.cluster.max_requeues:
-        return (f"{signal_name()} (time limit near, or preempted): not requeued again, cluster.max_requeues="
-                f"{cfg.cluster.max_requeues} reached; {keep}")
+    key, limit = limit_of(cfg)
+    if attempt >= limit:
+        return (f"{signal_name()} (time limit near, or preempted): not requeued again, {key}={limit} reached; {keep}")
     return ""
+
+
+def limit_of(cfg: Any) -> tuple[str, int]:
+    """(the key, its value) that bounds a job's requeues: ``launcher.max_restarts`` where it is set
+    (requeues and restarts then share its count), else ``cluster.max_requeues``."""
+    launcher = cfg.get("launcher") or {}
+    if launcher.get("max_restarts"):
+        return "launcher.max_restarts", int(launcher["max_restarts"])
+    return "cluster.max_requeues", int(cfg.cluster.max_requeues)
 
 
 def attempt_of(pickled: int, env: Mapping[str, str] | None = None) -> tuple[int, str]:

@@ -71,9 +71,9 @@ class Task(Checkpointable):
         # the requeue it is, not as a failure.
         status.write_attempt(run_dir, attempt + 1, reason)
         r["requeued"] = True
-        log.warning("%s: requeueing the job (restart %d of at most cluster.max_requeues=%d); the next run "
-                    "resumes from what the run dir holds", requeue.signal_name(), attempt + 1,
-                    cfg.cluster.max_requeues)
+        key, limit = requeue.limit_of(cfg)
+        log.warning("%s: requeueing the job (restart %d of at most %s=%d); the next run resumes from what the "
+                    "run dir holds", requeue.signal_name(), attempt + 1, key, limit)
         return DelayedSubmission(nxt, *args, **kwargs)
 
     def __call__(self) -> dict[str, Any]:
@@ -191,6 +191,7 @@ class Task(Checkpointable):
         result = run(ctx)
         result = {
             "mode": cfg.mode.name,
+            "mode_code": modes.code_of(cfg.mode),  # what ran: a preset's (cfp's) is search
             "cluster": cluster.name,
             "num_processes": rank.num_processes,
             "global_devices": jax.device_count(),

@@ -28,8 +28,9 @@ class LocalRay:
 
     def __init__(self, nodes: int = 2):
         self.nodes = nodes
-        self.port = free_port()
+        self.port, self.client_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.client_address = f"ray://127.0.0.1:{self.client_port}"  # Ray Client, as KubeRay users reach a head
         self.logs = Path(tempfile.mkdtemp(prefix="xlaunch-ray-"))
         self.procs: list[subprocess.Popen] = []
 
@@ -47,7 +48,8 @@ class LocalRay:
         return proc
 
     def start(self, timeout: float = 90) -> "LocalRay":
-        self._ray("--head", f"--port={self.port}", "--include-dashboard=false", name="head")
+        self._ray("--head", f"--port={self.port}", f"--ray-client-server-port={self.client_port}",
+                  "--include-dashboard=false", name="head")
         self._wait_for(1, timeout)
         for i in range(1, self.nodes):
             self._ray(f"--address={self.address}", name=f"node{i}")
