@@ -94,7 +94,7 @@ def pytest_sessionfinish(session, exitstatus):
 # test is a unit of its own. SLURM needs no unit: each worker's cluster has its own ports and folder.
 MODULE_FIXTURES = {"test_autoshard.py", "test_cfp_layouts.py", "test_cfp_search.py", "test_cfp_workloads.py",
                    "test_hlo_replay.py", "test_hlo_replay_fixtures.py", "test_plans.py", "test_ray.py"}
-TRAIN_REFERENCE = {"test_checkpoint.py", "test_requeue.py", "test_trace.py"}
+TRAIN_REFERENCE = {"test_checkpoint.py", "test_requeue.py", "test_restart.py", "test_trace.py"}
 
 
 class SharedWork(LoadScopeScheduling):

@@ -1,7 +1,7 @@
 """A rank alive and stuck is found and shown (issue 36): a job none of whose ranks progresses
 for ``launcher.hang_timeout_s`` dumps every rank's stacks into its log, the launcher says where
 each rank was and ends the job; ``xlaunch stacks`` asks a running job for the same. And a job
-whose rank is killed is restarted (``launcher.max_restarts``) and ends as if uninterrupted.
+whose rank is killed is restarted (tests/test_restart.py).
 
 The stuck program (tests/programs/hang.py): rank 1 sleeps where the others enter an all-gather,
 as a rank whose data loader never returns does; every process is alive, every heartbeat fine.
@@ -9,7 +9,6 @@ as a rank whose data loader never returns does; every process is alive, every he
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -21,9 +20,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.runtime import requeue
-from tests.launch import REPO, read_result, run_cli
+from tests.launch import REPO, run_cli
 from tests.test_operate import one_line_error, state_of, wait_for
-from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted
 
 HANG_S = 10
 STUCK = ["mode=run", "mode.script=tests/programs/hang.py", "cluster.cpu_devices_per_task=1",
@@ -109,40 +107,6 @@ def test_bad_hang_and_restart_settings_are_refused_before_submission(tmp_path, o
     proc = run_cli("mode=check", *override.split(), run_dir=run, check=False)
     one_line_error(proc, message)
     assert not (run / "job.json").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_a_training_job_killed_at_one_rank_restarts_and_ends_with_the_uninterrupted_losses(tmp_path):
-    run = tmp_path / "run"
-    args = [sys.executable, "-m", "launcher", *TRAIN, *LOCAL, "launcher.max_restarts=1", f"hydra.run.dir={run}"]
-    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # Killed once its first checkpoint is saved: the restart resumes from it.
-        wait_for(lambda: (run / "checkpoints" / str(CHECKPOINT_EVERY)).exists(), 240, "the first checkpoint")
-        pid = json.loads((run / ".xlaunch" / "ranks" / "rank1.json").read_text())["pid"]
-        os.kill(pid, 9)
-        out, err = launcher.communicate(timeout=400)
-    finally:
-        launcher.kill()
-    assert launcher.returncode == 0, err
-    assert re.search(r"job \d+ failed \(rank 1 .*\); restarted as job \d+ \(restart 1 of at most "
-                     r"launcher.max_restarts=1\)", err), err
-    resumed, reference = read_result(run), read_result(uninterrupted())
-    assert resumed["losses"] == reference["losses"] and len(resumed["losses"]) == STEPS
-    assert resumed["resumed_from_step"] >= CHECKPOINT_EVERY
-    log = (run / "logs" / "rank1.log").read_text()
-    assert "=== restart 1 (restarted after: rank 1" in log
-    assert json.loads((run / "job.json").read_text())["restarts"] == 1
-    # Where the time went, over both attempts: the steps the first did past its checkpoint are lost.
-    t = resumed["time"]
-    assert t["attempts"] == 2 and t["lost_steps"] >= 1 and t["lost_s"] > 0 and 0 < t["goodput"] < 1
-    parts = ("queued_s", "startup_s", "compile_s", "steps_s", "checkpoint_s", "other_s")
-    assert all(t[k] >= 0 for k in parts) and t["steps_s"] > 0 and t["compile_s"] > 0
-    assert sum(t[k] for k in parts) <= t["wall_s"] * 1.05
-    status = run_cli("status", str(run)).stdout
-    assert re.search(r"^time +queued .* lost [\d.]+ s \(\d+ steps done again\); goodput \d+% of .*, 2 attempts$",
-                     status, re.M), status
 
 
 def test_on_slurm_launcher_max_restarts_also_bounds_requeues(tmp_path):

@@ -45,10 +45,12 @@ def placement(run: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-def test_check_runs_two_tasks_on_each_of_two_ray_nodes(ray_cluster, tmp_path):
+def test_check_runs_two_tasks_on_each_of_two_ray_nodes_through_ray_client(ray_cluster, tmp_path):
+    # ray://host:port, as a KubeRay head is reached from outside its Kubernetes cluster (the other
+    # tests name the head's own address).
     run = tmp_path / "run"
-    run_cli(*on_ray(ray_cluster, "mode=check", "cluster.nodes=2", "cluster.tasks_per_node=2",
-                    "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25"),
+    run_cli("cluster=ray", f"cluster.address={ray_cluster.client_address}", "mode=check", "cluster.nodes=2",
+            "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25",
             run_dir=run, env=ray_cluster.env, timeout=240)
     r = read_result(run)
     assert r["cluster"] == "ray" and r["num_processes"] == 4 and r["global_devices"] == 8
@@ -69,17 +71,6 @@ def test_check_runs_two_tasks_on_each_of_two_ray_nodes(ray_cluster, tmp_path):
     status = run_cli("status", str(run), env=ray_cluster.env).stdout
     assert "on ray (ray)" in status and "done: 8 devices, psum ok" in status
     assert run_cli("logs", "--rank", "3", str(run)).stdout == (run / "logs" / "rank3.log").read_text()
-
-
-@pytest.mark.timeout(300)
-def test_a_job_reaches_the_cluster_through_ray_client(ray_cluster, tmp_path):
-    # ray://host:port, as a KubeRay head is reached from outside its Kubernetes cluster.
-    run = tmp_path / "run"
-    run_cli("cluster=ray", f"cluster.address={ray_cluster.client_address}", "mode=check", "cluster.nodes=2",
-            "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1", "mode.allgather_mb=0.25",
-            run_dir=run, env=ray_cluster.env, timeout=240)
-    assert read_result(run)["num_processes"] == 2
-    assert len({p["node_id"] for p in placement(run)}) == 2
 
 
 @pytest.mark.timeout(400)

@@ -45,7 +45,7 @@ from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.ranks import ExplicitEnv
 
-INSTALL_HINT = "pip install 'xlaunch[ray]' (or pip install ray)"
+INSTALL_HINT = "pip install 'xlaunch[ray]' (or pip install 'ray[client]')"
 PLACEMENT_FILE = "ray_placement.json"  # in the submitit folder: which rank ran on which Ray node
 
 

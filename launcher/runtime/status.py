@@ -188,8 +188,15 @@ class RankReporter:
                     dump_stacks(self.run_dir, self.rank, HANG_REQUEST)
                     stacks = wait_for_stacks(self.run_dir, HANG_REQUEST, self.num_ranks, timeout_s=10)
                     quiet = max(quiet, hang_timeout_s)
-                    on_hang(f"no rank progressed for {quiet:.0f} s (launcher.hang_timeout_s={hang_timeout_s:g}): "
-                            f"{where_ranks_are(stacks, self.num_ranks)}")
+                    message = (f"no rank progressed for {quiet:.0f} s (launcher.hang_timeout_s={hang_timeout_s:g}): "
+                               f"{where_ranks_are(stacks, self.num_ranks)}")
+                    # Said by every rank before any ends: a rank's end ends its peers' JAX (the
+                    # coordination service aborts them), and the coordinator's, rank 0's, goes last.
+                    self.set("hung", message)
+                    _wait(lambda: all(st.state != "joined" for st, _ in read_statuses(self.run_dir).values()), 5)
+                    if self.rank == 0:
+                        time.sleep(0.5)
+                    on_hang(message)
                     return
                 reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank,
                                       awake_since=awake_since)
@@ -263,6 +270,12 @@ def read_stacks(run_dir: Path, request: float) -> dict[int, dict]:
         if d.get("request") == request:
             out[d["rank"]] = d
     return out
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def wait_for_stacks(run_dir: Path, request: float, num_ranks: int, timeout_s: float) -> dict[int, dict]:

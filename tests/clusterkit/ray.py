@@ -57,8 +57,11 @@ class LocalRay:
         return self
 
     def alive_nodes(self) -> list[dict]:
-        out = subprocess.run([sys.executable, "-m", "launcher.clusters.ray", "probe", self.address],
-                             capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        try:
+            out = subprocess.run([sys.executable, "-m", "launcher.clusters.ray", "probe", self.address],
+                                 capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        except subprocess.TimeoutExpired:
+            return []
         return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
 
     def _wait_for(self, count: int, timeout: float) -> None:

@@ -1,0 +1,52 @@
+"""A job whose rank is killed is restarted in its run dir (``launcher.max_restarts``, issue 36)
+and ends with the losses of the uninterrupted run (tests/train_reference.py), the time it took
+and lost accounted for."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.launch import REPO, read_result, run_cli
+from tests.test_operate import wait_for
+from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_training_job_killed_at_one_rank_restarts_and_ends_with_the_uninterrupted_losses(tmp_path):
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", *TRAIN, *LOCAL, "launcher.max_restarts=1", f"hydra.run.dir={run}"]
+    launcher = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Killed once its first checkpoint is saved: the restart resumes from it.
+        wait_for(lambda: (run / "checkpoints" / str(CHECKPOINT_EVERY)).exists(), 240, "the first checkpoint")
+        pid = json.loads((run / ".xlaunch" / "ranks" / "rank1.json").read_text())["pid"]
+        os.kill(pid, 9)
+        out, err = launcher.communicate(timeout=400)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    assert re.search(r"job \d+ failed \(rank 1 .*\); restarted as job \d+ \(restart 1 of at most "
+                     r"launcher.max_restarts=1\)", err), err
+    resumed, reference = read_result(run), read_result(uninterrupted())
+    assert resumed["losses"] == reference["losses"] and len(resumed["losses"]) == STEPS
+    assert resumed["resumed_from_step"] >= CHECKPOINT_EVERY
+    log = (run / "logs" / "rank1.log").read_text()
+    assert "=== restart 1 (restarted after: rank 1" in log
+    assert json.loads((run / "job.json").read_text())["restarts"] == 1
+    # Where the time went, over both attempts: the steps the first did past its checkpoint are lost.
+    t = resumed["time"]
+    assert t["attempts"] == 2 and t["lost_steps"] >= 1 and t["lost_s"] > 0 and 0 < t["goodput"] < 1
+    parts = ("queued_s", "startup_s", "compile_s", "steps_s", "checkpoint_s", "other_s")
+    assert all(t[k] >= 0 for k in parts) and t["steps_s"] > 0 and t["compile_s"] > 0
+    assert sum(t[k] for k in parts) <= t["wall_s"] * 1.05
+    status = run_cli("status", str(run)).stdout
+    assert re.search(r"^time +queued .* lost [\d.]+ s \(\d+ steps done again\); goodput \d+% of .*, 2 attempts$",
+                     status, re.M), status
+
