@@ -24,7 +24,8 @@ from tests.test_run import HEADER, assert_same_losses, log, losses, reference
 
 pytestmark = pytest.mark.slow
 
-ENDLESS = ["mode=train", "model=gpt-tiny", "mode.steps=100000", "cluster.cpu_devices_per_task=2"]
+# A job that runs until it is ended: a program that waits on its first run (no compile to pay).
+WAITS = ["mode=run", "mode.script=tests/programs/preempted.py", "cluster.cpu_devices_per_task=1"]
 
 
 @pytest.fixture(scope="module")
@@ -44,35 +45,6 @@ def placement(run: Path) -> list[dict]:
     return json.loads((run / "submitit" / "ray_placement.json").read_text())["ranks"]
 
 
-@pytest.mark.timeout(300)
-def test_check_runs_two_tasks_on_each_of_two_ray_nodes_through_ray_client(ray_cluster, tmp_path):
-    # ray://host:port, as a KubeRay head is reached from outside its Kubernetes cluster (the other
-    # tests name the head's own address).
-    run = tmp_path / "run"
-    run_cli("cluster=ray", f"cluster.address={ray_cluster.client_address}", "mode=check", "cluster.nodes=2",
-            "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25",
-            run_dir=run, env=ray_cluster.env, timeout=240)
-    r = read_result(run)
-    assert r["cluster"] == "ray" and r["num_processes"] == 4 and r["global_devices"] == 8
-    assert r["psum_ok"] is True and r["psum_value"] == 28.0
-    # One placement-group bundle per node: ranks 0-1 on one Ray node, 2-3 on the other.
-    ranks = placement(run)
-    nodes = [p["node_id"] for p in ranks]
-    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
-    assert {n["id"] for n in ray_cluster.alive_nodes()} == set(nodes)
-    for rank in range(4):
-        text = log(run, rank)
-        assert f"rank {rank}/4 (local {rank % 2}/2, node {rank // 2})" in text and "from explicit" in text
-    # submitit's view inside each task came from our job environment (the XLAUNCH_* variables).
-    job_id = json.loads((run / "job.json").read_text())["job_id"]
-    out = (run / "submitit" / f"{job_id}_3_log.out").read_text()
-    assert "local_rank=1(2), node=1(2), global_rank=3(4)" in out
-    # The status of a finished Ray job, and its logs, as on every backend.
-    status = run_cli("status", str(run), env=ray_cluster.env).stdout
-    assert "on ray (ray)" in status and "done: 8 devices, psum ok" in status
-    assert run_cli("logs", "--rank", "3", str(run)).stdout == (run / "logs" / "rank3.log").read_text()
-
-
 @pytest.mark.timeout(400)
 def test_a_training_script_gives_the_losses_it_gives_on_local_processes(ray_cluster, tmp_path):
     run = tmp_path / "run"
@@ -88,7 +60,7 @@ def test_a_training_script_gives_the_losses_it_gives_on_local_processes(ray_clus
 def test_a_killed_rank_is_named_within_seconds_and_a_cancel_stops_every_task(ray_cluster, tmp_path):
     # Killed: the waiting launcher names rank 1 and how it ended, and every task ends.
     run = tmp_path / "killed"
-    args = [sys.executable, "-m", "launcher", *on_ray(ray_cluster, *ENDLESS, "cluster.nodes=2",
+    args = [sys.executable, "-m", "launcher", *on_ray(ray_cluster, *WAITS, "cluster.nodes=2",
                                                     "cluster.tasks_per_node=1"), f"hydra.run.dir={run}"]
     launcher = subprocess.Popen(args, cwd=REPO, env={**os.environ, **ray_cluster.env}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -108,7 +80,7 @@ def test_a_killed_rank_is_named_within_seconds_and_a_cancel_stops_every_task(ray
 
     # Cancelled from another shell while nobody waits: every task ends, the run dir says so.
     run = tmp_path / "cancelled"
-    run_cli(*on_ray(ray_cluster, *ENDLESS, "cluster.nodes=2", "cluster.tasks_per_node=1", "launcher.wait=false"),
+    run_cli(*on_ray(ray_cluster, *WAITS, "cluster.nodes=2", "cluster.tasks_per_node=1", "launcher.wait=false"),
             run_dir=run, env=ray_cluster.env)
     wait_for(lambda: all(r["state"] == "joined" for r in state_of(run, REPO, ray_cluster.env)["ranks"]), 120,
              "both ranks joined")
@@ -146,7 +118,7 @@ def test_what_the_cluster_cannot_give_is_refused_before_submission_or_ends_the_j
     # Resources the cluster has, but other work holds: the job waits launcher.init_timeout_s for
     # its placement group, then ends saying what it waited for.
     holder = tmp_path / "holder"
-    run_cli(*on_ray(ray_cluster, *ENDLESS, "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpus_per_task=2",
+    run_cli(*on_ray(ray_cluster, *WAITS, "cluster.nodes=2", "cluster.tasks_per_node=1", "cluster.cpus_per_task=2",
                     "cluster.cpu_devices_per_task=1", "launcher.wait=false"), run_dir=holder, env=ray_cluster.env)
     try:
         wait_for(lambda: (holder / "submitit" / "ray_placement.json").exists(), 60, "the first job placed")
@@ -209,3 +181,32 @@ def test_a_stuck_rank_is_shown_and_the_job_ends(ray_cluster, tmp_path):
                    env=ray_cluster.env, check=False, timeout=240)
     line = next((line for line in proc.stderr.splitlines() if "the job hung" in line), proc.stderr)
     assert proc.returncode == 1 and RANK1.search(line) and OTHERS.search(line), proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_check_runs_two_tasks_on_each_of_two_ray_nodes_through_ray_client(ray_cluster, tmp_path):
+    # ray://host:port, as a KubeRay head is reached from outside its Kubernetes cluster (the other
+    # tests name the head's own address).
+    run = tmp_path / "run"
+    run_cli("cluster=ray", f"cluster.address={ray_cluster.client_address}", "mode=check", "cluster.nodes=2",
+            "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25",
+            run_dir=run, env=ray_cluster.env, timeout=240)
+    r = read_result(run)
+    assert r["cluster"] == "ray" and r["num_processes"] == 4 and r["global_devices"] == 8
+    assert r["psum_ok"] is True and r["psum_value"] == 28.0
+    # One placement-group bundle per node: ranks 0-1 on one Ray node, 2-3 on the other.
+    ranks = placement(run)
+    nodes = [p["node_id"] for p in ranks]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert {n["id"] for n in ray_cluster.alive_nodes()} == set(nodes)
+    for rank in range(4):
+        text = log(run, rank)
+        assert f"rank {rank}/4 (local {rank % 2}/2, node {rank // 2})" in text and "from explicit" in text
+    # submitit's view inside each task came from our job environment (the XLAUNCH_* variables).
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    out = (run / "submitit" / f"{job_id}_3_log.out").read_text()
+    assert "local_rank=1(2), node=1(2), global_rank=3(4)" in out
+    # The status of a finished Ray job, and its logs, as on every backend.
+    status = run_cli("status", str(run), env=ray_cluster.env).stdout
+    assert "on ray (ray)" in status and "done: 8 devices, psum ok" in status
+    assert run_cli("logs", "--rank", "3", str(run)).stdout == (run / "logs" / "rank3.log").read_text()

@@ -310,10 +310,25 @@ class _Task:
 _VISIBILITY = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
+def connect(addr: str, **kwargs: Any) -> None:
+    """``ray.init``; through Ray Client, tried three times: the head starts a server per client
+    connection, which a loaded head can be too slow to start within Ray's own wait."""
+    import ray  # noqa: PLC0415
+
+    for attempt in range(3 if addr.startswith("ray://") else 1):
+        try:
+            ray.init(address=addr, logging_level="ERROR", log_to_driver=False, **kwargs)
+            return
+        except (ConnectionError, RuntimeError):
+            if attempt == 2 or not addr.startswith("ray://"):
+                raise
+            time.sleep(5)
+
+
 def probe(addr: str) -> list[dict]:
     import ray  # noqa: PLC0415
 
-    ray.init(address=addr, logging_level="ERROR", log_to_driver=False)
+    connect(addr)
     try:
         return [{"id": n["NodeID"], "address": n["NodeManagerAddress"], "resources": n["Resources"]}
                 for n in ray.nodes() if n["Alive"]]
@@ -338,8 +353,7 @@ def drive(folder: Path, spec: dict) -> int:
     run_dir = folder.parent
     nodes, per_node = spec["nodes"], spec["tasks_per_node"]
     n = nodes * per_node
-    ray.init(address=spec["address"], runtime_env=spec["runtime_env"] or None, logging_level="ERROR",
-             log_to_driver=False)
+    connect(spec["address"], runtime_env=spec["runtime_env"] or None)
     pg = placement_group([spec["bundle"]] * nodes, strategy="STRICT_SPREAD", name=f"xlaunch-{job_id}")
     waited = time.monotonic()
     while not pg.wait(timeout_seconds=1):

@@ -57,7 +57,8 @@ class RankStatus:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary name per thread: a rank's heartbeat thread writes its status beside the main one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(obj))
     tmp.replace(path)  # readers never see half a file
 

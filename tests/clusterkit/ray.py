@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,12 @@ from pathlib import Path
 from launcher.clusters.base import free_port
 
 NODE_OPTIONS = ["--num-cpus=2", "--object-store-memory=200000000", "--block"]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class LocalRay:
@@ -50,7 +57,9 @@ class LocalRay:
     def start(self, timeout: float = 90) -> "LocalRay":
         self._ray("--head", f"--port={self.port}", f"--ray-client-server-port={self.client_port}",
                   "--include-dashboard=false", name="head")
-        self._wait_for(1, timeout)
+        deadline = time.monotonic() + timeout
+        while not _port_open(self.port) and time.monotonic() < deadline and self.procs[0].poll() is None:
+            time.sleep(0.2)  # the head's GCS answers: the other nodes may join now
         for i in range(1, self.nodes):
             self._ray(f"--address={self.address}", name=f"node{i}")
         self._wait_for(self.nodes, timeout)
