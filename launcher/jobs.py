@@ -284,15 +284,14 @@ def _ago(t: float) -> str:
 
 def stacks(run: Run, timeout_s: float = 15.0) -> dict[int, dict]:
     """Asks the running job's ranks for their stacks (each rank's heartbeat thread answers
-    through the run dir, so this works on every backend whose run dir this machine sees) and
-    returns the answers, by rank; UserError when the job is not running."""
+    through its run dir: this machine's, or a TPU worker's copy, asked and read through gcloud)
+    and returns the answers, by rank; UserError when the job is not running."""
     st = job_state(run)
     if st.state != "running":
         raise UserError(f"{run.path}: job {run.job_id} is not running ({st.state}" +
                         (f": {st.detail}" if st.detail else "") + "); only a running job's ranks can answer")
-    asked = status.request_stacks(run.path)
     live = [r.rank for r in st.ranks if r.state == "joined"]
-    answers = status.wait_for_stacks(run.path, asked, len(live) or run.ranks, timeout_s)
+    answers = run.cluster().stacks(len(live) or run.ranks, timeout_s)
     if not answers:
         raise UserError(f"{run.path}: no rank answered within {timeout_s:g} s (a rank answers once it has joined "
                         "jax.distributed; see xlaunch status)")

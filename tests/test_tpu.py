@@ -20,6 +20,7 @@ from launcher.clusters._tpu_worker import main, worker_identity
 from launcher.clusters.base import free_port
 from launcher.clusters.tpu import TpuExecutor
 from tests.launch import REPO, read_result, run_cli
+from tests.test_hang import OTHERS, RANK1
 
 STANDIN_BIN = REPO / "tests" / "clusterkit" / "bin"
 
@@ -183,3 +184,28 @@ def test_a_restart_makes_a_preempted_pod_again_and_clears_its_locks_first(tmp_pa
     assert calls[again + 3][5].startswith("--command={ sudo -n rm -f /tmp/libtpu_lockfile")
     assert not lock.exists() and json.loads((pod / "state.json").read_text())["pod"] == "READY"
     assert "=== restart 1 (restarted after:" in (run / "logs" / "rank1.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_xlaunch_stacks_reaches_the_workers_of_a_running_pod(tmp_path):
+    code, pod, run = tmp_path / "code", tmp_path / "pod", tmp_path / "2030-01-01" / "run"
+    code.mkdir()
+    (code / "hang.py").write_text((REPO / "tests" / "programs" / "hang.py").read_text())
+    env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
+           "XLAUNCH_STANDIN_TPU_WORKERS": "2", "PYTHONPATH": str(REPO)}
+    run_cli("mode=run", f"mode.code_dir={code}", "mode.script=hang.py", "cluster=tpu", "cluster.tpu_name=pod-a",
+            "cluster.nodes=2", "cluster.accelerator=cpu", "cluster.cpu_devices_per_task=1",
+            f"cluster.remote_python={sys.executable}", f"launcher.coordinator_port={free_port()}",
+            "launcher.wait=false", run_dir=run, env=env)
+    log0 = pod / "worker0" / "xlaunch-runs" / "2030-01-01" / "run" / "logs" / "rank0.log"
+    try:
+        deadline = time.monotonic() + 120
+        while not (log0.exists() and "step 2 " in log0.read_text()):
+            assert time.monotonic() < deadline, "the three steps never came"
+            time.sleep(0.5)
+        time.sleep(1)  # rank 1 reaches its sleep
+        out = run_cli("stacks", str(run), env=env).stdout
+        assert RANK1.search(out) and OTHERS.search(out), out
+    finally:
+        run_cli("cancel", str(run), env=env, check=False)

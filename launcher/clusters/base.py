@@ -36,7 +36,7 @@ from submitit.core import job_environment
 from launcher import clusters
 from launcher.containers import python_command
 from launcher.errors import UserError
-from launcher.runtime import ranks
+from launcher.runtime import ranks, status
 from launcher.clusters.config import ClusterConfig
 
 
@@ -143,6 +143,12 @@ class Cluster:
 
     def prepare_restart(self, executor: submitit.Executor) -> None:
         """Called before the job is submitted again (launcher.max_restarts). Here: nothing."""
+
+    def stacks(self, num_ranks: int, timeout_s: float) -> dict[int, dict]:
+        """Asks the running job's ranks for their stacks (``xlaunch stacks``) and returns their
+        answers, by rank. Here: through the run dir, which the ranks see."""
+        asked = status.request_stacks(self.run_dir)
+        return status.wait_for_stacks(self.run_dir, asked, num_ranks, timeout_s)
 
     # -- a job submitted earlier, by its id ---------------------------------------------------
     def scheduled(self, job_id: str) -> Scheduled:

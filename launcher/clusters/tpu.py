@@ -20,10 +20,13 @@ submitting machine's path means nothing there. Each worker needs the same Python
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
+import time
 import typing as tp
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,7 @@ from launcher.clusters._shell import one_line, operand
 from launcher.clusters.base import Cluster, RankJobEnvironment
 from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.errors import UserError
+from launcher.runtime import status
 from launcher.runtime.program import CODE_DIR_ENV
 from launcher.runtime.ranks import TpuEnv
 
@@ -127,6 +131,32 @@ class TpuCluster(Cluster):
         return {"accelerator_type": operand("cluster.accelerator_type", c.accelerator_type),
                 "runtime_version": operand("cluster.runtime_version", c.runtime_version), "spot": bool(c.spot),
                 "queued_resource": operand("cluster.queued_resource", c.queued_resource) if c.queued_resource else None}
+
+    def stacks(self, num_ranks: int, timeout_s: float) -> dict[int, dict]:
+        """The workers keep their run dirs until the job ends: the request is written into each
+        worker's copy (gcloud ssh), and the answers are copied back (gcloud scp) until all came."""
+        c = self.cfg.cluster
+        gcloud = [c.gcloud, "compute", "tpus", "tpu-vm"]
+        flags = [f"--zone={c.zone}"] if c.zone else []
+        flags += [f"--project={c.project}"] if c.project else []
+        remote, name = self.remote_run_dir(), c.tpu_name
+        asked = time.time()
+        ask = (f"mkdir -p {shlex.quote(remote)}/.xlaunch && echo " + shlex.quote(json.dumps({"time": asked})) +
+               f" > {shlex.quote(remote)}/.xlaunch/{status.STACKS_REQUEST}")
+        subprocess.run([*gcloud, "ssh", name, f"--command={ask}", *flags, "--worker=all"], check=True,
+                       capture_output=True, timeout=120)
+        back = self.run_dir / status.STATUS_DIR / "workers"
+        deadline = time.monotonic() + timeout_s
+        answers: dict[int, dict] = {}
+        while len(answers) < num_ranks and time.monotonic() < deadline:
+            time.sleep(1)
+            for worker in range(c.nodes):
+                into = back / str(worker)
+                into.mkdir(parents=True, exist_ok=True)
+                subprocess.run([*gcloud, "scp", "--recurse", f"{name}:{remote}/{status.STATUS_DIR}/{status.STACKS_DIR}",
+                                str(into), *flags, f"--worker={worker}"], capture_output=True, timeout=120)
+                answers.update(status.read_stacks(into, asked, here=True))
+        return answers
 
     def prepare_restart(self, executor: "TpuExecutor") -> None:
         # A restart often follows a preemption: the script first asks gcloud for the pod's state

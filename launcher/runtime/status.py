@@ -260,10 +260,11 @@ def dump_stacks(run_dir: Path, rank: int, request: float) -> None:
                                          "where": _where(stack), "stack": stack})
 
 
-def read_stacks(run_dir: Path, request: float) -> dict[int, dict]:
-    """The ranks' answers to ``request``, by rank."""
+def read_stacks(run_dir: Path, request: float, here: bool = False) -> dict[int, dict]:
+    """The ranks' answers to ``request``, by rank (``here``: ``run_dir`` is the folder of answers itself)."""
     out = {}
-    for p in (Path(run_dir) / STATUS_DIR / STACKS_DIR).glob("rank*.json"):
+    folder = Path(run_dir) if here else Path(run_dir) / STATUS_DIR / STACKS_DIR
+    for p in folder.glob("**/rank*.json" if here else "rank*.json"):
         try:
             d = json.loads(p.read_text())
         except (OSError, ValueError):
