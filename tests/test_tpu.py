@@ -141,14 +141,21 @@ def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypat
         assert "Loading pickle" in (run / "submitit" / f"{job.job_id}_{w}_log.out").read_text()
 
 
+def _pod_running(program: str, tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A stand-in pod of 2 workers, and a code dir holding one of tests/programs: (pod, run dir, env)."""
+    code, pod, run = tmp_path / "code", tmp_path / "pod", tmp_path / "2030-01-01" / "run"
+    code.mkdir()
+    (code / program).write_text((REPO / "tests" / "programs" / program).read_text())
+    env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
+           "XLAUNCH_STANDIN_TPU_WORKERS": "2", "PYTHONPATH": str(REPO)}
+    return pod, run, env
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_restart_makes_a_preempted_pod_again_and_clears_its_locks_first(tmp_path):
-    code, pod, run = tmp_path / "code", tmp_path / "pod", tmp_path / "2030-01-01" / "run"
-    code.mkdir()
-    (code / "preempted.py").write_text((REPO / "tests" / "programs" / "preempted.py").read_text())
-    env = {**os.environ, "PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
-           "XLAUNCH_STANDIN_TPU_WORKERS": "2", "PYTHONPATH": str(REPO)}
+    pod, run, env = _pod_running("preempted.py", tmp_path)
+    code, env = tmp_path / "code", {**os.environ, **env}
     args = [sys.executable, "-m", "launcher", "mode=run", f"mode.code_dir={code}", "mode.script=preempted.py",
             "cluster=tpu", "cluster.tpu_name=pod-a", "cluster.nodes=2", "cluster.accelerator=cpu",
             "cluster.cpu_devices_per_task=1", f"cluster.remote_python={sys.executable}",
@@ -189,11 +196,8 @@ def test_a_restart_makes_a_preempted_pod_again_and_clears_its_locks_first(tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_xlaunch_stacks_reaches_the_workers_of_a_running_pod(tmp_path):
-    code, pod, run = tmp_path / "code", tmp_path / "pod", tmp_path / "2030-01-01" / "run"
-    code.mkdir()
-    (code / "hang.py").write_text((REPO / "tests" / "programs" / "hang.py").read_text())
-    env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", "XLAUNCH_STANDIN_TPU_ROOT": str(pod),
-           "XLAUNCH_STANDIN_TPU_WORKERS": "2", "PYTHONPATH": str(REPO)}
+    pod, run, env = _pod_running("hang.py", tmp_path)
+    code = tmp_path / "code"
     run_cli("mode=run", f"mode.code_dir={code}", "mode.script=hang.py", "cluster=tpu", "cluster.tpu_name=pod-a",
             "cluster.nodes=2", "cluster.accelerator=cpu", "cluster.cpu_devices_per_task=1",
             f"cluster.remote_python={sys.executable}", f"launcher.coordinator_port={free_port()}",
