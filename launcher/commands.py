@@ -87,8 +87,7 @@ def main(argv: list[str]) -> int:
 def _status(args: argparse.Namespace) -> int:
     run = jobs.run_or_latest(args.run)
     st = jobs.job_state(run)
-    spent = timing.summary(run.path, now=None if st.state in ("running", "queued", "requeued") else
-                           max([a.get("ended") or 0.0 for a in timing.attempts(run.path)] or [0.0]) or None)
+    spent = timing.summary(run.path, ended=st.finished)
     if args.json:
         print(json.dumps({"run_dir": str(run.path), "job_id": run.job_id, "backend": run.backend,
                           "mode": run.mode, "cluster": run.cluster_name, **st.to_json(), "time": spent}))

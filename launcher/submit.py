@@ -14,7 +14,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import console
-from launcher.clusters.base import Cluster, wait_until
+from launcher.clusters.base import Cluster
 from launcher.console import seconds
 from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
@@ -143,7 +143,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                                 f"what it wrote is in {run_dir}")
             if reason:
                 if reason.startswith("the job hung"):  # each rank says so itself, a moment apart: let them
-                    wait_until(lambda: all(st.state != "joined" for st, _ in status.read_statuses(run_dir).values()), 5)
+                    status.wait_until(lambda: all(st.state != "joined" for st, _ in status.read_statuses(run_dir).values()), 5)
                 cluster.cancel(job)
                 nxt = again(reason)
                 if nxt is not None:
@@ -154,7 +154,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
             view.update(status.read_progress(run_dir), _phase(statuses, n, watch["attempt"]))
             if job.done():
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
-                reason = _ended_badly(job, cfg, run_dir) if restartable else ""
+                reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
                 nxt = again(reason) if reason else None
                 if nxt is None:
                     break
@@ -167,7 +167,8 @@ def _failing(run_dir: Path, lc: DictConfig, n: int, statuses: dict, first_seen: 
              awake_since: float) -> str:
     """Why the running job cannot go on ("" if it can): a rank failed, went silent, hung, or
     never started within launcher.init_timeout_s of the first."""
-    reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since)
+    reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since,
+                                 statuses=statuses)
     if not reason and first_seen is not None and time.time() - max(first_seen, awake_since) > lc.init_timeout_s + 5:
         missing = sorted(set(range(n)) - set(statuses))
         if missing:
@@ -178,33 +179,31 @@ def _failing(run_dir: Path, lc: DictConfig, n: int, statuses: dict, first_seen: 
 
 def _result(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The ended job's result.json, or JobFailed (UserError for bad input) saying why there is none."""
+    reason, ran = _ended_badly(job, cfg, run_dir)
+    if reason and ran:  # submitit says the job failed: a task's bad input, or the rank named with its log
+        _raise_refusal(run_dir)
+        reason = _with_log_tail(reason, run_dir)
+    if reason:
+        raise JobFailed(reason)
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
+    """Why a job that has ended has no result ("" if it has one), and whether its tasks ran and
+    failed (False: none started, or they ended without a result.json)."""
     # A job that ended before any rank started (an image that cannot start) has no result for
     # submitit to wait for (it waits about 15 s for one): say why at once.
     reason = never_started(cfg, run_dir)
     if reason:
-        raise JobFailed(reason)
+        return reason, False
     try:
         job.results()
-    except Exception as e:  # submitit says the job failed: name the rank if we can
-        _raise_refusal(run_dir)
-        reason = status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
-        raise JobFailed(_with_log_tail(reason, run_dir)) from None
+    except Exception as e:  # noqa: BLE001 - any failure submitit reports is a failed job: name the rank if we can
+        return status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}", True
     result_path = run_dir / "result.json"
     if not result_path.exists():
-        raise JobFailed(f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}")
-    return json.loads(result_path.read_text())
-
-
-def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> str:
-    """Why a job that has ended failed ("" if it did not): what the launcher would report."""
-    reason = never_started(cfg, run_dir)
-    if reason:
-        return reason
-    try:
-        job.results()
-    except Exception as e:  # noqa: BLE001 - any failure submitit reports is a failed job
-        return status.peer_failure(run_dir, float("inf"), float("inf")) or f"job {job.job_id} failed: {e}"
-    return "" if (run_dir / "result.json").exists() else f"job {job.job_id} finished but wrote no result.json"
+        return f"job {job.job_id} finished but wrote no {result_path}; see the logs in {run_dir / 'logs'}", False
+    return "", False
 
 
 def never_started(cfg: DictConfig, run_dir: Path) -> str:

@@ -24,7 +24,6 @@ import random
 import shlex
 import signal
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,10 +33,11 @@ from omegaconf import DictConfig
 from submitit.core import job_environment
 
 from launcher import clusters
+from launcher.clusters.config import ClusterConfig
 from launcher.containers import python_command
 from launcher.errors import UserError
 from launcher.runtime import ranks, status
-from launcher.clusters.config import ClusterConfig
+from launcher.runtime.status import wait_until
 
 
 # Names the module of a backend outside the package in its tasks' environment.
@@ -96,10 +96,9 @@ class Cluster:
     def of(cluster: Any) -> type["Cluster"]:
         """The class of a cluster config's backend (``cluster.backend``), its module imported
         first when it lives outside launcher/clusters (``cluster.module``)."""
-        module = cluster.get("module") if hasattr(cluster, "get") else None
+        module = cluster.get("module")
         registry = backends(module)
-        backend = cluster.get("backend") if hasattr(cluster, "get") else cluster
-        backend = getattr(backend, "value", backend)
+        backend = cluster.get("backend")
         if backend not in registry:
             where = f" (cluster.module={module} defines none by that name)" if module else ""
             raise UserError(f"cluster.backend={backend}: no such backend{where}; known: {', '.join(sorted(registry))}")
@@ -220,15 +219,6 @@ def job_process_alive(pid: int, run_dir: Path) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X") and str(run_dir) in cmdline
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval_s)
-    return True
 
 
 def free_port() -> int:

@@ -23,7 +23,6 @@ Ray, and the submitting python needs Ray only when ``cluster=ray`` is chosen.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -268,10 +267,12 @@ def unplaceable(need: dict[str, float], count: int, nodes: list[dict]) -> str:
 
 # --- the driver: run by the job script on this machine --------------------------------------------
 
-def _die_with_parent() -> None:
-    """In the task process: ends it (SIGKILL) when its Ray worker dies (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Run before the task's own command, in its process: asks Linux to SIGKILL it when its Ray worker
+# dies (PR_SET_PDEATHSIG, kept across exec), then becomes the command. Not a preexec_fn: the
+# actor runs its methods on threads, where preexec_fn is unsafe.
+_DIE_WITH_PARENT = ("import ctypes, os, sys\n"
+                    "try:\n    ctypes.CDLL('libc.so.6').prctl(1, 9)\nexcept Exception:\n    pass\n"
+                    "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 class _Task:
@@ -290,14 +291,14 @@ class _Task:
             stderr: str) -> int:
         """Runs ``<python> <args>`` (python: this Ray worker's own when None) to its end, in
         ``cwd`` (None: the worker's own, Ray's copy of a runtime_env working_dir)."""
-        argv = (shlex.split(python) if python else [sys.executable]) + args
+        task = (shlex.split(python) if python else [sys.executable]) + args
+        argv = [sys.executable, "-c", _DIE_WITH_PARENT, *task]
         full = {k: v for k, v in os.environ.items() if k not in _VISIBILITY}
         full.update(env)
         if cwd is None:  # the task's code is Ray's copy (mode=run reads it from there)
             full["XLAUNCH_CODE_DIR"] = os.getcwd()
         with open(stdout, "a") as out, open(stderr, "a") as err:
-            self.process = subprocess.Popen(argv, env=full, cwd=cwd, stdout=out, stderr=err,
-                                            preexec_fn=_die_with_parent)
+            self.process = subprocess.Popen(argv, env=full, cwd=cwd, stdout=out, stderr=err)
             return self.process.wait()
 
     def signal(self, signum: int) -> None:

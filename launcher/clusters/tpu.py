@@ -136,10 +136,9 @@ class TpuCluster(Cluster):
         """The workers keep their run dirs until the job ends: the request is written into each
         worker's copy (gcloud ssh), and the answers are copied back (gcloud scp) until all came."""
         c = self.cfg.cluster
-        gcloud = [c.gcloud, "compute", "tpus", "tpu-vm"]
-        flags = [f"--zone={c.zone}"] if c.zone else []
-        flags += [f"--project={c.project}"] if c.project else []
-        remote, name = self.remote_run_dir(), c.tpu_name
+        gcloud = [operand("cluster.gcloud", c.gcloud), "compute", "tpus", "tpu-vm"]
+        flags = gcloud_flags(c.zone, c.project)
+        remote, name = self.remote_run_dir(), operand("cluster.tpu_name", c.tpu_name)
         asked = time.time()
         ask = (f"mkdir -p {shlex.quote(remote)}/.xlaunch && echo " + shlex.quote(json.dumps({"time": asked})) +
                f" > {shlex.quote(remote)}/.xlaunch/{status.STACKS_REQUEST}")
@@ -182,6 +181,12 @@ class TpuJobEnvironment(RankJobEnvironment):
         return (env.hosts() if env.present() else []) or [self.hostname]
 
 
+def gcloud_flags(zone: tp.Optional[str], project: tp.Optional[str]) -> list[str]:
+    """The flags naming the pod's zone and project in every gcloud call (none: gcloud's defaults)."""
+    flags = [f"--zone={operand('cluster.zone', zone)}"] if zone else []
+    return flags + ([f"--project={operand('cluster.project', project)}"] if project else [])
+
+
 class TpuExecutor(ScriptExecutor):
     """Runs a submitit job once per worker of a TPU VM pod. Parameters: workers, timeout_min,
     setup (shell lines run on each worker before the task), check_pod (first ask gcloud for the
@@ -205,8 +210,7 @@ class TpuExecutor(ScriptExecutor):
         self.remote_run_dir = operand("cluster.remote_dir", remote_run_dir)
         self.python = operand("cluster.remote_python", python)
         self.gcloud = operand("cluster.gcloud", gcloud)
-        self.flags = [f"--zone={operand('cluster.zone', zone)}"] if zone else []
-        self.flags += [f"--project={operand('cluster.project', project)}"] if project else []
+        self.flags = gcloud_flags(zone, project)
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.folder.name):
             raise ValueError(f"TpuExecutor: folder name {self.folder.name!r} must be a plain name (letters, digits, ._-)")
 

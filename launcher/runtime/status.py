@@ -15,11 +15,15 @@ requeued, not because they failed) are not read as the job's.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
+import sys
+import sysconfig
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -182,9 +186,10 @@ class RankReporter:
                     # This attempt is being requeued: its ranks end as SLURM stops them, and
                     # ending one first would fail the job step before the requeue is through.
                     return
+                statuses = read_statuses(self.run_dir)  # read once a beat: on a shared file system, N files
                 # A peer found the job hung and dumped its stacks: so does this rank, at once.
                 hang = on_hang is not None and read_stacks(self.run_dir, HANG_REQUEST)
-                quiet = hung_for(self.run_dir, awake_since)
+                quiet = hung_for(statuses, awake_since)
                 if hang or (on_hang is not None and quiet > hang_timeout_s):
                     dump_stacks(self.run_dir, self.rank, HANG_REQUEST)
                     stacks = wait_for_stacks(self.run_dir, HANG_REQUEST, self.num_ranks, timeout_s=10)
@@ -194,13 +199,13 @@ class RankReporter:
                     # Said by every rank before any ends: a rank's end ends its peers' JAX (the
                     # coordination service aborts them), and the coordinator's, rank 0's, goes last.
                     self.set("hung", message)
-                    _wait(lambda: all(st.state != "joined" for st, _ in read_statuses(self.run_dir).values()), 5)
+                    wait_until(lambda: all(st.state != "joined" for st, _ in read_statuses(self.run_dir).values()), 5)
                     if self.rank == 0:
                         time.sleep(0.5)
                     on_hang(message)
                     return
                 reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank,
-                                      awake_since=awake_since)
+                                      awake_since=awake_since, statuses=statuses)
                 if reason:
                     on_peer_failure(reason)
                     return
@@ -244,10 +249,6 @@ def dump_stacks(run_dir: Path, rank: int, request: float) -> None:
     """This process's Python stacks, every thread's: in full into its log (stderr is the log),
     and where its main thread is into ``.xlaunch/stacks/rank<N>.json``. Run from the heartbeat
     thread: the main thread may be blocked inside XLA (which releases the GIL while it waits)."""
-    import faulthandler  # noqa: PLC0415  only a dump needs it
-    import sys  # noqa: PLC0415
-    import traceback  # noqa: PLC0415
-
     sys.stderr.write(f"=== xlaunch: the stacks of rank {rank}'s threads, "
                      f"{'no rank progressing' if request == HANG_REQUEST else 'as asked (xlaunch stacks)'} ===\n")
     sys.stderr.flush()
@@ -274,10 +275,14 @@ def read_stacks(run_dir: Path, request: float, here: bool = False) -> dict[int, 
     return out
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
+    """Polls ``predicate`` until it holds (True) or ``timeout_s`` passes (False)."""
     deadline = time.monotonic() + timeout_s
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+    return True
 
 
 def wait_for_stacks(run_dir: Path, request: float, num_ranks: int, timeout_s: float) -> dict[int, dict]:
@@ -322,20 +327,13 @@ def _where(stack: list) -> str:
     return f"at {Path(filename).name}:{line} in {name}" + (f" ({code})" if code else "")
 
 
-def _stdlib() -> str:
-    import sysconfig  # noqa: PLC0415
-
-    return str(Path(sysconfig.get_paths()["stdlib"]).resolve())
+_STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 
-_STDLIB = _stdlib()
-
-
-def hung_for(run_dir: Path, awake_since: float = 0.0) -> float:
+def hung_for(statuses: dict[int, tuple[RankStatus, float]], awake_since: float = 0.0) -> float:
     """How long no rank of the job has progressed (0 unless every rank has joined and none
-    has ended): the age of the latest progress any rank reported, counted from ``awake_since``
-    at the earliest (``StallClock``)."""
-    statuses = read_statuses(run_dir)
+    has ended), from its statuses (``read_statuses``): the age of the latest progress any rank
+    reported, counted from ``awake_since`` at the earliest (``StallClock``)."""
     if not statuses or any(st.state != "joined" for st, _ in statuses.values()):
         return 0.0
     latest = max(max(st.progress, st.time) for st, _ in statuses.values())
@@ -372,12 +370,14 @@ class StallClock:
 
 
 def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, exclude: int = -1,
-                 awake_since: float = 0.0) -> str:
+                 awake_since: float = 0.0, statuses: dict[int, tuple[RankStatus, float]] | None = None) -> str:
     """Why the job cannot go on ("" if it can): a rank that failed, went silent after joining,
     or has not joined within the initialisation timeout. Silence and lateness count from
-    ``awake_since`` at the earliest (``StallClock``)."""
+    ``awake_since`` at the earliest (``StallClock``). ``statuses``: ``read_statuses``'s, when the
+    caller has read them already."""
     since = time.time() - awake_since
-    statuses = {r: (st, min(age, since)) for r, (st, age) in read_statuses(run_dir).items() if r != exclude}
+    read = read_statuses(run_dir) if statuses is None else statuses
+    statuses = {r: (st, min(age, since)) for r, (st, age) in read.items() if r != exclude}
     hung = [st for _, (st, _) in sorted(statuses.items()) if st.state == "hung"]
     if hung:  # every rank says the same: where each one was
         return f"the job hung: {hung[0].message}"

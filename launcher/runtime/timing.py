@@ -89,11 +89,14 @@ def attempts(run_dir: Path) -> list[dict]:
     return out
 
 
-def summary(run_dir: Path, now: float | None = None, step_times: list[float] | None = None) -> dict | None:
-    """The job's time over all its attempts so far (None before rank 0 has started)."""
+def summary(run_dir: Path, step_times: list[float] | None = None, ended: bool = False) -> dict | None:
+    """The job's time over all its attempts so far (None before rank 0 has started). An attempt
+    that has not said it ended counts to now, or, once the job has ended (``ended``: a rank 0
+    killed says nothing), to the last end any attempt recorded."""
     runs = attempts(run_dir)
     if not runs:
         return None
+    now = (max(a.get("ended") or 0.0 for a in runs) or None) if ended else None
     now = time.time() if now is None else now
 
     def span(a: dict, start: str, stop: str) -> float:

@@ -37,7 +37,7 @@ def run(ctx) -> dict:
     # What a checkpoint must share with this run to be resumed from (runtime/checkpoint.py).
     fingerprint = {"model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
                    "plan": {**plan.to_dict(), "mesh_shape": mesh_shape}, "optimizer": opts, "seed": cfg.seed}
-    clock = ctx.clock if ctx.clock is not None else _NoClock()
+    clock = ctx.clock
     t = time.perf_counter()
     ckpts, times = _resume(ctx, cfg, trainer, fingerprint)
     clock.add("checkpoint_s", time.perf_counter() - t)  # restoring
@@ -129,14 +129,6 @@ class _StepsSeen:
     def advance(self, *args, **kwargs) -> None:
         self.bar.advance(*args, **kwargs)
         self.clock.progressed(self.trainer.step_no)
-
-
-class _NoClock:
-    def add(self, *args, **kwargs) -> None: ...
-
-    def set(self, **kwargs) -> None: ...
-
-    def progressed(self, step: int) -> None: ...
 
 
 def _traced_steps(trainer, n: int, bar) -> list:
