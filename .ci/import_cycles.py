@@ -4,8 +4,8 @@ Every ``import`` and ``from ... import`` statement anywhere in a module's source
 module level or inside a function, class or ``if TYPE_CHECKING:`` block: a lazy import still
 ties two modules together, and a cycle through one only waits for the first call that closes
 it. ``models/`` is reached as ``launcher.models`` (pyproject.toml says why). An import names
-its target module: ``from launcher.cfp import options`` is an edge to ``launcher.cfp.options``
-when that is a module, else to the package ``launcher.cfp``. A package's own ``__init__`` is
+its target module: ``from launcher.sharding import options`` is an edge to ``launcher.sharding.options``
+when that is a module, else to the package ``launcher.sharding``. A package's own ``__init__`` is
 not an edge of every import beneath it (Python already holds a package that is importing).
 
 Run from the repository's top: ``python .ci/import_cycles.py``. Prints each cycle found (one

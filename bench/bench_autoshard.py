@@ -48,10 +48,10 @@ def worker(name: str, store: str, iterations: int, repeats: int) -> dict:
     import jax
 
     sys.path.insert(0, str(REPO))
-    from launcher.cfp.apply import constrained_step
-    from launcher.cfp.autoshard import autoshard
-    from launcher.cfp.search.measure import StepRunner, baseline_runner, race
-    from launcher.cfp.user_step import step_program
+    from launcher.sharding.apply import constrained_step
+    from launcher.sharding.autoshard import autoshard
+    from launcher.sharding.search.measure import StepRunner, baseline_runner, race
+    from launcher.sharding.user_step import step_program
     from tests import user_programs
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)

@@ -49,18 +49,18 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     from bench_cfp_analysis import tiny_model
 
     from launcher import jaxcompat
-    from launcher.cfp import pipeline
-    from launcher.cfp.options import ProfileOptions
-    from launcher.cfp.profile.candidates import CandidateLoop
-    from launcher.cfp.profile.keys import StoreKeys
-    from launcher.cfp.profile.programs import whole_overhead_entry
-    from launcher.cfp.profile.quiet import counts
-    from launcher.cfp.profile.store import ProfileStore
-    from launcher.cfp.profile.timing import CacheFlush, Timer
-    from launcher.cfp.search.comm import collectives
-    from launcher.cfp.search.dp import predict, search
-    from launcher.cfp.search.measure import plan_runner, race
-    from launcher.cfp.search.nearest import nearest_plans
+    from launcher.sharding import pipeline
+    from launcher.sharding.options import ProfileOptions
+    from launcher.sharding.profile.candidates import CandidateLoop
+    from launcher.sharding.profile.keys import StoreKeys
+    from launcher.sharding.profile.programs import whole_overhead_entry
+    from launcher.sharding.profile.quiet import counts
+    from launcher.sharding.profile.store import ProfileStore
+    from launcher.sharding.profile.timing import CacheFlush, Timer
+    from launcher.sharding.search.comm import collectives
+    from launcher.sharding.search.dp import predict, search
+    from launcher.sharding.search.measure import plan_runner, race
+    from launcher.sharding.search.nearest import nearest_plans
 
     model = tiny_model(name)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
@@ -82,7 +82,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     # Every unit program the plans use, compiled once: units of one kind share the program of
     # their first instance (as the profile pass times them).
     loop = CandidateLoop(a, mesh, ProfileStore(store), StoreKeys(a, mesh, cold), Timer(1, 20), prof.units,
-                         overlap=False, log=log)
+                         ProfileOptions.exhaustive(overlap_compile=False), log=log)
     programs, unit_stats, first = {}, {}, loop.first
     for plan in plans.values():
         for u, c in combos(plan):

@@ -40,7 +40,7 @@ def tiny_model(name: str, **overrides):
 
 
 def analyse(model, mesh_shape):
-    from launcher.cfp import pipeline
+    from launcher.sharding import pipeline
 
     analyzed = pipeline.analyze(model, mesh_shape=mesh_shape)
     return analyzed.analysis, analyzed.seconds

@@ -3,7 +3,7 @@
     python bench/bench_cfp_ilp.py [--models gpt bert ...] [--iterations 10] [--repeats 10]
 
 The paper's headline compares CFP with Alpa: up to 1.51x (GPT), 1.31x (LLaMA) and 3.43x (MoE).
-Alpa's intra-operator pass is re-built here as ``launcher/cfp/ilp/`` (an ILP over one strategy
+Alpa's intra-operator pass is re-built here as ``launcher/sharding/ilp/`` (an ILP over one strategy
 per contraction, priced by collectives calibrated on the mesh, solved by HiGHS). For each model
 (every ``conf/model/<name>-tiny.yaml`` whose schema ``models/configs.py`` has: gpt, bert,
 llama2, moe, and CFP's own workloads cfp-gpt, cfp-llama, cfp-moe), in its own process with 8
@@ -57,13 +57,13 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_analysis import tiny_model
     from bench_cfp_search import paired
 
-    from launcher.cfp import pipeline
-    from launcher.cfp.ilp.plan import from_blocks, ilp_plan
-    from launcher.cfp.options import ProfileOptions, SearchOptions
-    from launcher.cfp.profile.quiet import counts
-    from launcher.cfp.profile.store import ProfileStore
-    from launcher.cfp.search.dp import search
-    from launcher.cfp.search.measure import baseline_runners, plan_runner, race
+    from launcher.sharding import pipeline
+    from launcher.sharding.ilp.plan import from_blocks, ilp_plan
+    from launcher.sharding.options import ProfileOptions, SearchOptions
+    from launcher.sharding.profile.quiet import counts
+    from launcher.sharding.profile.store import ProfileStore
+    from launcher.sharding.search.dp import search
+    from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)

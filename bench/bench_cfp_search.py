@@ -39,7 +39,7 @@ noisy; the file records every repeat so the spread can be judged.
                                      [--profile-repeats 10] [--early-stop-ratio 1.5]
 
 profiles instead each model with and without CFP's profiling shortcuts
-(``launcher/cfp/profile/candidates.py``), each profile in a process of its own on a fresh store
+(``launcher/sharding/profile/candidates.py``), each profile in a process of its own on a fresh store
 (nothing reused, no compilation cached in the process): *none* (every combination timed in
 full); *none again* (the same a second time: how far two full profiles differ on this machine,
 the floor every other comparison sits on); *early stop* (``--early-stop-ratio``, mode=profile's
@@ -105,11 +105,11 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     sys.path.insert(0, str(REPO / "bench"))
     from bench_cfp_analysis import tiny_model
 
-    from launcher.cfp import pipeline
-    from launcher.cfp.options import ProfileOptions, SearchOptions
-    from launcher.cfp.profile.quiet import counts
-    from launcher.cfp.search.dp import predict, search
-    from launcher.cfp.search.measure import baseline_runners, plan_runner, race
+    from launcher.sharding import pipeline
+    from launcher.sharding.options import ProfileOptions, SearchOptions
+    from launcher.sharding.profile.quiet import counts
+    from launcher.sharding.search.dp import predict, search
+    from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 
     model = tiny_model(name)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
@@ -225,9 +225,9 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
     sys.path.insert(0, str(REPO / "bench"))
     from bench_cfp_analysis import tiny_model
 
-    from launcher.cfp import pipeline
-    from launcher.cfp.options import ProfileOptions
-    from launcher.cfp.search.dp import predict, search
+    from launcher.sharding import pipeline
+    from launcher.sharding.options import ProfileOptions
+    from launcher.sharding.search.dp import predict, search
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)
@@ -370,45 +370,51 @@ def users_worker(spec: str) -> dict:
     import launcher
     from hydra.utils import instantiate
 
-    from launcher.cfp import pipeline
-    from launcher.cfp.options import ILP_BASELINE
-    from launcher.cfp.search.measure import paired_over, paired_ratios, plan_runner
-    from launcher.modes.search import ilp_options, search_options
+    from launcher.sharding import pipeline
+    from launcher.sharding.algorithms.base import Algorithm, Hooks
+    from launcher.sharding.search.measure import paired_over, paired_ratios, plan_runner
+    from launcher.modes.search import algorithm_of
 
     ctx = launcher.context()
     s = json.loads(Path(spec).read_text())
     cfg = s["mode"]
-    options = search_options(cfg, seed=s["seed"])
+    algorithm = algorithm_of(cfg, seed=s["seed"])
+    options = algorithm.options
     log = lambda line: print(line, flush=True)   # the rank's log
-    t0 = time.perf_counter()
-    on = pipeline.analyze_meshes(instantiate(s["model"], _convert_="all"), cfg["mesh_shape"],
-                                 learning_rate=cfg["learning_rate"], log=log)
-    on = pipeline.profile_meshes(on, options.profile, is_main=ctx.is_main, log=log, baselines=options.baselines)
-    t_profiled = time.perf_counter()
-    ilp = pipeline.ilp_plan(on, ilp_options(cfg), is_main=ctx.is_main, log=log) \
-        if ILP_BASELINE in options.baselines else None
-    t_ilp = time.perf_counter()
-    by_shape = {tuple(o.shape): o for o in on}
+    marks = {"start": time.perf_counter()}
 
-    def also(chosen: Any, nearest: dict) -> list:
-        where = on[chosen.mesh_index]
-        kept = (tuple(where.shape), list(chosen.candidate.assignment))
+    def write(files: dict) -> None:   # the orchestration's files as it makes them: the profile's end
+        if any(name.endswith("profiles.json") for name in files):
+            marks["profiled"] = time.perf_counter()
+
+    def also(planned: Any, on: Any) -> list:   # called as the race begins
+        marks["planned"] = time.perf_counter()
+        by_shape = {tuple(o.shape): o for o in on}
+        where, cfp = planned.on, planned.details
+        kept = (tuple(where.shape), list(cfp.picked.assignment))
         runners = [plan_runner(where.analyzed.analysis, where.analyzed.program, dict(enumerate(kept[1])), where.mesh,
                                seed=options.seed, name="cfp again")]
         for name in s["nearest"]:
-            if name in nearest and (tuple(nearest[name][0]), list(nearest[name][1])) != kept:
-                o = by_shape[tuple(nearest[name][0])]
+            if name in cfp.nearest and (tuple(cfp.nearest[name][0]), list(cfp.nearest[name][1])) != kept:
+                o = by_shape[tuple(cfp.nearest[name][0])]
                 runners.append(plan_runner(o.analyzed.analysis, o.analyzed.program,
-                                           dict(enumerate(nearest[name][1])), o.mesh, seed=options.seed,
+                                           dict(enumerate(cfp.nearest[name][1])), o.mesh, seed=options.seed,
                                            name=f"nearest {name}"))
         return runners
 
-    out = pipeline.search(on, options, log=log, ilp=ilp, also=also)
+    out = pipeline.run_search(instantiate(s["model"], _convert_="all"), algorithm, mesh_shape=cfg["mesh_shape"],
+                              learning_rate=cfg["learning_rate"], hooks=Hooks(log=log, write=write, is_main=ctx.is_main),
+                              also=also)
+    ilp_row = Algorithm.named("ilp").row
+    cfp_searched, ilp_planned = out.planned.details, out.others.get(ilp_row)
+    ilp = ilp_planned.details if ilp_planned is not None else None
+    t0, t_profiled = marks["start"], marks.get("profiled", marks["start"])
+    t_ilp = marks.get("planned", t_profiled)   # the DP, the shortlist measured and the ILP's plan
     t_end = time.perf_counter()
     answer, cfp, runs, extra = out.answer, out.searched, out.baselines, out.also
     n = len(cfp.repeat_times_s)
     full = {k: r for k, r in runs.items() if len(r.repeat_times_s) == n}   # the race dropped none of these
-    builtin = {k: r for k, r in full.items() if k != ILP_BASELINE}
+    builtin = {k: r for k, r in full.items() if k != ilp_row}
     best_builtin = None
     if builtin:
         ratios = paired_ratios([r.repeat_times_s for r in builtin.values()])
@@ -417,9 +423,10 @@ def users_worker(spec: str) -> dict:
     floor = abs(pair(extra["cfp again"], cfp) - 1)
     best = answer.best_baseline
     behind = best is not None and answer.searched_vs_best_baseline_paired > 1 + floor
-    kept = {"mesh_shape": out.on.shape, "assignment": out.picked.assignment, "source": out.picked.source,
-            "nearest_of": [k for k, (shape, plan) in out.nearest.items()
-                           if list(shape) == out.on.shape and list(plan) == list(out.picked.assignment)]}
+    picked, where = cfp_searched.picked, out.planned.mesh_shape
+    kept = {"mesh_shape": where, "assignment": picked.assignment, "source": picked.source,
+            "nearest_of": [k for k, (shape, plan) in cfp_searched.nearest.items()
+                           if list(shape) == where and list(plan) == list(picked.assignment)]}
     nearest = {}
     for name in s["nearest"]:
         run = extra.get(f"nearest {name}", cfp if name in kept["nearest_of"] else None)
@@ -429,17 +436,17 @@ def users_worker(spec: str) -> dict:
     row = {
         "mode_wall_s": t_end - t0, "profile_s": t_profiled - t0, "ilp_s": t_ilp - t_profiled,
         "search_and_race_s": t_end - t_ilp, "rounds": n,
-        "profiled_configs": sum(o.profiles.profiled_configs for o in on),
-        "measured_configs": sum(o.profiles.measured for o in on),
-        "kept": kept, "candidates": out.candidates,
+        "profiled_configs": out.planned.fields["profiled_configs"],
+        "measured_configs": out.planned.fields["measured_configs"],
+        "kept": kept, "candidates": cfp_searched.candidates,
         "answer": {"name": answer.name, "source": answer.source, "why": answer.why()},
         "best_baseline": best, "best_builtin": best_builtin,
         "cfp_over_best_paired": answer.searched_vs_best_baseline_paired,
         "answer_over_best_paired": answer.vs_best_baseline_paired,
         "cfp_over_best_builtin_paired": pair(cfp, builtin[best_builtin]) if best_builtin else None,
-        "ilp_over_best_builtin_paired": (pair(runs[ILP_BASELINE], builtin[best_builtin])
-                                         if ILP_BASELINE in full and best_builtin else None),
-        "ilp_over_cfp_paired": pair(runs[ILP_BASELINE], cfp) if ILP_BASELINE in full else None,
+        "ilp_over_best_builtin_paired": (pair(runs[ilp_row], builtin[best_builtin])
+                                         if ilp_row in full and best_builtin else None),
+        "ilp_over_cfp_paired": pair(runs[ilp_row], cfp) if ilp_row in full else None,
         "ilp": ({"mesh_shape": ilp.mesh_shape, "cfp_blocks": ilp.block_assignment is not None,
                  "calibration_time_s": ilp.calibration_time_s} if ilp is not None else None),
         "aa_floor": floor, "cfp_behind_best_beyond_floor": behind,

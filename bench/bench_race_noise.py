@@ -5,8 +5,8 @@
 The default job (``python -m launcher``) runs 2 processes of 4 CPU devices, gloo between them.
 This starts the same two processes (``jax.distributed`` on localhost), and races, in
 ``--rounds`` interleaved rounds of ``--iterations`` steps as ``mode=cfp``'s final runs do
-(``launcher.cfp.search.measure.race``): dp_tp, dp_tp compiled a second time, and the plan
-nearest dp_tp on the 4x2 mesh (``launcher/cfp/search/nearest.py``). dp_tp over itself is an A/A
+(``launcher.sharding.search.measure.race``): dp_tp, dp_tp compiled a second time, and the plan
+nearest dp_tp on the 4x2 mesh (``launcher/sharding/search/nearest.py``). dp_tp over itself is an A/A
 test: any spread in it is the machine's.
 
 Reported: a round's spread (its standard deviation over the median round, per plan); the
@@ -45,10 +45,10 @@ def worker(args: argparse.Namespace) -> None:
                                      process_id=args.worker, local_device_ids=None, initialization_timeout=120,
                                      heartbeat_timeout_seconds=100)
     from bench_cfp_analysis import tiny_model
-    from launcher.cfp import pipeline
-    from launcher.cfp.profile.timing import slowest_process
-    from launcher.cfp.search.measure import baseline_runner, plan_runner, race
-    from launcher.cfp.search.nearest import nearest_plans
+    from launcher.sharding import pipeline
+    from launcher.sharding.profile.timing import slowest_process
+    from launcher.sharding.search.measure import baseline_runner, plan_runner, race
+    from launcher.sharding.search.nearest import nearest_plans
 
     analyzed = pipeline.analyze(tiny_model(args.model), mesh_shape=[4, 2])
     a, program = analyzed.analysis, analyzed.program
@@ -81,7 +81,7 @@ def main() -> None:
 
     import numpy as np
 
-    from launcher.cfp.search.measure import paired_over as paired
+    from launcher.sharding.search.measure import paired_over as paired
     from launcher.clusters.base import free_port
 
     out = RESULTS.with_suffix(".tmp")

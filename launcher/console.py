@@ -1,15 +1,13 @@
 """What a finished run prints: the answer to the question its mode asks, then where the rest is.
 
-One entry per mode, keyed by the mode that runs (``mode_code``: a preset such as cfp runs
-search's), each turning ``result.json`` into text: ``ANSWERS`` (the lines printed when the run
-ends: the comparison table of cfp/search, loss, step time and TFLOPS of train, devices and
-bandwidth of check, ...) and ``HEADLINES`` (one short line, the
-``Result`` column of ``xlaunch runs``). A mode without an entry gets a generic answer from its
-result's own fields. Every scalar stays in ``result.json``; the console gives the answer and the
-path, in plain text that reads the same in a terminal, a pipe or a batch log.
-
-    @answer("mymode")
-    def _(result: dict) -> str: ...
+Each mode's entry in the table ``launcher.modes.MODES`` names its renderers (``answer``: the
+lines printed when the run ends, the comparison table of cfp/search, loss, step time and TFLOPS
+of train, devices and bandwidth of check...; ``headline``: one short line, the ``Result`` column
+of ``xlaunch runs``), functions of ``result.json`` defined here. The entry is the one that ran
+(``mode_code``: a preset such as cfp runs search's, and gets its table). A mode without
+renderers gets a generic answer from its result's own fields. Every scalar stays in
+``result.json``; the console gives the answer and the path, in plain text that reads the same in
+a terminal, a pipe or a batch log.
 """
 
 from __future__ import annotations
@@ -17,30 +15,21 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from launcher.modes import MODES
 from launcher.schema import mode_codes
 
 Render = Callable[[dict], str]
-ANSWERS: dict[str, Render] = {}
-HEADLINES: dict[str, Render] = {}
 
 # Fields every result has (launcher/runtime/task.py): the job, not the answer.
 BOOKKEEPING = ("mode", "cluster", "num_processes", "global_devices", "platform", "init_time_s", "mode_time_s")
 
 
-def answer(mode: str) -> Callable[[Render], Render]:
-    def register(fn: Render) -> Render:
-        ANSWERS[mode] = fn
-        return fn
-    return register
-
-
-def headline(mode: str) -> Callable[[Render], Render]:
-    def register(fn: Render) -> Render:
-        HEADLINES[mode] = fn
-        return fn
-    return register
+def _renderer(result: dict, which: str) -> Optional[Render]:
+    """The ``answer`` or ``headline`` renderer of the mode that ran, if it names one."""
+    mode = MODES.get(_runs(result))
+    return mode.renderer(which) if mode is not None else None
 
 
 def _runs(result: dict) -> str:
@@ -52,12 +41,12 @@ def _runs(result: dict) -> str:
 
 def answer_text(result: dict) -> str:
     """The mode's answer (several lines, no trailing newline)."""
-    return ANSWERS.get(_runs(result), _generic_answer)(result).rstrip("\n")
+    return (_renderer(result, "answer") or _generic_answer)(result).rstrip("\n")
 
 
 def headline_text(result: dict) -> str:
     """One short line: the run's result at a glance."""
-    render = HEADLINES.get(_runs(result))
+    render = _renderer(result, "headline")
     if render is None:
         first = answer_text(result).splitlines()
         return first[0] if first else ""
@@ -111,8 +100,7 @@ def _generic_answer(r: dict) -> str:
 
 # --- the modes ------------------------------------------------------------------------------
 
-@answer("check")
-def _check(r: dict) -> str:
+def check_answer(r: dict) -> str:
     hosts = r.get("hosts") or []
     psum = "ok" if r.get("psum_ok") else f"WRONG ({r.get('psum_value')}, expected {r.get('psum_expected')})"
     return "\n".join([
@@ -122,14 +110,12 @@ def _check(r: dict) -> str:
     ])
 
 
-@headline("check")
-def _check_line(r: dict) -> str:
+def check_line(r: dict) -> str:
     psum = "psum ok" if r.get("psum_ok") else "psum WRONG"
     return f"{r.get('global_devices')} devices, {psum}, all-gather {r.get('allgather_gbps', 0.0):.3g} GB/s"
 
 
-@answer("train")
-def _train(r: dict) -> str:
+def train_answer(r: dict) -> str:
     losses = r.get("losses") or [math.nan]
     plan = (r.get("plan") or {})
     mesh = plan.get("mesh_shape") or {}
@@ -145,20 +131,20 @@ def _train(r: dict) -> str:
     return "\n".join(lines)
 
 
-@headline("train")
-def _train_line(r: dict) -> str:
+def train_line(r: dict) -> str:
     losses = r.get("losses") or [math.nan]
     return (f"loss {losses[-1]:.4g}, {seconds(r.get('step_time_s', math.nan))}/step, "
             f"{r.get('tflops', math.nan):.3g} TFLOPS")
 
 
-def _comparison(r: dict) -> str:
-    """The comparison table rank 0 wrote (plain text; under it, which plan is the answer and
-    why), the chart beside it, and the answer's plan file."""
-    table = Path(str(r.get("comparison", "")))
+def comparison_answer(r: dict) -> str:
+    """The comparison table, from the result's fields as comparison.txt has it (plain text;
+    under it, which plan is the answer and why), the chart beside it, and the answer's plan file."""
     answer = r.get("answer") or {}
-    if r.get("comparison") and table.is_file():
-        lines = [table.read_text().rstrip("\n")]
+    if r.get("baselines") is not None and r.get("repeat_times_s") and answer.get("searched"):
+        from launcher.sharding.search.report import comparison_text  # noqa: PLC0415  rich: at the run's end only
+
+        lines = [comparison_text(r).rstrip("\n")]
     else:
         lines = [f"{r.get('mode')}: searched plan {seconds(r.get('step_time_s', math.nan))}/step"]
         if answer.get("why"):
@@ -170,7 +156,7 @@ def _comparison(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _comparison_line(r: dict) -> str:
+def comparison_line(r: dict) -> str:
     answer = r.get("answer") or {}
     if "vs_best_baseline" not in r:
         line = f"searched plan {seconds(r.get('step_time_s', math.nan))}/step"
@@ -179,13 +165,7 @@ def _comparison_line(r: dict) -> str:
     return f"answer {answer['name']}; {line}" if answer.get("name") else line
 
 
-# Keyed by what runs: every preset of search (cfp, or one of a user's) gets its comparison.
-answer("search")(_comparison)
-headline("search")(_comparison_line)
-
-
-@answer("hlo_replay")
-def _replay(r: dict) -> str:
+def replay_answer(r: dict) -> str:
     modules = r.get("modules") or [r]
     lines = [f"hlo_replay on {_devices(r)}:"]
     for m in modules:
@@ -196,40 +176,34 @@ def _replay(r: dict) -> str:
     return "\n".join(lines)
 
 
-@headline("hlo_replay")
-def _replay_line(r: dict) -> str:
+def replay_line(r: dict) -> str:
     modules = r.get("modules") or [r]
     medians = [sorted(t)[len(t) // 2] for t in (m.get("execution_times_s") or [] for m in modules) if t]
     return f"{len(modules)} module(s), " + (f"median {seconds(medians[0])}" if len(medians) == 1 else
                                            f"{len(medians)} timed")
 
 
-@answer("analysis")
-def _analysis(r: dict) -> str:
+def analysis_answer(r: dict) -> str:
     return (f"analysis on mesh {r.get('mesh_shape')}: {r.get('num_contractions')} contractions in "
             f"{r.get('num_blocks')} parallel blocks, {len(r.get('segments') or [])} segments; plan space "
             f"{r.get('exhaustive_space')} exhaustive, {r.get('segment_space')} by segments")
 
 
-@headline("analysis")
-def _analysis_line(r: dict) -> str:
+def analysis_line(r: dict) -> str:
     return f"{r.get('num_blocks')} blocks, {len(r.get('segments') or [])} segments"
 
 
-@answer("profile")
-def _profile(r: dict) -> str:
+def profile_answer(r: dict) -> str:
     return (f"profile: {r.get('profiled_configs')} segment combinations ({r.get('measured_configs')} measured now, "
             f"{r.get('reused_configs')} reused from the store; {r.get('over_budget_configs', 0)} over the memory "
             f"budget, {r.get('stopped_early_configs', 0)} stopped early) in {seconds(r.get('profile_time_s', 0.0))}")
 
 
-@headline("profile")
-def _profile_line(r: dict) -> str:
+def profile_line(r: dict) -> str:
     return f"{r.get('profiled_configs')} combinations, {r.get('measured_configs')} measured"
 
 
-@answer("run")
-def _run(r: dict) -> str:
+def run_answer(r: dict) -> str:
     """The user's program: what it was, and what its function returned (JSON, short)."""
     lines = [f"run {r.get('program')} on {_devices(r)}: done in {seconds(r.get('mode_time_s', 0.0))}"
              + (f" (restart {r['restart']})" if r.get("restart") else "")]
@@ -239,7 +213,6 @@ def _run(r: dict) -> str:
     return "\n".join(lines)
 
 
-@headline("run")
-def _run_line(r: dict) -> str:
+def run_line(r: dict) -> str:
     text = json.dumps(r.get("returned"), default=str) if "returned" in r else "done"
     return text if len(text) <= 60 else text[:57] + "..."

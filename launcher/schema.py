@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher import jaxcompat
 from launcher.clusters.config import Accelerator, ClusterConfig
-from launcher.checks import Job
+from launcher.modes.checks import Job
 from launcher.clusters.base import Cluster, backends
 from launcher.errors import UserError
 from launcher.runtime.status import HEARTBEAT_S

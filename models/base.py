@@ -46,11 +46,12 @@ def check_model(model: Any) -> None:
                         f"{list(PROTOCOL)} (see models/base.py: Model)")
 
 
-class LanguageModel:
-    """Shared protocol implementation for token-in, logits-out models."""
+class SpecModel:
+    """What every built-in model shares: its config dataclass made from the ``model.*`` fields
+    (refusing unknown ones) and checked as at composition, and the protocol's parameter members
+    from a description of the parameters (``param_specs``)."""
 
     config_class: type = type(None)  # set by each subclass
-    causal: bool = True
 
     def __init__(self, **kwargs: Any) -> None:
         fields = {f.name for f in dataclasses.fields(self.config_class)} - {"_target_"}
@@ -64,8 +65,6 @@ class LanguageModel:
     def name(self) -> str:
         return type(self).__name__
 
-    # --- validation -------------------------------------------------------------------------
-
     def _validate(self) -> None:
         # The schema's checks (models/configs.py), the same the launcher runs at composition.
         self.config_class.check(self.config)
@@ -78,10 +77,27 @@ class LanguageModel:
     def ffn(self) -> int:
         return self.config.ffn_dim or 4 * self.config.hidden
 
-    # --- what a subclass provides -----------------------------------------------------------
-
     def param_specs(self) -> Any:
+        """The parameters as a pytree of ``layers.ParamSpec`` (shape, logical axes, init)."""
         raise NotImplementedError
+
+    def init(self, rng: jax.Array) -> Any:
+        return init_params(self.param_specs(), rng)
+
+    def param_axes(self) -> Any:
+        return axes_of(self.param_specs())
+
+    def param_count(self) -> int:
+        leaves = jax.tree.leaves(self.param_specs(), is_leaf=is_spec)
+        return sum(math.prod(s.shape) for s in leaves)
+
+
+class LanguageModel(SpecModel):
+    """Shared protocol implementation for token-in, logits-out models."""
+
+    causal: bool = True
+
+    # --- what a subclass provides (and param_specs) -----------------------------------------
 
     def forward(self, params: Any, batch: dict) -> tuple[jax.Array, jax.Array]:
         """(logits (batch, seq, vocab), auxiliary loss already weighted, a scalar)."""
@@ -94,17 +110,7 @@ class LanguageModel:
         """FLOPs per step by the convention the CFP paper / Alpa report for this model family."""
         raise NotImplementedError
 
-    # --- the protocol -----------------------------------------------------------------------
-
-    def init(self, rng: jax.Array) -> Any:
-        return init_params(self.param_specs(), rng)
-
-    def param_axes(self) -> Any:
-        return axes_of(self.param_specs())
-
-    def param_count(self) -> int:
-        leaves = jax.tree.leaves(self.param_specs(), is_leaf=is_spec)
-        return sum(math.prod(s.shape) for s in leaves)
+    # --- the rest of the protocol -----------------------------------------------------------
 
     def make_batch(self, rng: jax.Array) -> dict[str, jax.Array]:
         c = self.config

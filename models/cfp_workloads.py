@@ -49,7 +49,6 @@ learnt within ten at the artifact's learning rate of 1e-2).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -58,64 +57,29 @@ import jax.numpy as jnp
 
 from . import layers as L
 from . import rng
-from .base import cross_entropy
+from .base import SpecModel, cross_entropy
 from .configs import CFPGPTConfig, CFPLLaMAConfig, CFPMoEConfig
-from .errors import ModelError
-from .layers import ParamSpec, axes_of, init_params, is_spec
+from .layers import ParamSpec
 from .moe import top2_gating
 from .sharding import constrain
 
 BERT_LN_EPS = 1e-12  # Alpa's BertConfig.layer_norm_eps, which the GPT and MoE stacks keep
 
 
-class LayerStack:
+class LayerStack(SpecModel):
     """The model protocol for a stack of layers that maps hidden states to hidden states."""
-
-    config_class: type = type(None)  # set by each subclass
-
-    def __init__(self, **kwargs: Any) -> None:
-        fields = {f.name for f in dataclasses.fields(self.config_class)} - {"_target_"}
-        unknown = sorted(set(kwargs) - fields)
-        if unknown:
-            raise ModelError(f"{type(self).__name__}: unknown model field(s) {unknown}; valid fields: {sorted(fields)}")
-        self.config = self.config_class(**kwargs)
-        self._validate()
-
-    def _validate(self) -> None:
-        # The schema's checks (models/configs.py), the same the launcher runs at composition.
-        self.config_class.check(self.config)
-
-    @property
-    def dtype(self) -> Any:
-        return jnp.dtype(self.config.dtype)
-
-    @property
-    def ffn(self) -> int:
-        return self.config.ffn_dim or 4 * self.config.hidden
 
     @property
     def tokens(self) -> int:
         return self.config.batch_size * self.config.seq_len
 
-    # --- what a subclass provides -----------------------------------------------------------
-
-    def param_specs(self) -> Any:
-        raise NotImplementedError
+    # --- what a subclass provides (and param_specs) -----------------------------------------
 
     def forward(self, params: Any, x: jax.Array) -> jax.Array:
         """The last layer's hidden states (batch, seq, hidden) from the inputs x."""
         raise NotImplementedError
 
-    # --- the protocol -----------------------------------------------------------------------
-
-    def init(self, key: jax.Array) -> Any:
-        return init_params(self.param_specs(), key)
-
-    def param_axes(self) -> Any:
-        return axes_of(self.param_specs())
-
-    def param_count(self) -> int:
-        return sum(math.prod(s.shape) for s in jax.tree.leaves(self.param_specs(), is_leaf=is_spec))
+    # --- the rest of the protocol -----------------------------------------------------------
 
     def make_batch(self, key: jax.Array) -> dict[str, jax.Array]:
         c = self.config

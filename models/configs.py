@@ -230,7 +230,8 @@ class CFPMoEConfig(_Experts, _Transformer):
             raise ModelError(f"model.gating={c.gating!r}: use 'dummy' (the CFP artifact's) or 'top2' (GShard's)")
 
 
-# Registered by launcher.schema as "<key>_schema" in the Hydra config group "model".
+# Registered by launcher.schema as "schema_model_<key>" at the root of Hydra's repository (no group,
+# so never offered as an option); conf/model/<key>.yaml pulls it in with its defaults line.
 SCHEMAS = {
     "gpt": GPTConfig,
     "bert": BERTConfig,

@@ -19,7 +19,7 @@ through JSON:
 
 ``mesh_axes`` is ordered (outermost first); a size of null takes whatever the device count
 leaves. A rule maps to a mesh axis name, a list of them, or null. ``constraints`` is reserved
-for the CFP search (operator id -> PartitionSpec-like list, see ``launcher/cfp/apply.py``);
+for the CFP search (operator id -> PartitionSpec-like list, see ``launcher/sharding/apply.py``);
 plans carry it unchanged and the launcher applies it through ``models.train``'s step transform.
 """
 

@@ -36,7 +36,42 @@ from .step import data_key, init_state, make_optimizer, make_train_step
 StepTransform = Callable[[Callable, tuple, Any], tuple[Callable, tuple, Any]]
 
 
-class Trainer:
+class CompiledStep:
+    """A training step compiled once and run step by step (``steps``), its losses kept: what a
+    model's ``Trainer`` and a user's step runner (``launcher/sharding/search/measure.py``)
+    share. A subclass compiles in ``__init__`` through ``_compile`` and runs one step in
+    ``_one_step``."""
+
+    def _compile(self, lower: Callable[[], Any], since: Optional[float] = None) -> None:
+        """``lower()``'s program compiled, timed (from ``since``: what was made for it first
+        counts) and its memory read; the step count reset."""
+        t0 = time.perf_counter() if since is None else since
+        self.compiled = lower().compile()
+        self.compile_time_s = time.perf_counter() - t0
+        self.memory = memory_stats(self.compiled)
+        self.step_no = 0
+        self.losses: list[float] = []
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.memory["peak_bytes"]
+
+    def steps(self, n: int, progress: Any = None) -> list[float]:
+        """Runs the next ``n`` steps; the seconds of each. The losses go to ``losses``;
+        ``progress`` (anything with ``advance()``) ticks once per step."""
+        times = []
+        for _ in range(n):
+            times.append(self._one_step())
+            self.step_no += 1
+            if progress is not None:
+                progress.advance()
+        return times
+
+    def _one_step(self) -> float:
+        raise NotImplementedError
+
+
+class Trainer(CompiledStep):
     """``model``'s training step under ``plan`` on ``devices`` (default: all global devices),
     compiled once, with its state; ``steps(n)`` runs the next n steps. Every process of a
     multi-process job must build it with the same arguments and run the same steps."""
@@ -67,15 +102,7 @@ class Trainer:
         self.make_batch = jax.jit(model.make_batch, out_shardings=sh.batch)
         step = jax.jit(step_fn, in_shardings=(sh.state, sh.batch), out_shardings=out_shardings, donate_argnums=0)
         with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
-            self.compiled = step.lower(self.state, self.make_batch(data_key(seed, 0))).compile()
-        self.compile_time_s = time.perf_counter() - t0
-        self.memory = memory_stats(self.compiled)
-        self.step_no = 0
-        self.losses: list[float] = []
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return self.memory["peak_bytes"]
+            self._compile(lambda: step.lower(self.state, self.make_batch(data_key(seed, 0))), since=t0)
 
     def load_state(self, state: dict, step_no: int, losses: Sequence[float] = ()) -> None:
         """Continues from a saved run: ``state`` (laid out as ``self.state``, e.g. restored from
@@ -85,23 +112,16 @@ class Trainer:
             raise ModelError("load_state: the state's structure is not this trainer's (another model or optimizer)")
         self.state, self.step_no, self.losses = state, step_no, list(losses)
 
-    def steps(self, n: int, progress: Any = None) -> list[float]:
-        """Runs the next ``n`` steps; the seconds of each (batch generation excluded). The losses
-        go to ``losses``; ``progress`` (anything with ``advance()``) ticks once per step."""
-        times = []
+    def _one_step(self) -> float:
+        """One step; its seconds, batch generation excluded."""
         # The batch goes where the compiled step takes it: with 0.4.35, a batch program jitted
         # for one plan's layout was seen to hand another plan's trainer a batch in its own layout.
         layout = self.compiled.input_shardings[0][1]
-        for _ in range(n):
-            batch = jax.block_until_ready(jax.device_put(self.make_batch(data_key(self.seed, self.step_no)), layout))
-            t = time.perf_counter()
-            self.state, loss = self.compiled(self.state, batch)
-            self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
-            times.append(time.perf_counter() - t)
-            self.step_no += 1
-            if progress is not None:
-                progress.advance()
-        return times
+        batch = jax.block_until_ready(jax.device_put(self.make_batch(data_key(self.seed, self.step_no)), layout))
+        t = time.perf_counter()
+        self.state, loss = self.compiled(self.state, batch)
+        self.losses.append(float(loss))  # the replicated loss: fetching it waits for the step
+        return time.perf_counter() - t
 
 
 @dataclass

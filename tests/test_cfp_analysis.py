@@ -13,17 +13,17 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from launcher.cfp.analysis.core import analyze, analyze_graph
-from launcher.cfp.analysis.contractions import find_contractions
-from launcher.cfp.analysis.hlo_text import parse_hlo, read_hlo
-from launcher.cfp.program import training_program
-from launcher.cfp.analysis.strategies import allreduce_axes, enumerate_strategies, notation
+from launcher.sharding.analysis.core import analyze, analyze_graph
+from launcher.sharding.analysis.contractions import find_contractions
+from launcher.sharding.analysis.hlo_text import parse_hlo, read_hlo
+from launcher.sharding.program import training_program
+from launcher.sharding.analysis.strategies import allreduce_axes, enumerate_strategies, notation
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 from launcher.models.gpt import GPT
 from launcher.models.moe import MoE
-from launcher.cfp.analysis.graph import Graph
-from launcher.cfp.analysis.propagation import propagate
+from launcher.sharding.analysis.graph import Graph
+from launcher.sharding.analysis.propagation import propagate
 
 pytestmark = pytest.mark.core
 

@@ -8,19 +8,19 @@ import pytest
 
 from tests.test_cfp_search import run_python
 from tests.test_cfp_search import SMALL_GPT
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.program import training_program
-from launcher.cfp.pipeline import plan_json
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.program import training_program
+from launcher.sharding.pipeline import plan_json
 from launcher.models.plans import Plan
 import jax
-from launcher.cfp.apply import constraints_transform, make_mesh, spec_from_json
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.search.measure import plan_runner
+from launcher.sharding.apply import constraints_transform, make_mesh, spec_from_json
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.search.measure import plan_runner
 from launcher.models.gpt import GPT
 from launcher.models.plans import builtin
 from launcher.models.train import run_training
 from launcher.errors import UserError
-from launcher.cfp.search.nearest import axis_map
+from launcher.sharding.search.nearest import axis_map
 
 pytestmark = pytest.mark.core
 
@@ -28,10 +28,10 @@ APPLY_MLP = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np, optax
 from tests.test_cfp_analysis import mlp_program
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh, whole_step, constrained_step
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.pipeline import plan_json
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh, whole_step, constrained_step
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.pipeline import plan_json
 
 step, shapes = mlp_program()
 a = analyze(step, shapes, [4])
@@ -83,10 +83,10 @@ def test_plans_change_the_collectives_not_the_numbers():
 STUDY = r"""
 import json, sys
 import jax
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.search.measure import communication_study
-from launcher.cfp.program import training_program
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.search.measure import communication_study
+from launcher.sharding.program import training_program
 from launcher.models.gpt import GPT
 p = training_program(GPT(**json.loads(sys.argv[1])))
 a = analyze(p.step, p.args, [4])
@@ -167,12 +167,12 @@ NEAREST_GPT = r"""
 import json, sys
 import jax
 from tests.test_cfp_analysis import gpt
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.search.measure import baseline_runner, plan_runner
-from launcher.cfp.search.nearest import nearest_plans
-from launcher.cfp.program import training_program
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.search.measure import baseline_runner, plan_runner
+from launcher.sharding.search.nearest import nearest_plans
+from launcher.sharding.program import training_program
 
 program = training_program(gpt(1, heads=8))  # tp splits the heads 8 ways
 two_axis_only = sys.argv[1] == "auto"  # the plans mode.mesh_shape=auto searches on a 2-D mesh
@@ -211,12 +211,12 @@ NEAREST_CFP_MOE = r"""
 import json
 import jax
 from tests.test_models import load_preset
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.search.measure import baseline_runner, plan_runner
-from launcher.cfp.search.nearest import nearest_plans
-from launcher.cfp.program import training_program
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.search.measure import baseline_runner, plan_runner
+from launcher.sharding.search.nearest import nearest_plans
+from launcher.sharding.program import training_program
 
 program = training_program(load_preset("cfp-moe-tiny"))
 a = analyze(program.step, program.args, [4, 2])

@@ -16,22 +16,22 @@ import sys
 
 import pytest
 
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
-from launcher.cfp.ilp.formulate import formulate
-from launcher.cfp.ilp.operators import alpa_strategies, check_decidable, devices_used, operator_graph
-from launcher.cfp.ilp.plan import brute_force
-from launcher.cfp.ilp.solve import least_memory, solve
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
+from launcher.sharding.ilp.formulate import formulate
+from launcher.sharding.ilp.operators import alpa_strategies, check_decidable, devices_used, operator_graph
+from launcher.sharding.ilp.plan import brute_force
+from launcher.sharding.ilp.solve import least_memory, solve
 from launcher.errors import NoPlanFits, UserError
 from tests.launch import read_result, run_cli
 from tests.test_cfp_analysis import layer_program, mlp_program
 from tests.test_cfp_search import run_python
-from launcher.cfp.apply import plan_constraints, spec_json
-from launcher.cfp.ilp.formulate import _Pricer
+from launcher.sharding.apply import plan_constraints, spec_json
+from launcher.sharding.ilp.formulate import _Pricer
 import jax
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.ilp.plan import ilp_plan
-from launcher.cfp.profile.store import ProfileStore
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.ilp.plan import ilp_plan
+from launcher.sharding.profile.store import ProfileStore
 
 pytestmark = pytest.mark.core
 
@@ -187,11 +187,11 @@ def test_a_program_with_no_contraction_to_decide_is_refused():
 ILP_TRAINS = r"""
 import json, sys
 import jax
-from launcher.cfp import pipeline
-from launcher.cfp.apply import constraints_transform
-from launcher.cfp.ilp.plan import ilp_plan
-from launcher.cfp.profile.store import ProfileStore
-from launcher.cfp.search.measure import plan_runner
+from launcher.sharding import pipeline
+from launcher.sharding.apply import constraints_transform
+from launcher.sharding.ilp.plan import ilp_plan
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.search.measure import plan_runner
 from launcher.models.gpt import GPT
 from launcher.models.plans import Plan, builtin
 from launcher.models.train import run_training

@@ -42,12 +42,12 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 from tests.test_models import load_preset
-from launcher.cfp import pipeline
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh, whole_step
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.search.meshes import natural_shape
-from launcher.cfp.search.nearest import nearest
+from launcher.sharding import pipeline
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh, whole_step
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.search.meshes import natural_shape
+from launcher.sharding.search.nearest import nearest
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import BUILTINS, builtin
 from launcher.models.sharding import use_rules

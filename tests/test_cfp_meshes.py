@@ -1,15 +1,15 @@
 """mode.mesh_shape=auto: which logical meshes are searched, which plans they offer, and how
-their shortlists are merged (launcher/cfp/search/meshes.py). The whole path through the CLI is
+their shortlists are merged (launcher/sharding/search/meshes.py). The whole path through the CLI is
 in tests/test_cfp_search.py (test_two_processes_agree_and_the_saved_plan_trains)."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.cfp.analysis.contractions import Contraction, LoopDim as Dim
-from launcher.cfp.analysis.strategies import enumerate_strategies
-from launcher.cfp.search.dp import Candidate
-from launcher.cfp.search.meshes import auto_shapes, for_each_mesh, merge_shortlists, mesh_shapes, natural_shape
+from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
+from launcher.sharding.analysis.strategies import enumerate_strategies
+from launcher.sharding.search.dp import Candidate
+from launcher.sharding.search.meshes import auto_shapes, for_each_mesh, merge_shortlists, mesh_shapes, natural_shape
 from launcher.errors import NoPlanFits, UserError
 
 pytestmark = pytest.mark.core

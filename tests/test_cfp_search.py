@@ -19,28 +19,28 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cfp.search.comm import collectives
-from launcher.cfp.profile.boundaries import Boundary
-from launcher.cfp.profile.profiler import Profiles
-from launcher.cfp.profile.units import Unit, split_parts
-from launcher.cfp.search.dp import predict, search, shortlist
-from launcher.cfp.profile.store import ProfileStore
+from launcher.sharding.search.comm import collectives
+from launcher.sharding.profile.boundaries import Boundary
+from launcher.sharding.profile.profiler import Profiles
+from launcher.sharding.profile.units import Unit, split_parts
+from launcher.sharding.search.dp import predict, search, shortlist
+from launcher.sharding.profile.store import ProfileStore
 from launcher.errors import NoPlanFits
 from tests.launch import REPO, read_result, run_cli
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.profile.programs import terminal_contractions
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.profile.programs import terminal_contractions
 from tests.test_cfp_analysis import layer_program
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from launcher.cfp.profile.timing import Timer, overhead_program
-from launcher.cfp.search.measure import paired_ratios
-from launcher.cfp.search.measure import Cut, race
-from launcher.cfp.search.measure import winner
-from launcher.cfp.search.measure import verdict
-from launcher.cfp.pipeline import answer
-from launcher.cfp.search.measure import PlanRun
+from launcher.sharding.profile.timing import Timer, overhead_program
+from launcher.sharding.search.measure import paired_ratios
+from launcher.sharding.search.measure import Cut, race
+from launcher.sharding.search.measure import winner
+from launcher.sharding.search.measure import verdict
+from launcher.sharding.pipeline import answer
+from launcher.sharding.search.measure import PlanRun
 from launcher.models.plans import Plan, builtin
 
 pytestmark = pytest.mark.core
@@ -401,14 +401,15 @@ PROFILE_MLP = r"""
 import json, sys
 import jax
 from tests.test_cfp_analysis import mlp_program
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.profile.profiler import Profiler
-from launcher.cfp.profile.store import ProfileStore
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.profiler import Profiler
+from launcher.sharding.profile.store import ProfileStore
 a = analyze(*mlp_program(), [4])
 overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
-prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), repeats=2, warmup=1, overlap=overlap,
-                log=lambda line: print(line, flush=True)).run()
+options = ProfileOptions.exhaustive(repeats=2, warmup=1, overlap_compile=overlap)
+prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), options, log=lambda line: print(line, flush=True)).run()
 print(json.dumps({"measured": prof.measured, "reused": prof.reused, "configs": prof.profiled_configs}))
 """
 
@@ -463,12 +464,13 @@ def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
 
 SEARCH_SMALL_GPT = r"""
 import itertools, json, sys
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.profile.profiler import Profiler
-from launcher.cfp.program import training_program
-from launcher.cfp.search.dp import predict, search
-from launcher.cfp.profile.store import ProfileStore
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.profiler import Profiler
+from launcher.sharding.program import training_program
+from launcher.sharding.search.dp import predict, search
+from launcher.sharding.profile.store import ProfileStore
 from launcher.errors import UserError
 from launcher.models.gpt import GPT
 
@@ -476,7 +478,8 @@ model = GPT(**json.loads(sys.argv[2]))
 p = training_program(model)
 a = analyze(p.step, p.args, [4])
 mesh = make_mesh([4])
-prof = Profiler(a, mesh, ProfileStore(sys.argv[1]), repeats=5, warmup=2, overlap=False, log=lambda s: None).run()
+prof = Profiler(a, mesh, ProfileStore(sys.argv[1]), ProfileOptions.exhaustive(repeats=5, warmup=2, overlap_compile=False),
+                log=lambda s: None).run()
 found = search(prof, len(a.blocks))
 
 plans = [list(x) for x in itertools.product(*(range(b.num_plans) for b in a.blocks))]

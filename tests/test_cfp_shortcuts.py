@@ -16,23 +16,24 @@ import re
 import jax
 import pytest
 
-from launcher.cfp.profile.candidates import CandidateLoop, Shortcuts, memory_of
-from launcher.cfp.profile.keys import PROFILE_VERSION
-from launcher.cfp.profile.store import ProfileStore
-from launcher.cfp.profile.timing import EarlyStop, Timer
-from launcher.cfp.search.dp import predict, search, shortlist
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.candidates import CandidateLoop, Shortcuts, memory_of
+from launcher.sharding.profile.keys import PROFILE_VERSION
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.profile.timing import EarlyStop, Timer
+from launcher.sharding.search.dp import predict, search, shortlist
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 from tests.test_cfp_search import SMALL_GPT, brute_force, synthetic_profiles
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
 from tests.test_cfp_analysis import mlp_program
-from launcher.cfp.profile.profiler import Profiler
-from launcher.cfp.profile.keys import StoreKeys
-from launcher.cfp.program import training_program
+from launcher.sharding.profile.profiler import Profiler
+from launcher.sharding.profile.keys import StoreKeys
+from launcher.sharding.program import training_program
 from launcher.models.gpt import GPT
-from launcher.cfp.profile.units import profiling_units
-from launcher.cfp.profile.budget import gb_at_least, state_floor_bytes
+from launcher.sharding.profile.units import profiling_units
+from launcher.sharding.profile.budget import gb_at_least, state_floor_bytes
 import time
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
@@ -129,8 +130,10 @@ def mlp_on_4():
 def profile(a, mesh, store, shortcuts, repeats=6):
 
     lines: list[str] = []
-    prof = Profiler(a, mesh, store, repeats=repeats, warmup=1, overlap=False, log=lines.append,
-                    shortcuts=shortcuts).run()
+    options = ProfileOptions.exhaustive(repeats=repeats, warmup=1, overlap_compile=False,
+                                        memory_budget_gb=(shortcuts.memory_budget_bytes or 0) / 2**30,
+                                        early_stop_ratio=shortcuts.early_stop_ratio)
+    prof = Profiler(a, mesh, store, options, log=lines.append).run()
     return prof, lines
 
 
@@ -191,7 +194,8 @@ def compiled_memories(a, mesh, store_dir) -> tuple[dict, list]:
     """{(kind, combination): compiled memory} of every candidate, and the profiled units."""
 
     units = profiling_units(a, 128)
-    loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), units, overlap=False)
+    loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), units,
+                         ProfileOptions.exhaustive(overlap_compile=False))
     out = {}
     for u, c in loop.candidates():
         compiled, _, _, boundary, _ = loop.prepare(u, c)
@@ -349,7 +353,7 @@ def small_gpt_floors(store_dir) -> dict:
     memories are all known: ``CandidateLoop.plan_floor``), which the budget is checked against."""
     a, mesh = small_gpt(8)
     loop = CandidateLoop(a, mesh, ProfileStore(store_dir), StoreKeys(a, mesh), Timer(), profiling_units(a, 128),
-                         overlap=False)
+                         ProfileOptions.exhaustive(overlap_compile=False))
     out = {}
     for u, c in loop.candidates():
         compiled, _, _, boundary, _ = loop.prepare(u, c)

@@ -1,4 +1,4 @@
-"""How the profile pass times programs (launcher/cfp/profile/timing.py): turns, cache flushes, store keys.
+"""How the profile pass times programs (launcher/sharding/profile/timing.py): turns, cache flushes, store keys.
 
 In-process, on the 8 virtual CPU devices conftest.py sets up. No timing is asserted here (that is
 bench/bench_cfp_additivity.py's business): what runs, how often, and what it leaves behind."""
@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from launcher.cfp.profile.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
-from launcher.cfp.analysis.core import analyze
-from launcher.cfp.apply import make_mesh
-from launcher.cfp.profile.profiler import Profiler
-from launcher.cfp.profile.store import ProfileStore
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
+from launcher.sharding.analysis.core import analyze
+from launcher.sharding.apply import make_mesh
+from launcher.sharding.profile.profiler import Profiler
+from launcher.sharding.profile.store import ProfileStore
 from tests.test_cfp_analysis import mlp_program
 
 
@@ -65,7 +66,8 @@ def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
     a = analyze(*mlp_program(), [4])
     mesh = make_mesh([4], jax.devices()[:4])
     store = ProfileStore(tmp_path)
-    warm, cold = (Profiler(a, mesh, store, cold=c, log=lambda s: None) for c in (False, True))
+    warm, cold = (Profiler(a, mesh, store, ProfileOptions.exhaustive(repeats=3, cold_caches=c, overlap_compile=True),
+                           log=lambda s: None) for c in (False, True))
     assert warm.timer.flush is None and isinstance(cold.timer.flush, CacheFlush)
     unit, combo = warm.loop.candidates()[0]
     assert warm.keys.segment(unit, combo) != cold.keys.segment(unit, combo)

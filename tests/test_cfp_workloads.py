@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from launcher.cfp.pipeline import analyze
+from launcher.sharding.pipeline import analyze
 from launcher.models.plans import builtin
 from launcher.models.train import run_training
 from tests.test_models import load_preset

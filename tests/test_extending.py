@@ -1,16 +1,19 @@
 """The house is open to new parts (issue 35): a backend defined in one module outside the
-package, with one yaml, runs through the CLI; and nothing in the package branches on a
-backend's name outside that backend's own module."""
+package, with one yaml, and a sharding algorithm defined in one module, run through the CLI; and
+nothing in the package branches on a backend's or an algorithm's name outside its own module."""
 
 from __future__ import annotations
 
 import ast
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 
 from launcher import console
+from launcher.modes import MODES
+from launcher.sharding.algorithms.base import algorithms
 from launcher.clusters.base import backends
 from tests.launch import REPO, read_result, run_cli
 
@@ -30,6 +33,10 @@ def test_a_backend_from_outside_the_package_runs_through_the_cli(tmp_path):
     # submitit found the backend's own job environment in each task (its module, imported there).
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert "global_rank=1(2)" in (run / "submitit" / f"{job_id}_1_log.out").read_text()
+    # The result travels once: each task hands submitit only the path of the result.json rank 0 wrote.
+    for rank in (0, 1):
+        assert pickle.loads((run / "submitit" / f"{job_id}_{rank}_result.pkl").read_bytes()) == \
+            ("success", str(run / "result.json"))
     # The commands that follow a job work on it as on a built-in backend.
     assert "done: 4 devices, psum ok" in run_cli("status", str(run)).stdout
     # Its dry run, and its own checks.
@@ -41,8 +48,40 @@ def test_a_backend_from_outside_the_package_runs_through_the_cli(tmp_path):
     assert missing.returncode == 2 and "cluster.module=tests.no_such_backend: cannot be imported" in missing.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_algorithm_from_outside_the_package_runs_through_the_cli(tmp_path):
+    run, store = tmp_path / "run", f"mode.store_dir={tmp_path / 'store'}"
+    toy = ["mode=search", "mode.algorithm=first", "mode.algorithm_module=tests.toy_algorithm", "model=gpt-tiny",
+           "mode.mesh_shape=[4,2]", "mode.iterations=2", "mode.run_repeats=2", "mode.baselines=[dp]", store]
+    proc = run_cli(*toy, "+mode.algorithm_options.first_note=hello", run_dir=run, timeout=540)
+    r = read_result(run)
+    # Its plan, raced beside dp and answered as any algorithm's: its row, its files, its own fields.
+    blocks = r["first_blocks"]
+    assert r["plan"] == {"assignment": [0] * blocks, "mesh_shape": [4, 2], "file": str(run / "first_plan.json")}
+    assert r["answer"]["searched"] == "first" and r["answer"]["name"] in ("first", "dp")
+    assert r["answer"]["source"] == ("first" if r["answer"]["name"] == "first" else "baseline")
+    assert set(r["baselines"]) == {"dp"} and len(r["repeat_times_s"]) == 2
+    for name in ("plan.json", "first_plan.json", "first_plan.txt", "comparison.txt", "after_ir.txt"):
+        assert (run / name).stat().st_size > 0, name
+    table = (run / "comparison.txt").read_text()
+    assert table.lstrip().startswith("First's plan against the baselines") and "first's plan ran" in r["answer"]["why"]
+    assert f"first: plan {[0] * blocks} on mesh [4, 2] (hello)" in (run / "logs" / "rank0.log").read_text()
+    # The console renders the comparison from the result's fields, as comparison.txt has it.
+    assert table.rstrip("\n") in console.answer_text(r) and table.rstrip("\n") in proc.stdout
+    # An algorithm no module defines is refused before submission, naming the choices.
+    refused = run_cli(*toy[:3], "mode.algorithm=second", run_dir=tmp_path / "bad", check=False)
+    assert refused.returncode == 2 and "mode.algorithm='second': choose cfp (CFP's profiling search), first (every " \
+        "block's first plan) or ilp" in refused.stderr and not (tmp_path / "bad" / "job.json").exists()
+    unknown = run_cli(*toy, "+mode.algorithm_options.second_note=1", run_dir=tmp_path / "bad1", check=False)
+    assert unknown.returncode == 2 and "mode.algorithm_options.second_note: mode.algorithm=first has no such option " \
+        "(its options: first_note)" in unknown.stderr
+    missing = run_cli(*toy[:2], "mode.algorithm_module=tests.no_such", run_dir=tmp_path / "bad2", check=False)
+    assert missing.returncode == 2 and "mode.algorithm_module=tests.no_such: cannot be imported" in missing.stderr
+
+
 def _branches_on(tree: ast.AST, names: set[str]) -> list[int]:
-    """Lines comparing something with a backend's name (``== "slurm"``, ``in ("local", "mpi")``)."""
+    """Lines comparing something with one of ``names`` (``== "slurm"``, ``in ("local", "mpi")``)."""
     lines = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Compare):
@@ -69,6 +108,20 @@ def test_no_module_branches_on_a_backends_name_outside_its_own():
     assert not found, f"branches on a backend's name outside its module: {found}"
 
 
+def test_no_module_branches_on_an_algorithms_name_outside_its_own():
+    classes = algorithms()
+    names = {n for c in classes.values() for n in (c.name, c.row)}
+    own = {Path(c.__module__.replace(".", "/") + ".py") for c in classes.values()}
+    found = {}
+    for path in sorted((REPO / "launcher").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel not in own:
+            lines = _branches_on(ast.parse(path.read_text()), names)
+            if lines:
+                found[str(rel)] = lines
+    assert not found, f"branches on an algorithm's name outside its module: {found}"
+
+
 def test_help_names_every_mode_and_every_cluster():
     text = run_cli("--help").stdout
     groups = text.split("Groups (what each chooses)")[1].split("Options of each group")[0]
@@ -86,6 +139,9 @@ def test_a_function_its_module_lacks_is_named_so_before_submission(tmp_path):
 
 
 def test_a_result_is_rendered_by_the_mode_that_ran_not_by_its_name():
+    # Each entry of the modes' table names its console renderers, and they exist.
+    for code, mode in MODES.items():
+        assert callable(mode.renderer("answer")) and callable(mode.renderer("headline")), code
     # A preset of search under a name of the user's: the comparison's headline, not a generic one.
     mine = {"mode": "my-search", "mode_code": "search", "step_time_s": 0.1, "answer": {"name": "cfp"}}
     assert console.headline_text(mine) == console.headline_text({**mine, "mode": "cfp"})

@@ -106,10 +106,8 @@ def worker(family: str) -> dict:
     """The worker's report for one model. The first call starts the workers of all four
     models at once: XLA compiles on one thread, so they share the cores instead of queueing."""
     if not _RUNNING:
-        env = {**os.environ, "PYTHONPATH": str(REPO),
-               # Compile time dominates these runs; XLA's backend optimisations change speed,
-               # not results, so the workers switch them off.
-               "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()}
+        # XLA's backend optimisations are off, as for the whole session (tests/conftest.py).
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         for name, plans in APPLICABLE.items():
             _RUNNING[name] = subprocess.Popen([sys.executable, "-c", WORKER, name, ",".join(plans)], cwd=REPO,
                                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -17,9 +17,7 @@ mpi and tpu: the job script), the id is that process's pid; SLURM asks its sched
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import pkgutil
 import random
 import shlex
 import signal
@@ -36,6 +34,7 @@ from launcher import clusters
 from launcher.clusters.config import ClusterConfig
 from launcher.containers import python_command
 from launcher.errors import UserError
+from launcher.plugins import import_all
 from launcher.runtime import ranks, status
 from launcher.runtime.status import wait_until
 
@@ -183,14 +182,7 @@ class Cluster:
 def backends(module: str | None = None) -> dict[str, type[Cluster]]:
     """Every registered backend, by name: launcher/clusters' modules, and ``module`` (a backend
     defined outside the package, named by its cluster yaml's ``module`` key)."""
-    for info in pkgutil.iter_modules(clusters.__path__):
-        importlib.import_module(f"launcher.clusters.{info.name}")
-    if module:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise UserError(f"cluster.module={module}: cannot be imported ({e}); put its directory on PYTHONPATH "
-                            "or install it") from None
+    import_all(clusters, module, "cluster.module")
     return dict(Cluster._registry)
 
 
@@ -205,13 +197,7 @@ def job_process_alive(pid: int, run_dir: Path) -> bool:
     (submitit's controller, the mpirun and TPU scripts all do), so a reused pid is not taken
     for the job. A zombie (ended, not yet reaped by a parent that lives on) has ended."""
     if not Path("/proc").is_dir():  # not Linux: the pid is all there is to go on
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        return status.pid_alive(pid)
     proc = Path("/proc") / str(pid)
     try:
         state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]

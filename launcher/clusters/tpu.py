@@ -41,7 +41,7 @@ from launcher.clusters.base import Cluster, RankJobEnvironment
 from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime import status
-from launcher.runtime.program import CODE_DIR_ENV
+from launcher.runtime.user_program import CODE_DIR_ENV
 from launcher.runtime.ranks import TpuEnv
 
 # JAX's own default coordinator port on Cloud TPU (jax/_src/clusters/cloud_tpu_cluster.py).

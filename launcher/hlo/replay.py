@@ -26,7 +26,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 from launcher import jaxcompat
 from launcher.errors import UserError
@@ -35,6 +34,7 @@ from launcher.hlo.arguments import Arguments, constant_filler
 from launcher.hlo.module import HloProgram, Parameter, load, participants
 from launcher.hlo.options import ArgumentMode, ReplayOptions
 from launcher.hlo.text import dtype_name
+from launcher.runtime import hosts
 
 _log = logging.getLogger("launcher.hlo")
 
@@ -310,7 +310,7 @@ def fetch(outputs: Sequence[jax.Array]) -> list[np.ndarray]:
         for shard in o.addressable_shards:
             local[shard.index] = np.asarray(shard.data)
         with _wide([o.dtype]):  # the gather is itself a JAX program over arrays of this type
-            pieces = multihost_utils.process_allgather(local)
+            pieces = hosts.gather(local)
         full = np.empty(o.shape, o.dtype)
         # Reversed, so that where replicas differ (device_id arguments) the first device's value stays.
         for device, index in reversed(list(o.sharding.devices_indices_map(o.shape).items())):

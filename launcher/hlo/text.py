@@ -15,9 +15,9 @@ attribute text after the operands. Comments (``/*index=5*/`` in long tuples, ``/
 dropped first; brackets and commas inside quoted strings (``metadata={op_name="jit(f)/..."}``)
 are not structure.
 
-Its users: the CFP analysis builds its operator graph from it (``launcher/cfp/analysis/
+Its users: the CFP analysis builds its operator graph from it (``launcher/sharding/analysis/
 hlo_text.py``), the replay reads what a module needs to run (``launcher/hlo/module.py``), and the
-search counts a compiled program's collectives (``launcher/cfp/search/comm.py``). It imports no
+search counts a compiled program's collectives (``launcher/sharding/search/comm.py``). It imports no
 JAX: XLA's own parser (``launcher/hlo/_xla.py``) is what checks a module before it runs.
 """
 

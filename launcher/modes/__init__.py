@@ -8,15 +8,17 @@ because two kinds of process read them:
   imports every one (``launcher/schema.py`` registers the schemas with Hydra and runs the checks
   before submission), and a task imports this table before it has set its devices: none of these
   imports JAX or the libraries that do.
-- ``launcher/modes/runs/<name>.py``: the ``run`` and its helpers, importing JAX, ``launcher/cfp/``,
+- ``launcher/modes/runs/<name>.py``: the ``run`` and its helpers, importing JAX, ``launcher/sharding/``,
   ``launcher/hlo/`` and ``models/`` at their top. Only a task imports one, once JAX is set up
   (``launcher/runtime/task.py``), through the reference its entry here holds
   (``"launcher.modes.runs.<name>:run"``, ``Mode.load``): the one lazy import of the modes.
 
-Adding a mode is those two modules and one line here. A preset is a config file only:
+Adding a mode is those two modules, one line here and its ``conf/mode/<name>.yaml``; its entry
+names the functions that render its result on the console (``launcher/console.py``; without
+them, a generic listing of its result). A preset is a config file only:
 ``conf/mode/cfp.yaml`` takes mode=search's schema (and with it ``code: search``, the entry that
 runs it) with lighter defaults and its own ``name``. No mode imports another: what the CFP modes
-share is the CFP pipeline's (``launcher/cfp/``) and their common options' (``cfp_config.py``).
+share is the sharding pipeline's (``launcher/sharding/``) and their common options' (``cfp_config.py``).
 """
 
 from __future__ import annotations
@@ -27,14 +29,19 @@ from launcher.errors import UserError
 from launcher.modes import analysis, check, hlo_replay, profile, run, search, train
 from launcher.modes.base import Mode, ModeConfig
 
+def _console(name: str) -> dict[str, str]:
+    """A mode's renderers in launcher/console.py: ``<name>_answer`` and ``<name>_line``."""
+    return {"answer": f"launcher.console:{name}_answer", "headline": f"launcher.console:{name}_line"}
+
+
 MODES: dict[str, Mode] = {
-    "analysis": Mode(analysis.Config, "launcher.modes.runs.analysis:run"),
-    "check": Mode(check.Config, "launcher.modes.runs.check:run"),
-    "hlo_replay": Mode(hlo_replay.Config, "launcher.modes.runs.hlo_replay:run"),
-    "profile": Mode(profile.Config, "launcher.modes.runs.profile:run"),
-    "run": Mode(run.Config, "launcher.modes.runs.run:run"),
-    "search": Mode(search.Config, "launcher.modes.runs.search:run"),
-    "train": Mode(train.Config, "launcher.modes.runs.train:run"),
+    "analysis": Mode(analysis.Config, "launcher.modes.runs.analysis:run", **_console("analysis")),
+    "check": Mode(check.Config, "launcher.modes.runs.check:run", **_console("check")),
+    "hlo_replay": Mode(hlo_replay.Config, "launcher.modes.runs.hlo_replay:run", **_console("replay")),
+    "profile": Mode(profile.Config, "launcher.modes.runs.profile:run", **_console("profile")),
+    "run": Mode(run.Config, "launcher.modes.runs.run:run", **_console("run")),
+    "search": Mode(search.Config, "launcher.modes.runs.search:run", **_console("comparison")),
+    "train": Mode(train.Config, "launcher.modes.runs.train:run", **_console("train")),
 }
 
 

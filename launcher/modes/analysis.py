@@ -4,14 +4,14 @@ Analyses the configured model's whole training step, or a dumped HLO module (``m
 for a logical mesh (``mode.mesh_shape``; empty means 1-D over every global device) and writes
 ``parallel_blocks.txt``, ``strategy_map.txt``, ``segments.txt`` and ``analysis.json`` into the run
 dir. The files depend only on the program and the mesh: the same input gives the same bytes.
-The pass itself is ``launcher.cfp.pipeline.analyze``, run by ``launcher/modes/runs/analysis.py``.
+The pass itself is ``launcher.sharding.pipeline.analyze``, run by ``launcher/modes/runs/analysis.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.cfp.search.meshes import AUTO, is_auto
+from launcher.sharding.search.meshes import AUTO, is_auto
 from launcher.errors import UserError
 from launcher.modes.cfp_config import AnalysisConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
@@ -29,6 +29,18 @@ class Mode:
     # "module:function", the function run(ctx: launcher.runtime.context.TaskContext) -> result.json's
     # fields: launcher/modes/runs/<name>.py's run, loaded by the task (load) once JAX is set up.
     run: str
+    # "module:function"s of launcher/console.py turning result.json into the console's text: the
+    # lines printed when the run ends, and the one-line headline of `xlaunch runs` ("": generic).
+    answer: str = ""
+    headline: str = ""
+
+    def renderer(self, which: str) -> Optional[Callable[[dict], str]]:
+        """Its ``answer`` or ``headline`` renderer (None: it names none)."""
+        ref = getattr(self, which)
+        if not ref:
+            return None
+        module, _, function = ref.partition(":")
+        return getattr(importlib.import_module(module), function)
 
     def load(self) -> Callable[[Any], dict]:
         """The mode's ``run``. Imported here, not with the table: a run's module imports JAX and the

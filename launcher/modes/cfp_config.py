@@ -2,7 +2,7 @@
 the profile's (mode=profile, search). Not a mode: ``analysis.py``, ``profile.py`` and
 ``search.py`` subclass these with their names and their own options.
 
-The profile's options are ``launcher.cfp.options.ProfileOptions``' fields under the same names,
+The profile's options are ``launcher.sharding.options.ProfileOptions``' fields under the same names,
 with its defaults: what each does and why its default is what it is, is said there once.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from launcher.cfp.options import ProfileOptions
-from launcher.cfp.search.meshes import AUTO, is_auto
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.search.meshes import AUTO, is_auto
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
-from launcher.checks import check_files, check_mesh_shape
+from launcher.modes.checks import check_files, check_mesh_shape
 
 
 @dataclass
 class AnalysisConfig(ModeConfig):
     # [] = 1-D over all global devices; e.g. [2, 4]; "auto" (profile, search and cfp) every logical
-    # mesh worth searching, the fastest plan over them kept (launcher/cfp/search/meshes.py)
+    # mesh worth searching, the fastest plan over them kept (launcher/sharding/search/meshes.py)
     mesh_shape: Any = field(default_factory=list)
     hlo_file: str = ""  # analyse this HLO text module instead of the model's training step
     learning_rate: float = 1e-3  # of the optimizer whose update is part of the analysed step
@@ -30,7 +30,7 @@ class AnalysisConfig(ModeConfig):
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the mesh fits the job's devices (a
         dumped module's mesh need not: it is analysed, not run), the module file exists.
-        ``job``: ``launcher.checks.Job``."""
+        ``job``: ``launcher.modes.checks.Job``."""
         if mode.hlo_file:
             check_files("mode.hlo_file", mode.hlo_file, job)
         shape = mode.mesh_shape
@@ -55,7 +55,7 @@ class ProfileConfig(AnalysisConfig):
     skip_over_budget: bool = ProfileOptions.skip_over_budget
     early_stop_ratio: float = ProfileOptions.early_stop_ratio
     overlap_compile: Optional[bool] = ProfileOptions.overlap_compile
-    # mode=profile's communication study (launcher/cfp/search/measure.py): every uniform plan of
+    # mode=profile's communication study (launcher/sharding/search/measure.py): every uniform plan of
     # the whole step, with its collectives and step time, run iterations steps x run_repeats.
     enumerate: bool = False
     iterations: int = 10

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from launcher.checks import check_files
+from launcher.modes.checks import check_files
 from launcher.errors import UserError
 from launcher.hlo.options import ArgumentMode
 from launcher.modes.base import ModeConfig
@@ -45,7 +45,7 @@ class Config(ModeConfig):
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the module files (and an arguments
-        file) exist. ``job``: ``launcher.checks.Job``."""
+        file) exist. ``job``: ``launcher.modes.checks.Job``."""
         check_files("mode.hlo_file", mode.hlo_file, job)
         if mode.argument_mode == ArgumentMode.file and not mode.arguments_file:
             raise UserError("mode.argument_mode=file needs mode.arguments_file=<file.npz>")

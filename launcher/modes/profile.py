@@ -8,7 +8,7 @@ best); results go to the profile store (``mode.store_dir``, shared by runs and r
 in a folder ``mesh_<shape>/`` per mesh). ``mode.enumerate=true`` adds the communication study:
 every uniform plan (all blocks on plan k) of the whole training step, with the collective volume
 of its compiled program, an estimate of the time spent communicating and the measured step
-time. The passes are ``launcher.cfp.pipeline``'s, the result's fields ``launcher.cfp.results``',
+time. The passes are ``launcher.sharding.pipeline``'s, the result's fields ``launcher.sharding.results``',
 run by ``launcher/modes/runs/profile.py``.
 """
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
-from launcher.runtime import program
+from launcher.runtime import user_program
 
 
 def _open_mapping() -> Any:
@@ -78,11 +78,11 @@ class Config(ModeConfig):
         if not code_dir.is_dir():
             raise UserError(f"mode.code_dir={mode.code_dir}: no such directory")
         if mode.script and (job.files_here or not Path(mode.script).is_absolute()):
-            program.check_script(mode.script, code_dir)  # a relative path is in code_dir, which is here
+            user_program.check_script(mode.script, code_dir)  # a relative path is in code_dir, which is here
         if mode.target:
-            program.parse_target(mode.target)
+            user_program.parse_target(mode.target)
             if job.same_python:
-                program.check_target(mode.target, OmegaConf.to_container(mode.kwargs, resolve=True), code_dir)
+                user_program.check_target(mode.target, OmegaConf.to_container(mode.kwargs, resolve=True), code_dir)
 
 
 def code_dir_of(mode) -> Path:

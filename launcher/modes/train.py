@@ -6,7 +6,7 @@ every global device, and reports losses, step time, throughput and memory.
 ``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep) or the path of a plan JSON file
 (the format ``models/plans.py`` documents; the search writes the same, with its per-operator
 layouts in ``constraints``, which apply to the model and optimizer settings it was searched for:
-``launcher.cfp.apply.constraints_transform`` hands them to ``models.train`` as a step transform).
+``launcher.sharding.apply.constraints_transform`` hands them to ``models.train`` as a step transform).
 
 ``mode.checkpoint_every=N`` saves the training state every N steps (and after the last) into
 ``<run dir>/checkpoints/`` (``launcher/runtime/checkpoint.py``); a run whose run dir holds a
@@ -45,7 +45,7 @@ class Config(ModeConfig):
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.schema.validate``): the plan exists, the steps leave some to
         time, the axis sizes are positive, a built-in plan's mesh splits the model's batch (and
-        experts) where the device count is known. ``job``: ``launcher.checks.Job``."""
+        experts) where the device count is known. ``job``: ``launcher.modes.checks.Job``."""
         from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
 
         if not 0 <= mode.warmup_steps < mode.steps:

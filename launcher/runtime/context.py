@@ -69,10 +69,10 @@ class TaskContext:
         tmp.replace(p)
         return p
 
-    def write_files(self, files: Mapping[str, str]) -> None:
-        """``write_text`` of each (run-dir path, text) in ``files``."""
-        for name, text in files.items():
-            self.write_text(name, text)
+    def write_files(self, files: Mapping[str, Any]) -> None:
+        """Each (run-dir path, content) of ``files``: text as it is, anything else as JSON."""
+        for name, content in files.items():
+            (self.write_text if isinstance(content, str) else self.write_json)(name, content)
 
     def write_json(self, name: str, obj: Any) -> Path | None:
         return self.write_text(name, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")

@@ -384,7 +384,7 @@ def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, ex
     failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed")
     here = (socket.gethostname(), _pid_namespace())
     dead = [st for r, (st, _) in sorted(statuses.items())
-            if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not _alive(st.pid)]
+            if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not pid_alive(st.pid)]
     if failed:
         st = statuses[failed[0][1]][0]
         reason = f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
@@ -433,8 +433,10 @@ def _pid_namespace() -> str:
         return ""
 
 
-def _alive(pid: int) -> bool:
-    # Only meaningful on the rank's own host; elsewhere the heartbeat's age decides.
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (it may be another's: see
+    ``clusters.base.job_process_alive``). Only meaningful on the rank's own host; elsewhere the
+    heartbeat's age decides."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -13,7 +13,6 @@ for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runt
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import os
 import socket
@@ -76,7 +75,7 @@ class Task(Checkpointable):
                     "run dir holds", requeue.signal_name(), attempt + 1, key, limit)
         return DelayedSubmission(nxt, *args, **kwargs)
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> str:
         cfg = OmegaConf.create(self.cfg)
         # Absolute: a mode may change the working directory (mode=run: the program's code dir),
         # and a TPU worker's run dir is its working directory (".").
@@ -119,19 +118,31 @@ class Task(Checkpointable):
             reporter.stop()
             logging.shutdown()
 
-    def _run(self, cfg, run_dir, rank, reporter, log, attempt) -> dict[str, Any]:
+    def _run(self, cfg, run_dir, rank, reporter, log, attempt) -> str:
+        """The task's steps in order; returns the path of result.json, which rank 0 wrote (the
+        result travels once: the launcher reads that file)."""
         t0 = time.perf_counter()
-        cluster = cfg.cluster
         log.info("rank %d/%d (local %d/%d, node %d) on %s from %s; coordinator %s", rank.process_id,
                  rank.num_processes, rank.local_rank, rank.local_size, rank.node_rank, socket.gethostname(),
                  rank.source, rank.coordinator)
-        fault_kind, _, fault_rank = cfg.launcher.fault.partition(":")
-        if fault_kind == "hang" and int(fault_rank) == rank.process_id:
-            log.warning("launcher.fault=%s: this rank will never join", cfg.launcher.fault)
-            while True:
-                time.sleep(3600)
+        _inject_fault(cfg, rank, log, before_start=True)
+        self._prepare_xla(cfg, run_dir, rank, log)
+        jax = self._start_distributed(cfg, rank, reporter, log)
+        init_s = time.perf_counter() - t0
+        _inject_fault(cfg, rank, log, before_start=False)
+        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
+                          clock=self._running["clock"])
+        result = self._run_mode(ctx, init_s)
+        self._write_result(ctx, result)
+        reporter.set("done")
+        if rank.num_processes > 1:
+            # Keeps rank 0's coordinator alive until every rank has finished its last collective.
+            jax.distributed.shutdown()
+        return str(run_dir / "result.json")
 
-        visible = devices.set_visibility(cluster.accelerator, cluster, rank)
+    def _prepare_xla(self, cfg, run_dir: Path, rank: ranks.RankInfo, log: logging.Logger) -> None:
+        """Device visibility, then XLA's dump or the compilation cache: all before JAX starts."""
+        visible = devices.set_visibility(cfg.cluster.accelerator, cfg.cluster, rank)
         log.info("device visibility: %s", visible or "unchanged")
         if cfg.launcher.xla_dump:
             dump = run_dir / "xla_dump" / f"rank{rank.process_id}"
@@ -144,15 +155,22 @@ class Task(Checkpointable):
             os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
         else:
             _compilation_cache(cfg, run_dir, log)
+
+    def _start_distributed(self, cfg, rank: ranks.RankInfo, reporter: status.RankReporter,
+                           log: logging.Logger) -> Any:
+        """JAX imported, its CPU devices set, ``jax.distributed.initialize`` with explicit
+        arguments, and the heartbeat started; returns the jax module."""
+        cluster = cfg.cluster
         jaxcompat.check_version()  # the tasks' JAX (a container's, say) may not be the launcher's
-        import jax  # noqa: PLC0415  JAX: only once this task's devices are set (above)
-        import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (above)
+        t0 = time.perf_counter()
+        import jax  # noqa: PLC0415  JAX: only once this task's devices are set (_prepare_xla)
+        import jaxlib  # noqa: PLC0415  JAX: only once this task's devices are set (_prepare_xla)
 
         log.info("jax %s, jaxlib %s", jax.__version__, jaxlib.__version__)
         cache_on = (os.environ.get("JAX_COMPILATION_CACHE_DIR")
                     and os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "true").lower() not in ("false", "0"))
-        cache = jaxcompat.count_compile_cache() if cache_on else None
-        compiles = self._running["compile"] = jaxcompat.time_compiles()
+        self._running["cache"] = jaxcompat.count_compile_cache() if cache_on else None
+        self._running["compile"] = jaxcompat.time_compiles()
         if cluster.accelerator == "cpu":
             jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
             if rank.num_processes > 1:  # before 0.5, gloo without jax.distributed fails to start
@@ -169,50 +187,63 @@ class Task(Checkpointable):
                 initialization_timeout=cfg.launcher.init_timeout_s,
                 heartbeat_timeout_seconds=cfg.launcher.heartbeat_timeout_s,
             )
-        init_s = time.perf_counter() - t0
         reporter.set("joined")
         self._running["clock"].mark("joined")
         reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s,
                        on_peer_failure=lambda why: _abort(log, reporter, why),
                        hang_timeout_s=cfg.launcher.hang_timeout_s, on_hang=lambda why: _abort(log, reporter, why, "hung"))
-        log.info("joined in %.2f s: %d global devices, %d local (%s)", init_s, jax.device_count(),
+        log.info("joined in %.2f s: %d global devices, %d local (%s)", time.perf_counter() - t0, jax.device_count(),
                  jax.local_device_count(), jax.devices()[0].platform)
-        if fault_kind in ("crash", "abort") and int(fault_rank) == rank.process_id:
-            log.warning("launcher.fault=%s: injecting a %s", cfg.launcher.fault, fault_kind)
-            if fault_kind == "abort":
-                os.abort()  # dies like a segfaulting or XLA-aborted process: no Python cleanup
-            raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
+        return jax
 
+    def _run_mode(self, ctx: TaskContext, init_s: float) -> dict[str, Any]:
+        """The mode's run, its result with what every result carries."""
+        import jax  # noqa: PLC0415  JAX: started by _start_distributed
 
-        ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
-                          clock=self._running["clock"])
+        cfg = ctx.cfg
         run = modes.find(cfg.mode).load()  # the mode's module imports JAX: only now may it be imported
         t1 = time.perf_counter()
         result = run(ctx)
-        result = {
+        return {
             "mode": cfg.mode.name,
             "mode_code": modes.code_of(cfg.mode),  # what ran: a preset's (cfp's) is search
-            "cluster": cluster.name,
-            "num_processes": rank.num_processes,
+            "cluster": cfg.cluster.name,
+            "num_processes": ctx.rank.num_processes,
             "global_devices": jax.device_count(),
             "platform": jax.devices()[0].platform,
             "init_time_s": init_s,
             "mode_time_s": time.perf_counter() - t1,
             **result,
         }
+
+    def _write_result(self, ctx: TaskContext, result: dict[str, Any]) -> None:
+        """result.json (rank 0), with the compilation cache's counts and where the time went."""
+        cache = self._running.get("cache")
         if cache is not None:  # rank 0's programs: loaded from the cache (hits) or compiled (misses)
             result["compile_cache"] = {"dir": os.environ["JAX_COMPILATION_CACHE_DIR"], **cache}
         # Where the time went, over this job's attempts so far (this one ends here).
-        ctx.clock.end("done", compiles["s"])
-        result["time"] = timing.summary(run_dir, step_times=result.get("step_times_s"))
+        ctx.clock.end("done", self._running["compile"]["s"])
+        result["time"] = timing.summary(ctx.run_dir, step_times=result.get("step_times_s"))
         if ctx.is_main:
             ctx.write_json("result.json", result)
-            log.info("wrote %s", run_dir / "result.json")
-        reporter.set("done")
-        if rank.num_processes > 1:
-            # Keeps rank 0's coordinator alive until every rank has finished its last collective.
-            jax.distributed.shutdown()
-        return json.loads(json.dumps(result, default=str))
+            ctx.log.info("wrote %s", ctx.run_dir / "result.json")
+
+
+def _inject_fault(cfg, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:
+    """``launcher.fault`` (the tests' failures): ``hang:N`` never joins; ``crash:N`` raises and
+    ``abort:N`` aborts once joined."""
+    kind, _, at = cfg.launcher.fault.partition(":")
+    if not kind or int(at) != rank.process_id:
+        return
+    if before_start and kind == "hang":
+        log.warning("launcher.fault=%s: this rank will never join", cfg.launcher.fault)
+        while True:
+            time.sleep(3600)
+    if not before_start and kind in ("crash", "abort"):
+        log.warning("launcher.fault=%s: injecting a %s", cfg.launcher.fault, kind)
+        if kind == "abort":
+            os.abort()  # dies like a segfaulting or XLA-aborted process: no Python cleanup
+        raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
 
 
 def _compilation_cache(cfg, run_dir: Path, log: logging.Logger) -> None:

@@ -1,14 +1,14 @@
-"""mode=analysis's run: the CFP analysis pass (``launcher.cfp.pipeline.analyze``) and its files.
+"""mode=analysis's run: the CFP analysis pass (``launcher.sharding.pipeline.analyze``) and its files.
 The options and what they mean: ``launcher/modes/analysis.py``."""
 
 from __future__ import annotations
 
-from typing import Any
 
-from launcher.cfp import pipeline
+from launcher.sharding import pipeline
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx: Any) -> dict:
+def run(ctx: TaskContext) -> dict:
     cfg = ctx.mode_cfg
     analyzed = pipeline.analyze(None if cfg.hlo_file else ctx.model(), mesh_shape=cfg.mesh_shape,
                                 hlo_file=cfg.hlo_file, learning_rate=cfg.learning_rate,

@@ -14,9 +14,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from launcher.jaxcompat import shard_map
 from launcher.runtime import hosts
 from launcher.runtime.status import read_statuses
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx) -> dict:
+def run(ctx: TaskContext) -> dict:
     cfg = ctx.mode_cfg
     n = jax.device_count()
     mesh = Mesh(np.array(jax.devices()), ("d",))

@@ -9,9 +9,10 @@ from launcher.hlo.module import expand
 from launcher.hlo.options import ReplayOptions
 from launcher.hlo.replay import replay
 from launcher.runtime import trace
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx) -> dict:
+def run(ctx: TaskContext) -> dict:
     cfg = ctx.mode_cfg
     output_file = None
     if cfg.output_file:

@@ -1,16 +1,16 @@
-"""mode=profile's run: the CFP analysis and profile passes over every mesh (``launcher.cfp.pipeline``),
+"""mode=profile's run: the CFP analysis and profile passes over every mesh (``launcher.sharding.pipeline``),
 and the communication study where asked. The options and what they mean: ``launcher/modes/profile.py``."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from launcher.cfp import pipeline, results
-from launcher.cfp.options import ProfileOptions
+from launcher.sharding import pipeline, results
+from launcher.sharding.options import ProfileOptions
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx: Any) -> dict:
+def run(ctx: TaskContext) -> dict:
     t0 = time.perf_counter()
     cfg = ctx.mode_cfg  # Config.check refused a mode.hlo_file before submission
     log = lambda line: ctx.log.info("%s", line)

@@ -15,22 +15,23 @@ from omegaconf import OmegaConf
 from launcher import api
 from launcher.errors import UserError
 from launcher.modes.run import code_dir_of
-from launcher.runtime import checkpoint, program, requeue, stop
+from launcher.runtime import checkpoint, requeue, stop, user_program
 from launcher.runtime.context import _json_default
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx) -> dict:
+def run(ctx: TaskContext) -> dict:
     cfg = ctx.mode_cfg
     # A backend that copied the code (TPU) says where; elsewhere the launcher's directory is shared.
-    code_dir = Path(os.environ.get(program.CODE_DIR_ENV) or code_dir_of(cfg))
-    program.enter(code_dir)
+    code_dir = Path(os.environ.get(user_program.CODE_DIR_ENV) or code_dir_of(cfg))
+    user_program.enter(code_dir)
     what = cfg.target or cfg.script
     kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True)
     if cfg.target:
-        function = program.load_target(cfg.target, kwargs)
+        function = user_program.load_target(cfg.target, kwargs)
     else:
-        program.check_script(cfg.script, code_dir)
-        script = program.script_path(cfg.script, code_dir)
+        user_program.check_script(cfg.script, code_dir)
+        script = user_program.script_path(cfg.script, code_dir)
 
     checkpoints = checkpoint.directory(ctx.run_dir)
     checkpoints.mkdir(parents=True, exist_ok=True)
@@ -46,9 +47,9 @@ def run(ctx) -> dict:
     with _initialized_already(ctx):
         try:
             if cfg.target:
-                returned = program.call_target(cfg.target, function, kwargs)
+                returned = user_program.call_target(cfg.target, function, kwargs)
             else:
-                program.run_script(script, list(cfg.args))
+                user_program.run_script(script, list(cfg.args))
         except BaseException:
             stops.close()
             raise

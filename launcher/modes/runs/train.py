@@ -9,16 +9,17 @@ import time
 import jax
 from omegaconf import OmegaConf
 
-from launcher.cfp.apply import constraints_transform
+from launcher.sharding.apply import constraints_transform
 from launcher.errors import UserError
 from launcher.models.base import check_model
 from launcher.models.plans import load_plan
 from launcher.models.step import make_optimizer
 from launcher.models.train import Trainer
 from launcher.runtime import checkpoint, trace
+from launcher.runtime.context import TaskContext
 
 
-def run(ctx) -> dict:
+def run(ctx: TaskContext) -> dict:
     cfg = ctx.mode_cfg  # Config.check held the step counts and the plan name before submission
     model = ctx.model()
     check_model(model)

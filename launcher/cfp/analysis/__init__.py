@@ -1,6 +1,0 @@
-"""CFP's analysis pass: the training step's operator graph, its contractions and their parallel
-strategies, ParallelBlocks and the unique segments among them (map: ``launcher/cfp/__init__.py``)."""
-
-from launcher.cfp.analysis.core import Analysis, analyze, analyze_graph
-
-__all__ = ["Analysis", "analyze", "analyze_graph"]

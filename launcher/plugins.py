@@ -1,0 +1,30 @@
+"""Parts registered by subclassing (cluster backends, sharding algorithms): importing every
+module of their package, and one module from outside it that a config names."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+from launcher.errors import UserError
+
+
+def import_all(package: ModuleType, outside: Optional[str] = None, option: str = "", cwd: bool = False) -> None:
+    """Imports each module of ``package`` (its classes register themselves), then ``outside``
+    (set by the config key ``option``); ``cwd``: the working directory is searched too, as for a
+    user's code. UserError where ``outside`` cannot be imported."""
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    if not outside:
+        return
+    if cwd and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        importlib.import_module(outside)
+    except ImportError as e:
+        raise UserError(f"{option}={outside}: cannot be imported ({e}); put its directory on PYTHONPATH or "
+                        "install it") from None

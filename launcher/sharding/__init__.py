@@ -1,0 +1,69 @@
+"""Sharding searches: how to lay a training step out over a mesh, and the proof, measured.
+
+Every algorithm is a class of ``algorithms/`` (``base.Algorithm``, registered by subclassing):
+CFP's profiling search (``algorithms/cfp.py``, after "Profiling-based Intra-operator Parallelism
+Generation by Preserving Communication-Free Structures", on stock JAX) and the Alpa-style ILP
+(``algorithms/ilp.py``). Each plans a program on the logical meshes analysed; one orchestration,
+``pipeline.run_search``, analyses, has the algorithm plan, races the plan beside the baselines
+and answers, for mode=search, ``autoshard`` and the benches alike. CFP's three passes stay
+callable one by one (``pipeline.analyze -> Analyzed``, ``profile -> Profiled``, ``cfp_plan ->
+Planned``), each taking its options object (``options.py``) and ``log``/``progress`` callbacks.
+
+    algorithms/            base.py: what an algorithm provides, the registry; cfp.py, ilp.py
+    pipeline.py            the passes, on one mesh or every mesh of mode.mesh_shape; run_search
+    options.py             ProfileOptions, SearchOptions, IlpOptions: every option, its one default
+    results.py             the result.json fields of each pass (for the modes)
+    program.py             shared: the training step CFP works on (TrainingProgram), from a model
+    user_step.py           ... or from any function a user jits: what is read from it, its baselines
+    autoshard.py           the passes over a user's step from Python (autoshard -> AutoPlan: apply,
+                           shardings, save/load) and mode=search mode.step's factory
+    apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
+                           constrained whole step, and the step transforms models.train takes
+
+    analysis/              pass 1: what can be split, and how
+      core.py              Analysis, analyze (a traced step), analyze_graph (an HLO module)
+      graph.py             the jaxpr walk: the step as a flat operator graph (shared by every pass)
+      hlo_text.py          the same graph from an HLO text module (read by launcher/hlo/text.py)
+      contractions.py      tensor contractions and their dimension roles
+      strategies.py        parallel strategies of a contraction on the mesh (Alpa's notation)
+      propagation.py       how a partition propagates through each primitive without communication
+      blocks.py            ParallelBlocks
+      references.py        built-in plans' layouts in the space: the blocks offer them; nearest plans
+      segments.py          unique segments by template matching over the block sequence
+
+    profile/               pass 2: every plan combination of each unique segment, measured
+      profiler.py          Profiler (runs the parts below in order) -> Profiles
+      units.py             what is profiled: segments, or parts of them, and their combinations
+      candidates.py        the candidate loop: compile, time, store each combination
+      budget.py            a memory budget no plan can meet, refused as soon as that is known
+      boundaries.py        tensors crossing between units; the resharding pairs they need
+      keys.py              profile-store keys (PROFILE_VERSION)
+      programs.py          programs timed besides segments: resharding, all-reduce latency,
+                           the whole step's overhead program; gradient all-reduces per unit
+      segment_program.py   a segment alone as a program, with synthetic inputs
+      store.py             the on-disk profile store (shared by runs, safe to kill)
+      timing.py            how a program is timed (shared with search/measure.py)
+      quiet.py             retaking measurements the hypervisor interrupted (shared likewise)
+
+    search/                pass 3: the plan
+      dp.py                dynamic programming over the segment sequence; the shortlist
+      meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
+                           every pass that works mesh by mesh goes through
+      nearest.py           the plan nearest each built-in plan
+      measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
+                           race, pick, baselines, and mode=profile's communication study
+      comm.py              collectives of a compiled program (volume by kind)
+      report.py            the comparison table and chart
+
+    ilp/                   the comparison: Alpa's intra-operator ILP on the same program and mesh
+                           (mode.algorithm=ilp, the alpa_ilp baseline; algorithms/ilp.py)
+      operators.py         Alpa's graph: a node per contraction, the other operators following one
+      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
+      calibrate.py         that model measured on the mesh, once, into the profile store
+      formulate.py         node costs, edge costs, liveness memory rows
+      solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
+      plan.py              the steps in order; the solution as block plans or per-contraction layouts
+
+Nothing here imports JAX at module level except the modules that need it to do their work (so
+``launcher.sharding.autoshard`` is imported explicitly: ``from launcher.sharding.autoshard import autoshard``).
+"""

@@ -1,0 +1,514 @@
+"""Auto-sharding a user's own training step: CFP's passes (or the Alpa-style ILP) over any
+function the user jits, the plan handed back as shardings the user's code applies.
+
+    from launcher.sharding.autoshard import autoshard, AutoPlan
+
+    plan = autoshard(train_step, state, batch, store_dir="profiles")   # every device JAX sees
+    step = plan.apply(train_step)              # jitted, under the plan's layouts
+    state, batch = plan.place(state, batch)    # or jax.device_put(x, plan.shardings(state, batch))
+    for _ in range(steps):
+        state, loss = step(state, batch)
+    plan.save("plan.json")                     # AutoPlan.load("plan.json").apply(train_step) elsewhere
+
+What is read from the step and its arguments (which are data, which state is fed back, what is
+static) is ``user_step.py``'s; the passes are ``pipeline.py``'s, as mode=search runs them for the
+built-in models, with the baselines a user would compare with: dp, fsdp and the user's own
+``in_shardings``. ``mode=search mode.step=pkg.module:make_step`` runs the same search from the
+command line (``load_step``: a factory returning the step and its example arguments, or a
+``Step``) and writes the ``AutoPlan`` as plan.json. docs/autoshard.md is the reference.
+
+Every process of a multi-process job calls ``autoshard`` alike (inside ``mode=run``, or after
+``jax.distributed.initialize``): each runs the same programs, the slowest process's times decide,
+so all get the same plan; process 0 writes the profile store and ``save``'s file.
+
+A plan is checked where it is used: ``shardings``, ``place`` and ``apply`` refuse, in one line
+(``UserError``), arguments shaped unlike the example ones, a step whose traced program differs
+from the one searched (its signature, ``apply.program_signature``) and another device count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from launcher.sharding import pipeline
+from launcher.sharding.apply import constrained_step, make_mesh, pspec, spec_from_json
+from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms
+from launcher.sharding.options import USER_BASELINE, IlpOptions, ProfileOptions, SearchOptions
+from launcher.sharding.program import TrainingProgram
+from launcher.sharding.search.measure import PlanRun
+from launcher.sharding.search.meshes import AUTO
+from launcher.sharding.profile.keys import device_signature
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.search.report import table_text
+from launcher.sharding.reading import combine, program_args, split, write_back
+from launcher.sharding.user_step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
+                                    shapes_of, step_program)
+from launcher.errors import UserError
+from launcher.runtime import hosts
+from launcher.runtime import user_program
+
+# Where autoshard's defaults differ from mode=search's (launcher/sharding/options.py): the final race
+# in ten short rounds rather than three long ones (pairing cancels a shared machine's drift round
+# by round, and a baseline 1.25x the fastest after three rounds stops racing), and a shortlist of
+# three: a search from Python is interactive, and these are where its time went.
+AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3}
+
+FORMAT = "xlaunch-autoshard-plan"
+VERSION = 2  # 2: the step's reading (state_argnums, loss) saved, data_argnums in the step's positions
+
+
+@dataclass
+class Step:
+    """What a ``mode.step`` factory may return instead of ``(step_fn, example_args)``."""
+    fn: Callable[..., Any]
+    args: Sequence[Any]
+    data_argnums: Optional[Sequence[int]] = None  # default: the last argument
+    in_shardings: Any = None                      # the user's own layout, raced as the "user" baseline
+    state_argnums: Optional[Sequence[int]] = None  # default: the arguments whose new values the step returns
+    loss: Any = None                              # default: its one scalar (reading.py)
+
+
+def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: str = "cfp",
+              memory_budget_gb: float = ProfileOptions.memory_budget_gb, store_dir: str = ProfileOptions.store_dir,
+              data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
+              state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
+              baselines: Sequence[str] = STEP_BASELINES, log: Optional[Callable[[str], None]] = None,
+              reuse: bool = True, **options: Any) -> "AutoPlan":
+    """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
+
+    ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
+    any pytree: Flax NNX state or modules, Linen variables, Equinox modules, dicts).
+    ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
+    kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``"cfp"`` (profile the
+    step's segments, then search) or ``"ilp"`` (the Alpa-style ILP, nothing profiled).
+    ``memory_budget_gb``: per device, 0 for none. ``store_dir``: the profile store (reused by
+    later searches). ``data_argnums``: which arguments are data (default: the last one).
+    ``in_shardings``: the shardings the user's own code gives the arguments (as for
+    ``jax.jit``), raced as the ``user`` baseline (default: the layouts the example arguments
+    already have, where laid out). ``state_argnums``: which arguments are state whose new values
+    the step returns (default: those it returns a value alike; ``()``: none). ``loss``: a path of
+    the step's outputs, or a function returning one (default: its one floating-point scalar).
+    ``reuse``: hand back the plan an earlier search of the same step (traced program and
+    arguments), devices and options left in the profile store, without searching again (False:
+    search again). ``baselines``: built-in names raced beside the
+    plan (dp, fsdp; ``alpa_ilp`` the ILP's plan beside CFP's). ``log``: a line at a time
+    (default: printed by process 0). ``options``: any other option of the passes by name
+    (``launcher/sharding/options.py``: iterations, run_repeats, repeats, max_segment_space,
+    verify_top_k, ..., and ilp_time_limit_s).
+
+    Returns the ``AutoPlan``. UserError (one line) for bad input: see ``user_step.step_program``.
+    """
+    kind = Algorithm.named(algorithm, option="algorithm")
+    log = _keywords(log or _print_main)
+    program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
+                           state_argnums=state_argnums, loss=loss, log=log)
+    settings = {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir, "baselines": list(baselines), **options}
+    search = search_options(program, settings)
+    store = ProfileStore(Path(search.profile.store_dir).expanduser().resolve())
+    key = _answer_key(program, mesh_shape, algorithm, search, settings)
+    if reuse:
+        earlier = _stored_answer(store, key)
+        if earlier is not None:
+            log(f"reusing the plan a search of {program.name} with these arguments, devices and options left in "
+                f"{store.root} ({earlier.why or earlier.source}); reuse=False searches again")
+            return earlier
+    out = pipeline.run_search(program, kind(search, settings), mesh_shape=mesh_shape,
+                              hooks=Hooks(log=log, is_main=jax.process_index() == 0))
+    plan = AutoPlan.of(program, out)
+    own = replace(plan.own, why=as_keywords(plan.own.why)) if plan.own is not None else None
+    plan = replace(plan, why=as_keywords(plan.why), own=own)
+    if jax.process_index() == 0:
+        store.put(key, {"plan": plan.to_json()})
+    return plan
+
+
+def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions,
+                settings: dict) -> dict:
+    """What an answer depends on: the traced step and its arguments, the devices, the options
+    (the store it is kept in aside), the user's own layout."""
+    options = {**dataclasses.asdict(search), "profile": {k: v for k, v in dataclasses.asdict(search.profile).items()
+                                                          if k != "store_dir"}}
+    user = ([str(s.spec) for s in jax.tree.leaves(program.in_shardings)] if program.in_shardings is not None else None)
+    return {"version": VERSION, "kind": "autoshard-answer", "program": program.signature,
+            "args": describe_leaves(program.args), "devices": device_signature(make_mesh([jax.device_count()])),
+            "mesh_shape": str(mesh_shape), "algorithm": algorithm, "options": json.loads(json.dumps(options, default=str)),
+            "ilp_time_limit_s": settings.get("ilp_time_limit_s", IlpOptions.time_limit_s), "user": user, "loss": program.reading.loss_path}
+
+
+def _stored_answer(store: ProfileStore, key: dict) -> Optional["AutoPlan"]:
+    """The stored plan for ``key``, rank 0's decision on every process (they share the store)."""
+    entry = store.get(key) if jax.process_index() == 0 else None
+    if not hosts.broadcast(np.array([int(entry is not None)], dtype=np.int32))[0]:
+        return None
+    entry = entry if entry is not None else store.get(key)
+    return AutoPlan.from_dict(entry["plan"], "the profile store")
+
+
+def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> SearchOptions:
+    """The search's options from ``settings`` (their fields by name, and the algorithms' own,
+    ``Algorithm.option_names``); the user's own shardings raced where the program has them."""
+    names = {f.name for cls in (SearchOptions, ProfileOptions) for f in fields(cls)} - {"profile"}
+    own = {n for a in algorithms().values() for n in a.option_names}
+    unknown = sorted(set(settings) - names - own)
+    if unknown:
+        raise UserError(f"autoshard: no option {', '.join(unknown)}; the options are {', '.join(sorted(names))} and "
+                        f"{', '.join(sorted(own))} (launcher/sharding/options.py says what each does)")
+    defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls)
+                if f.name != "profile"}
+    config = {**defaults, **AUTOSHARD_DEFAULTS, "seed": seed, **{k: v for k, v in settings.items() if k in names}}
+    return pipeline.with_user_baseline(SearchOptions.of(config), program)
+
+
+def _keywords(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` speaking autoshard's keywords (``as_keywords``)."""
+    return lambda line: log(as_keywords(line))
+
+
+def as_keywords(text: str) -> str:
+    """The passes speak the command line's keys (``mode.verify_margin``); from Python they are
+    autoshard's keywords (``verify_margin=``)."""
+    return re.sub(r"\bmode\.([a-z_]+)", r"\1", text)
+
+
+def _print_main(line: str) -> None:
+    if jax.process_index() == 0:
+        print(f"autoshard: {line}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class AutoPlan:
+    """A searched plan of a user's step: its mesh, its layouts (per operator and per argument,
+    ``apply.py``'s ``constraints``, with the step's signature), the arguments it was searched
+    for, and what was predicted and measured beside the baselines."""
+
+    mesh_shape: list[int]
+    constraints: dict[str, Any]
+    args: list[dict]                  # per array leaf of the program's arguments (reading.py): path, shape, dtype
+    data_argnums: list[int]           # the step's data arguments (its own positions)
+    device_count: int
+    algorithm: str                    # cfp | ilp
+    step: str                         # the step function's name
+    source: str                       # which plan the search kept (search optimum, nearest dp, ILP...)
+    predicted_step_time_s: Optional[float]   # the search's prediction (None for a baseline's plan)
+    predicted_memory_gb: Optional[float]
+    measured: dict                    # the plan's run: step_time_s, repeat_times_s, memory_gb, tflops, losses
+    baselines: dict[str, dict]        # name -> its run, likewise
+    skipped: dict[str, str] = field(default_factory=dict)  # baselines not run, and why
+    meshes: list[dict] = field(default_factory=list)       # per logical mesh searched: its optimum (or why none)
+    # Its row in the race: the searched plan's (cfp; alpa_ilp under the ILP), or the baseline
+    # that was the answer (dp, fsdp, user, alpa_ilp beside CFP); "" in files before there were answers.
+    name: str = ""
+    why: str = ""                     # which plan this is of the race, and why, in words
+    # How the step was read (reading.py), beyond data_argnums: its state arguments where given,
+    # and the path of its loss among its outputs ("" where none).
+    state_argnums: Optional[list[int]] = None
+    loss: str = ""
+    # This session's pipeline.Searched, where CFP searched (its shortlist, profiles...); not saved.
+    searched: Any = field(default=None, repr=False, compare=False)
+    # The searched plan itself, where another plan is the answer (this one); not saved.
+    own: Optional["AutoPlan"] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+        """The answer of a search (``pipeline.run_search``'s ``Searched``): the algorithm's plan
+        where the final race measured it faster than the fastest baseline by the margin, else
+        that baseline's (``answered``)."""
+        return cls.searched_by(program, out).answered(program, out.answer)
+
+    @classmethod
+    def searched_by(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+        """The algorithm's own plan, whichever plan is the answer."""
+        p, reading = out.planned, program.reading
+        memory = p.predicted_memory_bytes / 2**30 if p.predicted_memory_bytes is not None else None
+        plan = cls([int(n) for n in p.mesh_shape], dict(p.plan.constraints), describe_leaves(program.args),
+                   list(reading.user_data_argnums), jax.device_count(), p.algorithm, program.name, p.source,
+                   p.predicted_step_time_s, memory, _run_json(out.searched),
+                   {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
+                   state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
+                   loss=reading.loss_path)
+        plan.searched = p.details
+        return plan
+
+    def answered(self, program: TrainingProgram, answer: Any) -> "AutoPlan":
+        """This plan where it is ``answer`` (``pipeline.Answer``, the fastest plan measured:
+        docs/cfp.md, "The answer"), else the answer's: a baseline's layouts (its argument
+        shardings, nothing pinned inside the step) or the ILP's, with the same race's figures."""
+        if answer.name == self.row:
+            return replace(self, why=answer.why())
+        runs = {self.row: self.measured, **self.baselines}
+        other = Algorithm.of_row(answer.name)
+        if other is not None:  # another algorithm's plan, raced as a baseline
+            mesh_shape = [int(n) for _, n in answer.plan.mesh_axes]
+            constraints, source = dict(answer.plan.constraints), other.name.upper()
+        else:
+            mesh_shape, constraints = baseline_constraints(program, answer.name)
+            source = f"baseline {answer.name}"
+        return replace(self, name=answer.name, why=answer.why(), mesh_shape=mesh_shape, constraints=constraints,
+                       source=source, predicted_step_time_s=None, predicted_memory_gb=None,
+                       measured=runs.pop(answer.name), baselines=runs, own=self)
+
+    # --- what it says --------------------------------------------------------------------------
+
+    @property
+    def signature(self) -> str:
+        return self.constraints.get("program", "")
+
+    @property
+    def row(self) -> str:
+        """Its row in the comparison: cfp, alpa_ilp, or the baseline that was the answer."""
+        return self.name or self._searched_row
+
+    @property
+    def _searched_row(self) -> str:
+        """The searched plan's row: its algorithm's (cfp, alpa_ilp)."""
+        algorithm = algorithms().get(self.algorithm)
+        return algorithm.row if algorithm is not None else self.algorithm
+
+    @property
+    def step_time_s(self) -> float:
+        return self.measured["step_time_s"]
+
+    def comparison(self) -> dict:
+        """What the race measured, named as it ran: ``fastest`` (the plan of least median step
+        time, searched or baseline) and its time; ``best_baseline`` (the fastest baseline: never
+        the searched plan) and the answer's time over it (``vs_best_baseline``, medians;
+        ``vs_best_baseline_paired``, round by round); the searched plan's own over it
+        (``searched_vs_best_baseline_paired``); and against the user's own shardings where they
+        ran (``vs_user_paired``: below 1, the answer beat them). A baseline dropped from the race
+        (``drop_slower_than``) is compared over the rounds it ran."""
+        runs = self._runs()
+        searched = self._searched_row
+        baselines = {n: r for n, r in runs.items() if n != searched}
+        fastest = min(runs, key=lambda n: runs[n].step_time_s)
+        out: dict[str, Any] = {"answer": self.row, "fastest": fastest, "fastest_step_time_s": runs[fastest].step_time_s}
+        if not baselines:
+            return out
+        best = min(baselines, key=lambda n: baselines[n].step_time_s)
+        mine = runs[self.row]
+        out.update(best_baseline=best, vs_best_baseline=mine.step_time_s / runs[best].step_time_s,
+                   vs_best_baseline_paired=_paired(mine, runs[best]))
+        if searched in runs:
+            out["searched_vs_best_baseline_paired"] = _paired(runs[searched], runs[best])
+        if USER_BASELINE in runs:
+            out["vs_user_paired"] = _paired(mine, runs[USER_BASELINE])
+        return out
+
+    def table(self) -> str:
+        """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
+        algorithm = algorithms().get(self.algorithm)
+        heading = algorithm.heading if algorithm is not None else f"{self.algorithm}'s plan"
+        title = f"{heading} of {self.step} against the baselines (same devices)"
+        return table_text(self._runs(), self.skipped, title=title, answer=self.row,
+                          notes=[self.why] if self.why else ())
+
+    def _runs(self) -> dict[str, PlanRun]:
+        return {name: PlanRun(name, r["repeat_times_s"], r.get("losses", []), int(r["memory_gb"] * 2**30),
+                              r["flops"], r.get("compile_time_s", 0.0))
+                for name, r in {self.row: self.measured, **self.baselines}.items()}
+
+    # --- using it ------------------------------------------------------------------------------
+
+    def mesh(self, devices: Optional[Sequence[Any]] = None) -> Any:
+        """The plan's logical mesh over ``devices`` (default: every device, which must be as
+        many as it was searched on)."""
+        devices = list(devices) if devices is not None else jax.devices()
+        if len(devices) != self.device_count:
+            raise UserError(f"this plan was searched on {self.device_count} devices, and this job has {len(devices)}: "
+                            f"run on {self.device_count} devices, or autoshard the step again on these")
+        return make_mesh(self.mesh_shape, devices)
+
+    def shardings(self, *args: Any) -> tuple:
+        """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
+        (``reading.py``: Flax NNX objects as their joint state, first), as the plan lays them out:
+        ``jax.device_put``, ``jax.jit(in_shardings=...)``. Non-array leaves (static) get None."""
+        pargs, _ = program_args(args)
+        arrays, _ = split(pargs)
+        self._check_args(arrays)
+        mesh = self.mesh()
+        leaves, tree = jax.tree_util.tree_flatten_with_path(arrays)
+        return tuple(jax.tree.unflatten(tree, [self._sharding(jax.tree_util.keystr(p), mesh) for p, _ in leaves]))
+
+    def place(self, *args: Any) -> tuple:
+        """``args`` laid out as the plan says (``shardings``): a value the same on every process
+        (host arrays, or jax arrays each process holds whole) becomes a global array; Flax NNX
+        objects are updated in place (and returned)."""
+        pargs, at = program_args(args)
+        arrays, static = split(pargs)
+        placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
+        return write_back(args, at, tuple(placed))
+
+    def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
+        """``step_fn`` jitted under the plan, called as the step is (Flax NNX objects updated in
+        place, as ``nnx.jit`` does): its arguments laid out as ``shardings`` (placed there when
+        they are not), every layout the plan fixes inside the step pinned (sharding
+        constraints), the state it returns laid out as it came in, the rest replicated."""
+        return Applied(self, step_fn, tuple(donate_argnums))
+
+    def _sharding(self, path: str, mesh: Any) -> NamedSharding:
+        entry = self.constraints.get(f"in:{path}")
+        return NamedSharding(mesh, pspec(spec_from_json(entry)) if entry is not None else PartitionSpec())
+
+    def _check_args(self, arrays: Any) -> None:
+        given = describe_leaves(shapes_of(arrays))
+        if [a["path"] for a in given] != [a["path"] for a in self.args]:
+            missing = sorted({a["path"] for a in self.args} ^ {a["path"] for a in given})
+            raise UserError(f"the arguments are not those the plan was searched for (leaves {missing[:3]} differ): "
+                            f"give {self.step}'s arguments as autoshard had them, or autoshard again")
+        for g, a in zip(given, self.args, strict=True):
+            if g != a:
+                raise UserError(f"argument {g['path']} is {g['dtype']}{g['shape']}, and the plan was searched for "
+                                f"{a['dtype']}{a['shape']}: give arguments shaped as the example ones, or autoshard "
+                                "the step again for these shapes")
+
+    # --- saving ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        out = {"format": FORMAT, "version": VERSION,
+               **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SAVED}}
+        out["comparison"] = self.comparison()
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Writes the plan as JSON (process 0 only, whole or not at all); ``AutoPlan.load`` reads it."""
+        path = Path(path)
+        if jax.process_index() == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp",
+                                             delete=False) as f:
+                json.dump(self.to_json(), f, indent=1, default=float)
+            os.replace(f.name, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "AutoPlan":
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such plan file; give the path autoshard's plan.save or mode=search "
+                            "mode.step=... wrote") from None
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path}: not a plan file ({e})") from None
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "AutoPlan":
+        """A plan from ``to_json``'s dict (read from ``where``)."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise UserError(f"{where} is not an auto-sharding plan (a plan.json of mode=search for a built-in model "
+                            "runs with mode=train mode.plan=...; this loads what autoshard or mode=search "
+                            "mode.step=... wrote)")
+        if data.get("version") != VERSION:
+            raise UserError(f"{where}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
+                            "autoshard the step again")
+        known = {f.name for f in fields(cls)} - _NOT_SAVED
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_NOT_SAVED = {"searched", "own"}  # this session's objects
+
+
+def _paired(a: PlanRun, b: PlanRun) -> float:
+    """``a``'s time over ``b``'s round by round (the median), over the rounds both ran."""
+    n = min(len(a.repeat_times_s), len(b.repeat_times_s))
+    return 1.0 if a is b else statistics.median(x / y for x, y in zip(a.repeat_times_s[:n], b.repeat_times_s[:n],
+                                                                         strict=True))
+
+
+def _placed(x: Any, sharding: Any) -> Any:
+    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+        return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        raise UserError("plan.place and plan.apply take arrays; a jax.ShapeDtypeStruct has no values to place")
+    return place(x, sharding)
+
+
+def _run_json(r: PlanRun) -> dict:
+    return {**r.summary(), "losses": list(r.losses), "flops": r.flops}
+
+
+class Applied:
+    """A plan applied to a step function (``AutoPlan.apply``): called as the step is. The first
+    call with arguments of a structure traces the step, checks it is the one searched, and jits
+    it under the plan; later calls run the compiled step."""
+
+    def __init__(self, plan: AutoPlan, fn: Callable[..., Any], donate_argnums: tuple[int, ...]) -> None:
+        self.plan, self.fn, self.donate_argnums = plan, fn, donate_argnums
+        self._compiled: dict[Any, tuple[TrainingProgram, Any, Any]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        pargs, _ = program_args(args)
+        arrays, static = split(pargs)
+        key = (jax.tree.structure(arrays), jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
+        if key not in self._compiled:
+            self._compiled[key] = self._build(args)
+        program, jitted, shardings = self._compiled[key]
+
+        def run(*pargs: Any) -> Any:
+            arrays, _ = split(pargs)
+            return program.step.whole(jitted(*jax.tree.map(_placed, arrays, shardings)))
+
+        return program.reading.call(run, args)
+
+    def _build(self, args: tuple) -> tuple[TrainingProgram, Any, Any]:
+        plan = self.plan
+        shardings = plan.shardings(*args)
+        program = step_program(self.fn, args, data_argnums=plan.data_argnums, state_argnums=plan.state_argnums,
+                               loss=plan.loss or None)
+        if program.signature != plan.signature:
+            raise UserError(f"this plan was searched for another step ({plan.step}, signature {plan.signature}); "
+                            f"{program.name}'s traced program differs ({program.signature}): apply the plan to the "
+                            "step it was searched for, or autoshard this one")
+        mesh = plan.mesh()
+        body, in_shardings, _ = constrained_step(program.step, program.args, plan.constraints, mesh,
+                                                 plan=f"autoshard {plan.step}")
+        outs = out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        donate = tuple(sorted({program.reading.program_position(i) for i in self.donate_argnums}))
+        jitted = jax.jit(body, in_shardings=in_shardings, out_shardings=outs, donate_argnums=donate)
+        return program, jitted, shardings
+
+
+def _key(x: Any) -> Any:
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return id(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# A step named on the command line (mode=search mode.step=pkg.module:make_step)
+
+
+def load_step(target: str, code_dir: Optional[str] = None, log: Callable[[str], None] = lambda line: None
+              ) -> TrainingProgram:
+    """The program of the step factory ``target`` (``module:function``, importable from
+    ``code_dir``, default the working directory): called with no arguments, it returns
+    ``(step_fn, example_args)`` or a ``Step``."""
+    code_dir = str(Path(code_dir or os.getcwd()).resolve())
+    if code_dir not in sys.path:
+        sys.path.insert(0, code_dir)
+    made = user_program.load_target(target, {}, option="mode.step")()
+    if isinstance(made, tuple) and len(made) == 2 and callable(made[0]):
+        made = Step(made[0], made[1])
+    if not isinstance(made, Step) or not callable(made.fn) or not isinstance(made.args, (tuple, list)):
+        raise UserError(f"mode.step={target} returned a {type(made).__name__}; a step factory returns (step_fn, "
+                        "example_args) or launcher.sharding.autoshard.Step(fn, args, data_argnums=..., in_shardings=...)")
+    return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings,
+                        state_argnums=made.state_argnums, loss=made.loss, log=log)

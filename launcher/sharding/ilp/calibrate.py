@@ -1,0 +1,169 @@
+"""Calibrating the ILP's communication cost model on the job's mesh, once, into the profile store.
+
+For every group of mesh axes (axis 0, axis 1, both) and every collective Alpa's cost model
+prices (all-reduce, all-gather, reduce-scatter, all-to-all), a ``shard_map`` program doing only
+that collective (``CHAIN`` times in a row, each on the last one's result) is timed at each of
+``SIZES`` bytes per device, in turns with its overhead program (the same arguments and results,
+no work: ``profile/timing.py``); the difference of their lower quartiles over ``repeats`` runs
+(at least ``MIN_REPEATS``), over ``CHAIN``, is what one collective costs: a cost is a floor that a
+shared machine's noise only adds to, as for the profile pass's all-reduce latency. A line
+``latency + bytes / bandwidth`` is fitted through the sizes (``costmodel.fit_line``). One more
+program times a matmul on every device at once, for the per-device FLOP rate the predicted step
+time uses.
+
+The whole model is one store entry (``profile/keys.py: collective_model_key``: mesh shape,
+device kind and count, process count), written only once every line is measured: a run that
+fails half way leaves nothing behind, and any later run on the same mesh reuses the entry (the
+ILP of every model on that mesh prices with the same lines). As in the profile pass, every
+process measures, rank 0 writes and its values count everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from launcher import jaxcompat
+from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
+from launcher.sharding.profile.keys import collective_model_key
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.profile.timing import Timer, lower_quartile, overhead_program
+from launcher.runtime import hosts
+
+# Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
+# sit inside the range, so their costs are read off the line, not extrapolated; the largest size
+# fixes the bandwidth, the smaller ones the latency that dominates at those sizes.
+SIZES = (4 * 2**10, 64 * 2**10, 2**20)
+# Timed runs per program at least: on CPU devices a collective of the tiny models' sizes costs
+# about what one run's noise is (0.1 ms), so it takes many runs for the lower quartile to settle.
+MIN_REPEATS = 12
+CHAIN = 8           # collectives per timed program: one run's noise is shared among them
+MATMUL_SIZE = 256   # each device multiplies [256, 256] x [256, 256]
+
+
+def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: bool = True,
+              log: Callable[[str], None] = print, kinds: Sequence[str] = COLLECTIVES,
+              matmul: bool = True) -> tuple[CommModel, bool, float]:
+    """(the model, whether anything was measured now, seconds this took): the store's entry for
+    this mesh, with the collectives ``kinds`` (and the matmul rate, with ``matmul``) it lacks
+    measured now and the entry written again. The profile pass prices resharding with all-gathers
+    and all-to-alls alone; the ILP asks for every collective and the rate."""
+    t0 = time.perf_counter()
+    key = collective_model_key(mesh)
+    mesh_shape = tuple(mesh.devices.shape)
+    entry = store.get(key) if is_main else None
+    have = CommModel.from_json(entry) if entry is not None else CommModel(mesh_shape, {}, 0.0)
+    lacking = [k for k in kinds if any((k, axes) not in have.lines for axes in axis_groups(mesh_shape))]
+    rate_lacking = matmul and not have.matmul_flops_per_s
+    flags = hosts.broadcast(np.array([int(bool(lacking)), int(rate_lacking)] + [int(k in lacking) for k in COLLECTIVES],
+                                     dtype=np.int32))
+    lacking = [k for k, f in zip(COLLECTIVES, flags[2:], strict=True) if f]
+    missing = bool(flags[0] or flags[1])
+    if missing:
+        what = f"{len(lacking)} collectives" + (" and the matmul rate" if flags[1] else "")
+        log(f"ILP cost model: calibrating {what} over mesh axes "
+            f"{[list(g) for g in axis_groups(mesh_shape)]} at {[s // 1024 for s in SIZES]} KiB per device")
+        measured = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)), lacking, bool(flags[1]))
+        have = CommModel(mesh_shape, {**have.lines, **measured.lines},
+                         measured.matmul_flops_per_s or have.matmul_flops_per_s)
+        if is_main:
+            store.put(key, have.to_json())
+    model = _broadcast(have if is_main else None, mesh_shape, kinds)
+    return model, missing, time.perf_counter() - t0
+
+
+def calibrated(mesh: Any, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
+    """Whether the store holds this mesh's lines of ``kinds`` (rank 0's answer on every process)."""
+    entry = store.get(collective_model_key(mesh)) if is_main else None
+    have = CommModel.from_json(entry).lines if entry is not None else {}
+    found = all((k, axes) in have for k in kinds for axes in axis_groups(tuple(mesh.devices.shape)))
+    return bool(hosts.broadcast(np.array([int(found)], dtype=np.int32))[0])
+
+
+def programs(mesh: Any, kinds: Sequence[str]) -> int:
+    """The programs a calibration of ``kinds`` times on ``mesh``."""
+    return len(kinds) * len(axis_groups(tuple(mesh.devices.shape))) * len(SIZES)
+
+
+def measure(mesh: Any, timer: Timer, kinds: Sequence[str] = COLLECTIVES, matmul: bool = True) -> CommModel:
+    """The collectives ``kinds`` over every axis group of ``mesh`` (and the matmul rate), timed now."""
+    mesh_shape = tuple(mesh.devices.shape)
+    lines = {}
+    for axes in axis_groups(mesh_shape):
+        for kind in kinds:
+            points = [(nbytes, collective_seconds(mesh, kind, axes, nbytes, timer)) for nbytes in SIZES]
+            lines[(kind, axes)] = fit_line(points)
+    return CommModel(mesh_shape, lines, matmul_rate(mesh, timer) if matmul else 0.0)
+
+
+def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, timer: Timer) -> float:
+    """Seconds of one ``kind`` over mesh ``axes`` with ``nbytes`` per device at its larger end:
+    a program of ``CHAIN`` of them in a row, less its overhead program, over ``CHAIN``."""
+    names = tuple(mesh.axis_names[a] for a in axes)
+    n = math.prod(mesh.devices.shape[a] for a in axes)
+    every = PartitionSpec(tuple(mesh.axis_names))
+    sharding = NamedSharding(mesh, every)
+    big = max(nbytes // 4 // n, 1) * n             # float32 elements per device at the larger end
+    small = big // n
+
+    # Each link's result feeds the next (so XLA can neither merge nor drop them) and has the
+    # link's input shape; the glue (a scale, a slice, a copy) is local and cheap beside them.
+    def link(y):
+        if kind == "all-reduce":
+            return jax.lax.psum(y, names) * 0.5
+        if kind == "all-gather":
+            return jax.lax.all_gather(y, names, tiled=True)[:small]
+        if kind == "reduce-scatter":
+            return jnp.tile(jax.lax.psum_scatter(y, names, scatter_dimension=0, tiled=True), n)
+        return jax.lax.all_to_all(y, names, 0, 0, tiled=True)
+
+    def chain(y):
+        for _ in range(CHAIN):
+            y = link(y)
+        return y
+
+    per_device = small if kind == "all-gather" else big
+    x = jax.make_array_from_callback((per_device * mesh.devices.size,), sharding,
+                                     lambda idx: np.ones((per_device,), np.float32))
+    program = jax.jit(jaxcompat.shard_map(chain, mesh=mesh, in_specs=every, out_specs=every))
+    compiled = program.lower(x).compile()
+    jaxcompat.settle_programs()  # another collective program than the one before
+    entry = timer.entry(compiled, overhead_program([x], [x], [sharding]), [x], statistic=lower_quartile)
+    return max(entry["time_s"] - entry["overhead_s"], 0.0) / CHAIN
+
+
+def matmul_rate(mesh: Any, timer: Timer) -> float:
+    """FLOP/s of one device multiplying float32 matrices while every device does the same (on
+    CPU devices they share the host's cores, as the training step's do)."""
+    k = MATMUL_SIZE
+    rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names), None))
+    whole = NamedSharding(mesh, PartitionSpec())
+    x = jax.make_array_from_callback((k * mesh.devices.size, k), rows,
+                                     lambda idx: np.full((k, k), 0.5, np.float32))
+    w = jax.device_put(np.full((k, k), 0.25, np.float32), whole)
+    program = jax.jit(lambda a, b: a @ b, in_shardings=(rows, whole), out_shardings=rows)
+    compiled = program.lower(x, w).compile()
+    jaxcompat.settle_programs()
+    times, overhead = timer.beside_overhead(compiled, overhead_program([x, w], [x], [rows]), [x, w])
+    seconds = max(lower_quartile(times) - lower_quartile(overhead), 1e-9)
+    return 2.0 * k ** 3 / seconds
+
+
+def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...], kinds: Sequence[str]) -> CommModel:
+    """Rank 0's model (its lines of ``kinds``) on every process (as numbers in a fixed order; a
+    no-op with one process)."""
+    order = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES if kind in kinds]
+    if model is not None:
+        flat = [x for k in order for x in (model.lines[k].latency_s, model.lines[k].bytes_per_s)]
+        flat.append(model.matmul_flops_per_s)
+    else:
+        flat = [0.0] * (2 * len(order) + 1)
+    flat = [float(x) for x in hosts.broadcast(np.array(flat, dtype=np.float64))]
+    lines = {k: Line(flat[2 * i], flat[2 * i + 1]) for i, k in enumerate(order)}
+    return CommModel(mesh_shape, lines, flat[-1])

@@ -1,0 +1,190 @@
+"""What the CFP passes may be asked to do: one frozen dataclass per pass, passed whole.
+
+    options = SearchOptions(profile=ProfileOptions(store_dir="store", memory_budget_gb=8),
+                            baselines=("dp", "dp_tp"))
+    profiled = pipeline.profile(analyzed, mesh, options.profile)
+    searched = pipeline.run_search(model, Cfp(options))      # launcher/sharding/algorithms/
+
+As Alpa passes its ``AutoShardingOption``. Each option has its one default here, and the comment
+beside it says what it does and why the default is what it is. The modes' configs
+(``launcher/modes/cfp_config.py``) take their defaults from these classes and build them with
+``of(mode config)`` (the fields are named alike); a benchmark or a Python caller builds them
+directly. Bad values are refused when an object is made (``UserError``, naming the mode option
+that sets it), so the mode checks them before submission by making them.
+
+No JAX here: the mode schemas import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, TypeVar
+
+from launcher.sharding.algorithms.base import Algorithm, algorithms
+from launcher.errors import UserError
+
+T = TypeVar("T", bound="_Options")
+BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")  # the built-in plans (models/plans.py) a search races by default
+# A user's step (launcher/sharding/user_step.py) laid out as the user's own code lays it out (the
+# in_shardings given with it): raced, and its nearest plan measured, like a built-in plan.
+USER_BASELINE = "user"
+
+
+class _Options:
+    @classmethod
+    def of(cls: type[T], config: Mapping[str, Any], **given: Any) -> T:
+        """The options from a mode's config, where each is the key of its name; ``given`` are
+        the ones the config does not hold (or holds under another name). A field that is itself
+        options (``SearchOptions.profile``) is made from the same config."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in given:
+                continue
+            if isinstance(f.default, _Options):
+                values[f.name] = type(f.default).of(config)
+            elif f.name in config:
+                value = config[f.name]
+                values[f.name] = tuple(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
+            else:
+                raise KeyError(f"{cls.__name__}.of: the config has no {f.name!r}; give {f.name}=...")
+        return cls(**values, **given)
+
+
+@dataclass(frozen=True)
+class ProfileOptions(_Options):
+    """The profile pass (``pipeline.profile``): every plan combination of each unique segment,
+    measured on the devices and kept in the profile store."""
+
+    # Where measurements are kept, shared by runs: an entry is reused by every later run that
+    # needs it, and a killed run resumes from what it stored.
+    store_dir: str = "outputs/cfp_profiles"
+    # Timed runs per candidate (the median counts). Cheap beside compiling it, and plans of a
+    # small model differ by less than one run's noise.
+    repeats: int = 10
+    warmup: int = 1  # untimed runs before them
+    # Every timed run after each device rewrote a buffer larger than its cache, as
+    # triton.testing.do_bench does (profile/timing.py). Off: on CPU devices it made segment
+    # profiles over-predict the whole step as much as warm ones under-predict it
+    # (bench/bench_cfp_additivity.py).
+    cold_caches: bool = False
+    max_segment_space: int = 128  # templates with more combinations are profiled in parts
+    # Of each unit's combinations, profile the ones a rough cost model ranks first (compiling is
+    # nearly all a cold search's time, and most of a layer's combinations are far from its best;
+    # profile/estimate.py), and those of the plans nearest the baselines. 0: every combination,
+    # as CFP's artifact.
+    profile_top_k: int = 8
+    # Measure every resharding between segments the search may use (CFP's artifact), instead of
+    # pricing them with the mesh's calibrated all-gathers and all-to-alls (the ILP's cost model,
+    # measured once per mesh and machine for every model: a few dozen programs, where the pairs
+    # are hundreds). They are priced where the store holds the calibration, or the pairs would
+    # take more programs than calibrating does; else measured.
+    measure_resharding: bool = False
+    memory_budget_gb: float = 0.0  # per device; 0: unlimited. The search's plans must fit it too
+    # A combination no plan within memory_budget_gb can hold (its compiled memory plus the least
+    # the other segments need, where known) is not timed (a later run with a larger budget times
+    # it; profile/candidates.py).
+    skip_over_budget: bool = True
+    # A combination whose first 2 timed runs are all over this many times the fastest of its
+    # segment timed so far is timed no further (its time, a bound, is stored as such; a later
+    # run with a larger ratio or 0 times it in full). 0: time every combination in full.
+    early_stop_ratio: float = 1.5
+    # Compile the next candidate while timing this one. None: yes on accelerators, no on CPU
+    # devices, where the compiler and the timed program would share (and skew) the same cores.
+    overlap_compile: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if self.early_stop_ratio < 0:
+            raise UserError(f"mode.early_stop_ratio={self.early_stop_ratio}: must be 0 (off) or more (e.g. 1.5)")
+        if self.profile_top_k < 0:
+            raise UserError(f"mode.profile_top_k={self.profile_top_k}: must be 0 (every combination) or more (e.g. 8)")
+
+    @classmethod
+    def exhaustive(cls, **given: Any) -> "ProfileOptions":
+        """CFP's artifact's profile: every combination, timed in full, every resharding measured
+        (no top-k, no early stop; no budget unless ``given``), with ``given``'s other options."""
+        return cls(**{"profile_top_k": 0, "early_stop_ratio": 0.0, "measure_resharding": True, **given})
+
+    @property
+    def memory_budget_bytes(self) -> Optional[float]:
+        """The budget per device in bytes; None where there is none."""
+        return self.memory_budget_gb * 2**30 if self.memory_budget_gb > 0 else None
+
+
+@dataclass(frozen=True)
+class SearchOptions(_Options):
+    """The search (``pipeline.cfp_plan``, ``pipeline.choose``, ``pipeline.race_plans``): the DP's plans under the
+    profile's memory budget, the shortlist measured on the whole step, the plan kept raced
+    beside the baselines."""
+
+    # The profile the search works from: its memory budget bounds the search's plans too.
+    profile: ProfileOptions = ProfileOptions()
+    # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
+    # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
+    verify_top_k: int = 4
+    # Measure, besides, the plan nearest each of the baselines (search/nearest.py).
+    verify_nearest: bool = True
+    verify_iterations: int = 10  # steps per round when measuring them
+    # Interleaved rounds; the best few plans are often within a round's noise of each other
+    # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
+    verify_repeats: int = 6
+    # A plan replaces the fastest plan nearest a baseline only when faster by this fraction,
+    # round by round: short rounds cannot tell plans apart within their noise (the bench's A/A
+    # floor, 0.01-0.07 on the tiny models), and there the baseline-like plan is the safe one.
+    # Likewise the answer (plan.json): the searched plan only where the final race measured it
+    # faster than the fastest baseline by this fraction, else that baseline's (docs/cfp.md).
+    verify_margin: float = 0.02
+    # The plans the searched one races, built-in plans and (alpa_ilp) the Alpa-style ILP's.
+    baselines: tuple[str, ...] = BASELINES
+    iterations: int = 100  # training steps per round of each whole-model run
+    run_repeats: int = 3  # interleaved rounds of the searched plan and the baselines
+    # After drop_after rounds, a built-in baseline over drop_slower_than times the fastest one in
+    # every round so far runs no more (0: every baseline runs every round). What decides the
+    # result is the searched plan over the fastest baseline; rounds spent on a plan twice as slow
+    # do not narrow it (search/measure.py, Cut).
+    drop_after: int = 4
+    drop_slower_than: float = 1.25
+    seed: int = 0  # of the whole-step runs' parameters and data (a run's top-level seed)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "baselines", tuple(self.baselines))
+        if not 0 <= self.verify_margin < 1:
+            raise UserError(f"mode.verify_margin={self.verify_margin}: must be a fraction from 0 (the fastest "
+                            "measured plan wins) to below 1, e.g. 0.02")
+        if self.drop_slower_than != 0 and not self.drop_slower_than > 1:
+            raise UserError(f"mode.drop_slower_than={self.drop_slower_than}: must be a factor above 1 (a baseline "
+                            "that much slower than the fastest in every round stops racing), e.g. 1.25, or 0 to "
+                            "race every baseline every round")
+        if self.drop_after < 1:
+            raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
+        others = [b for b in self.baselines if b not in (*BASELINES, USER_BASELINE) and Algorithm.of_row(b) is None]
+        if others:  # the other built-in plans are models/plans.py's, which imports JAX: only then
+            from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
+
+            rows = [a.row for a in algorithms().values()]
+            for name in others:
+                if name not in BUILTINS:
+                    raise UserError(f"mode.baselines: {name!r} is not a built-in plan nor an algorithm's; "
+                                    f"choose from {', '.join([*BUILTINS, *rows])}")
+
+    @property
+    def builtin_baselines(self) -> tuple[str, ...]:
+        """The baselines that are built-in plans (and the user's own layout)."""
+        return tuple(b for b in self.baselines if Algorithm.of_row(b) is None)
+
+    @property
+    def algorithm_baselines(self) -> tuple[str, ...]:
+        """The baselines that are other algorithms' plans, by their row (alpa_ilp: the ILP's)."""
+        return tuple(b for b in self.baselines if Algorithm.of_row(b) is not None)
+
+
+@dataclass(frozen=True)
+class IlpOptions(_Options):
+    """The Alpa-style ILP (``algorithms/ilp.py``, ``launcher/sharding/ilp/``)."""
+
+    # Its collective cost model is calibrated into the profile's store (once per mesh, with the
+    # profile's repeats), and it solves under the profile's memory budget.
+    profile: ProfileOptions = ProfileOptions()
+    time_limit_s: float = 300.0  # HiGHS's limit per mesh; the best plan found by then is kept
+

@@ -1,0 +1,555 @@
+"""The passes as functions of their options (``options.py``), each returning a dataclass, and
+the one orchestration of every sharding algorithm (``run_search``).
+
+    searched = pipeline.run_search(model, Cfp(SearchOptions()), mesh_shape="auto")   # -> Searched
+    searched.answer.plan                     # plan.json: the searched plan or the fastest baseline's
+
+``run_search`` analyses the subject on each logical mesh (``analyze_meshes``; ``auto``: every
+mesh worth searching, ``search/meshes.py``), has the algorithm (``algorithms/``) plan it,
+races the plan beside the baselines (``race_plans``) and answers (``Answer``, docs/cfp.md): the
+searched plan or, where the final race did not measure it faster by ``verify_margin``, the
+fastest baseline's. CFP's own passes stay callable one by one, as the paper has them:
+
+    analyzed = pipeline.analyze(model, mesh_shape=[4, 2])                       # -> Analyzed
+    mesh = pipeline.make_mesh(analyzed.analysis.mesh_shape)
+    profiled = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir="store"))   # -> Profiled
+    planned = pipeline.cfp_plan([pipeline.OnMesh(analyzed, mesh, profiled.profiles)], SearchOptions())
+
+``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
+has ``advance()`` (``None``: no progress bar); ``algorithms.base.Hooks`` carries them. The modes
+(``launcher/modes/``) build the options from their config, call these and write files
+(``results.py`` gives their result fields); ``autoshard`` and the benches call the same functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Optional, Sequence
+
+import jax
+from jax.sharding import Mesh
+
+from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned, plan_title
+from launcher.sharding.analysis.core import Analysis, analyze_graph
+from launcher.sharding.analysis.core import analyze as analyze_step
+from launcher.sharding.analysis.hlo_text import read_hlo
+from launcher.sharding.apply import plan_json
+from launcher.sharding.apply import make_mesh as build
+from launcher.sharding.options import (
+    BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
+    USER_BASELINE,
+    ProfileOptions,
+    SearchOptions,
+)
+from launcher.sharding.profile.budget import refuse_if_nothing_fits
+from launcher.sharding.profile.profiler import Profiler, Profiles
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.profile.units import split_parts
+from launcher.sharding.program import TrainingProgram, training_program
+from launcher.sharding.search.dp import Candidate, SearchResult
+from launcher.sharding.search.dp import search as dp_search
+from launcher.sharding.search.dp import shortlist
+from launcher.sharding.search.measure import (
+    Cut,
+    PlanRun,
+    agreed,
+    baseline_runners,
+    pick,
+    race,
+    verdict,
+)
+from launcher.sharding.search.measure import communication_study as study
+from launcher.sharding.search.meshes import (
+    for_each_mesh,
+    is_auto,
+    merge_shortlists,
+    mesh_shapes,
+)
+from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
+from launcher.errors import NoPlanFits, UserError
+from launcher.models.plans import Plan
+
+Log = Callable[[str], None]
+Progress = Callable[[int, str], ContextManager]
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+def _no_progress(total: int, what: str) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+# --- analysis ---------------------------------------------------------------------------------
+
+@dataclass
+class Analyzed:
+    analysis: Analysis
+    program: Optional[TrainingProgram]   # None for an HLO module
+    seconds: float
+
+
+@dataclass
+class OnMesh:
+    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
+    analyzed: Analyzed
+    mesh: Mesh
+    profiles: Optional[Profiles] = None   # None until profiled (profile_meshes)
+    folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.analyzed.analysis.mesh_shape)
+
+    def files(self) -> dict[str, str]:
+        """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
+        return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
+
+    def profiles_json(self) -> dict:
+        """``profiles.json`` (in ``folder``), once profiled."""
+        return profiles_json(self.profiles, self.analyzed.analysis)
+
+
+def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
+    """``mesh_shape``, or 1-D over every global device when it is empty."""
+    return list(mesh_shape) or [jax.device_count()]
+
+
+def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """The logical mesh (axes cfp0, cfp1) over ``devices`` (default: all global devices)."""
+    return build(list(mesh_shape), devices)
+
+
+def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
+            two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
+    """The analysis pass over ``model``'s whole training step (or the program itself, a
+    ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
+    ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
+    ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
+
+    mesh_shape = default_mesh_shape(mesh_shape)
+    t0 = time.perf_counter()
+    if hlo_file:
+        program = None
+        result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
+    else:
+        program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
+        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py); a
+        # user's step has no logical axes, and its baselines lay out its inputs alone.
+        references = builtin_references(program, natural_only=two_axis_only) if program.is_model else None
+        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
+    seconds = time.perf_counter() - t0
+    log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
+        "%d, segment space %d (%.2f s)" % (list(mesh_shape), len(result.contractions), len(result.blocks), len(result.segments),
+                                           len(result.templates), result.exhaustive_space, result.segment_space,
+                                           seconds))
+    for line in result.segments_txt().splitlines():
+        if line.startswith(("ParallelBlocks sequence", "template")):
+            log(line)
+    return Analyzed(result, program, seconds)
+
+
+def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, two_axis_only: bool = True,
+                   log: Log = _silent) -> list[OnMesh]:
+    """``analyze`` on each logical mesh of ``mesh_shape`` (``auto``: every mesh worth searching,
+    ``search/meshes.py``, analysed with ``two_axis_only``; else the one shape given, [] for 1-D):
+    an ``OnMesh`` each, not yet profiled. With ``auto`` a mesh the model cannot divide is left out
+    (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
+    one shape given is refused."""
+    auto = is_auto(mesh_shape)
+    shapes = mesh_shapes(mesh_shape, jax.device_count())
+    if auto:
+        log("mode.mesh_shape=auto: searching the logical meshes %s of the %d devices" % (shapes, jax.device_count()))
+    meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first
+    analyzed, _ = for_each_mesh(
+        shapes, lambda i: analyze(model, mesh_shape=shapes[i], learning_rate=learning_rate,
+                                  two_axis_only=auto and two_axis_only, log=log),
+        refuse=UserError if auto else (), log=log,
+        none_fit=lambda why: UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: "
+                                       "%s" % (jax.device_count(), why)))
+    return [OnMesh(a, mesh, folder=f"mesh_{'x'.join(map(str, shape))}/" if auto else "")
+            for a, mesh, shape in zip(analyzed, meshes, shapes, strict=True) if a is not None]
+
+
+# --- profile ----------------------------------------------------------------------------------
+
+@dataclass
+class Profiled:
+    profiles: Profiles
+    store_dir: str
+
+    def to_json(self, analysis: Analysis) -> dict:
+        """``profiles.json``: every unit, entry and resharding cost the search works from."""
+        return profiles_json(self.profiles, analysis)
+
+
+def profiles_json(p: Profiles, analysis: Analysis) -> dict:
+    """``profiles.json`` of profiles ``p`` (``launcher.sharding.profile.profiler.Profiles``) of ``analysis``."""
+    return {
+        "units": [{"index": u.index, "segment": u.segment, "template": u.kind[0], "part": u.kind[1],
+                   "blocks": [u.start, u.end], "plan_counts": u.plan_counts} for u in p.units],
+        "profiles": [{"template": k[0], "part": k[1], "combination": list(c), "time_s": e["time_s"],
+                      "overhead_s": e.get("overhead_s", 0.0), "mem_bytes": e["mem_bytes"]}
+                     for k, combos in p.table.items() for c, e in combos.items()],
+        "reshard": [{"shape": list(k[0][0]), "dtype": k[0][1], "src": [list(a) for a in k[1]],
+                     "dst": [list(a) for a in k[2]], "time_s": v} for k, v in p.reshard.items()],
+        "whole_overhead_s": p.whole_overhead_s,
+        "allreduce_latency_s": [{"axes": list(axes), "time_s": t} for axes, t in p.allreduce_latency_s.items()],
+        "gradient_allreduces": [[sorted(map(list, c)) for c in u] for u in p.gradient_allreduces or []],
+        "exhaustive_space": analysis.exhaustive_space, "segment_space": analysis.segment_space,
+    }
+
+
+def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
+            log: Log = _silent, progress: Optional[Progress] = None, keep: Sequence[Sequence[int]] = ()) -> Profiled:
+    """The profile pass: measures every segment combination the store at ``options.store_dir``
+    lacks. ``options.overlap_compile`` None: compile the next candidate while timing this one on
+    accelerators, not on CPU devices (where the compiler would share the timed program's cores).
+    CFP's shortcuts (``profile/candidates.py``): with ``skip_over_budget``, a combination no plan
+    within the memory budget can hold is not timed (search under a budget no larger); with
+    ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
+    timed no further. ``options.profile_top_k``: of each unit's combinations, those a rough cost
+    model ranks first, and those of the whole plans ``keep`` (a plan per block)."""
+    o = options
+    a = analyzed.analysis
+    store = ProfileStore(Path(o.store_dir).expanduser().resolve())
+    log("profile store: %s (%d entries)" % (store.root, len(store)))
+    profiler = Profiler(a, mesh, store, o, keep=keep, log=log, is_main=is_main)
+    log("profile: compiling the next candidate %s" % ("while timing the current one" if profiler.overlap else
+                                                       "after timing the current one (mode.overlap_compile=true to "
+                                                       "overlap)"))
+    shortcuts = profiler.shortcuts
+    if shortcuts.memory_budget_bytes:
+        skip = "combinations no plan within the memory budget (%.6g GB per device) can hold are not timed" \
+            % o.memory_budget_gb
+    else:
+        skip = "every combination timed (%s)" % ("no budget: mode.memory_budget_gb=0" if o.skip_over_budget
+                                                 else "mode.skip_over_budget=false")
+    stop = ("early stop after %d runs over %gx their segment's best" % (shortcuts.early_stop_after, o.early_stop_ratio)
+            if o.early_stop_ratio > 0 else "no early stop (mode.early_stop_ratio=0)")
+    log("profile: %s; %s" % (skip, stop))
+    for t in a.templates:
+        if t.space > o.max_segment_space:
+            parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, o.max_segment_space)]
+            log("template %d: %d combinations exceed mode.max_segment_space=%d; profiled in parts %s"
+                % (t.id, t.space, o.max_segment_space, parts))
+    return Profiled(profiler.run(progress or _no_progress), str(store.root))
+
+
+def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
+                   log: Log = _silent, progress: Optional[Progress] = None,
+                   baselines: Sequence[str] = ()) -> list[OnMesh]:
+    """``profile`` on each mesh of ``on`` (``analyze_meshes``'): the same meshes, profiled; with
+    the plans nearest ``baselines`` (where the search looks for them) profiled whatever
+    ``options.profile_top_k`` keeps."""
+    keep: dict[int, list[list[int]]] = {}
+    program = on[0].analyzed.program if on else None
+    if options.profile_top_k and program is not None and baselines:
+        names = [n for n in baselines if Algorithm.of_row(n) is None]
+        for i, plan in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
+            keep.setdefault(i, []).append(plan)
+    out = []
+    for i, o in enumerate(on):
+        p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress,
+                    keep=keep.get(i, ())).profiles
+        log("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
+            "measured now" % (o.shape, p.reused, p.profiled_configs, p.measured))
+        out.append(replace(o, profiles=p))
+    refuse_if_nothing_fits([o.shape for o in out], [o.profiles for o in out])  # no mesh holds a plan within budget
+    return out
+
+
+def communication_study(analyzed: Analyzed, mesh: Mesh, *, iterations: int, repeats: int, seed: int = 0,
+                        log: Log = _silent) -> list[dict]:
+    """Every uniform plan of the whole step: collective volume, communication and step time."""
+    return study(analyzed.analysis, analyzed.program, mesh, iterations=iterations, repeats=repeats, seed=seed, log=log)
+
+
+# --- the search: one orchestration for every algorithm -----------------------------------------
+
+@dataclass
+class CfpSearched:
+    """CFP's own figures of its plan (``cfp_plan``; ``Planned.details``)."""
+    found: SearchResult            # the DP's optimum on the picked plan's mesh
+    picked: Candidate              # the plan kept after measuring the shortlist
+    candidates: list[dict]         # a row per shortlisted plan
+    meshes: list[dict]             # per mesh searched: its shape and its DP optimum (or why none)
+    nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
+    budget_bytes: Optional[float] = None
+
+
+@dataclass
+class Searched:
+    """A search's outcome (``run_search``): the algorithm's plan, its run beside the baselines',
+    and the answer."""
+    planned: Planned               # the algorithm's plan, on its mesh
+    searched: PlanRun              # that plan's run
+    baselines: dict[str, PlanRun]  # name -> its run (built-in plans, the user's, other algorithms' plans)
+    skipped: dict[str, str]        # baselines that do not fit, with the reason
+    answer: Answer                 # the plan handed to the user (plan.json)
+    on: list[OnMesh]               # every mesh analysed
+    others: dict[str, Planned] = field(default_factory=dict)  # row -> another algorithm's plan raced as a baseline
+    also: dict[str, PlanRun] = field(default_factory=dict)    # name -> run of ``run_search``'s ``also`` plans
+
+    @property
+    def plan(self) -> Plan:
+        """The searched plan's ``models.plans.Plan``."""
+        return self.planned.plan
+
+
+@dataclass
+class Answer:
+    """The plan handed to the user as ``plan.json``: the searched plan where the final race
+    measured it faster than the fastest baseline by ``mode.verify_margin``, round by round, by
+    the slowest process's times (``measure.verdict``), else that baseline's, which may be
+    another algorithm's plan. The searched plan's own figures stay beside it, so the search's
+    quality is never hidden by the fallback."""
+    name: str                    # its row in the comparison: cfp, alpa_ilp, dp_tp, ...
+    searched: str                # the searched plan's row: cfp, or alpa_ilp under mode.algorithm=ilp
+    run: PlanRun                 # its run
+    plan: Optional[Plan]         # plan.json (None: a user step's baseline)
+    best_baseline: Optional[str]  # the fastest baseline that ran every round (None: none did)
+    searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
+    margin: float                # mode.verify_margin
+    rounds: int                  # the rounds decided on
+
+    @property
+    def source(self) -> str:
+        """The algorithm whose plan it is (cfp, ilp, ...), or baseline (a built-in plan)."""
+        algorithm = Algorithm.of_row(self.name)
+        return algorithm.source if algorithm is not None else "baseline"
+
+    @property
+    def vs_best_baseline_paired(self) -> Optional[float]:
+        """The answer's time over the fastest baseline's, paired (1 where it is that baseline)."""
+        if self.best_baseline is None:
+            return None
+        return 1.0 if self.name == self.best_baseline else self.searched_vs_best_baseline_paired
+
+    def why(self) -> str:
+        """Which plan is the answer and why, in plain words: what the race measured (the searched
+        plan's time over the fastest baseline's, round by round) and what the answer asks of it."""
+        own, best = plan_title(self.searched), self.best_baseline
+        if best is None:
+            return f"no baseline ran every round beside it: the answer is {own}"
+        ratio = self.searched_vs_best_baseline_paired
+        measured = (f"{own} ran {ratio:.3f}x the time of the fastest baseline, {best}, round by round (paired over "
+                    f"{self.rounds} rounds)")
+        asked = f" by the {self.margin * 100:g}% mode.verify_margin asks" if self.margin else ""
+        if self.name == self.searched:
+            return f"{measured}: faster{asked}, so the answer is {own}"
+        return f"{measured}: not faster{asked}, so the answer is {plan_title(self.name)}"
+
+
+def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float
+           ) -> Answer:
+    """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
+    searched plan first, then the baselines; ``runners`` theirs): ``measure.verdict``'s pick.
+    ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
+    another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized as it ran, so
+    ``mode=train mode.plan=`` runs it on the same mesh."""
+    v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
+    i = v.answer
+    if i == 0 or Algorithm.of_row(runs[i].name) is not None:
+        plan = plans(i)
+    elif not hasattr(runners[i], "plan"):  # a user step's baseline: autoshard.AutoPlan.answered lays it out
+        plan = None
+    else:
+        mesh = runners[i].mesh
+        plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
+    best = runs[v.best_baseline].name if v.best_baseline is not None else None
+    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
+
+
+def with_user_baseline(options: SearchOptions, subject: Any) -> SearchOptions:
+    """``options``, racing the user's own layout (``user``) too where ``subject`` is a user's step
+    given with its ``in_shardings``."""
+    if isinstance(subject, TrainingProgram) and subject.in_shardings is not None \
+            and USER_BASELINE not in options.baselines:
+        return replace(options, baselines=(*options.baselines, USER_BASELINE))
+    return options
+
+
+def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), learning_rate: float = 1e-3,
+               hooks: Optional[Hooks] = None,
+               also: Optional[Callable[[Planned, Sequence[OnMesh]], Sequence[Any]]] = None) -> Searched:
+    """The one orchestration of every sharding algorithm (``algorithms/``): ``subject`` (a
+    built-in model, or a ``TrainingProgram``: a user's step) analysed on each logical mesh of
+    ``mesh_shape`` (``analyze_meshes``), planned by ``algorithm`` on them, the plans of the
+    algorithms ``mode.baselines`` names by their row (alpa_ilp) made on the same meshes, and the
+    race: the plan beside those and the built-in baselines (``race_plans``), and the answer.
+    ``also`` (a benchmark's): called with the plan and the meshes analysed as the race begins,
+    more runners raced in the same rounds, never dropped and never the answer (``Searched.also``)."""
+    options, hooks = algorithm.options, hooks or Hooks()
+    on = analyze_meshes(subject, mesh_shape, learning_rate=learning_rate, two_axis_only=algorithm.two_axis_only,
+                        log=hooks.log)
+    hooks.write({path: text for o in on for path, text in o.files().items()})
+    planned = algorithm.plan(on, hooks)
+    hooks.write(planned.files)
+    others = {}
+    for row in options.algorithm_baselines:
+        if row != planned.row:
+            other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
+            hooks.write(other.files)
+            others[row] = other
+    out = race_plans(planned, list(others.values()), options, hooks,
+                     also=(lambda p: also(p, on)) if also is not None else None)
+    return replace(out, on=list(on), others=others)
+
+
+def race_plans(planned: Planned, others: Sequence[Planned], options: SearchOptions, hooks: Optional[Hooks] = None, *,
+               also: Optional[Callable[[Planned], Sequence[Any]]] = None) -> Searched:
+    """The final race: ``planned`` run beside the built-in ``options.baselines`` and ``others``
+    (other algorithms' plans) on its devices (``iterations`` steps, ``run_repeats`` interleaved
+    rounds; after ``drop_after`` rounds a built-in baseline slower than ``drop_slower_than`` times
+    the fastest one in each of them stops, ``measure.Cut``, 0 keeps every one), and the answer
+    (``Answer``): the plan only where it beat the fastest baseline by ``verify_margin`` in
+    those rounds."""
+    hooks = hooks or Hooks()
+    log, progress = hooks.log, hooks.progress or _no_progress
+    final_run = hooks.final_run or contextlib.nullcontext
+    iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
+    drop_after, drop_slower_than = options.drop_after, options.drop_slower_than
+    program, where = planned.on.analyzed.program, planned.on
+    runners = [planned.runner]
+    more, skipped = baseline_runners(program, list(where.mesh.devices.flat), seed=seed, log=log,
+                                     names=list(options.builtin_baselines))
+    runners += more
+    runners += [o.runner for o in others]
+    extra = list(also(planned)) if also is not None else []
+    cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
+    with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
+        raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut))
+    raced, extra_runs = raced[:len(runners)], raced[len(runners):]
+    searched, *rest = raced
+    log("%s: step %.3f ms, %.2f MiB per device%s" % (
+        plan_title(planned.row), searched.step_time_s * 1e3, searched.memory_bytes / 2**20,
+        f" (predicted {planned.predicted_step_time_s * 1e3:.3f} ms)" if planned.predicted_step_time_s else ""))
+    log("searched training cost: %s" % [round(t, 6) for t in searched.repeat_times_s])
+    log("tflops: %s" % [round(t, 6) for t in searched.tflops_per_repeat()])
+    runs = {r.name: r for r in rest}
+    for name, r in runs.items():
+        log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device"
+            + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
+               f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
+    plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others)}}
+    chosen = answer(runners, raced, plans.get, options.verify_margin)
+    log(chosen.why())
+    return Searched(planned, searched, runs, skipped, chosen, [where], {}, {r.name: r for r in extra_runs})
+
+
+# --- CFP's search pass (algorithms/cfp.py plans with it) ---------------------------------------
+
+def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
+             progress: Optional[Progress] = None) -> Planned:
+    """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
+    each under the profile's memory budget, and the fastest of their shortlists measured on the
+    whole step (``choose``): the plan, with what the DP predicted."""
+    budget = options.profile.memory_budget_bytes
+    founds, reasons = for_each_mesh(
+        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
+        refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
+    meshes: list[dict] = []
+    for o, found, why in zip(on, founds, reasons, strict=True):
+        if found is None:
+            meshes.append({"mesh_shape": o.shape, "skipped": why})
+            continue
+        meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment, "search_time_s": found.search_time_s,
+                       "predicted_step_time_s": found.predicted_time_s,
+                       "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+                       "profiled_configs": o.profiles.profiled_configs, "profile_time_s": o.profiles.seconds})
+        log("search optimum on mesh %s (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB "
+            "per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
+                                             found.predicted_time_s, found.predicted_memory_bytes / 2**30,
+                                             found.search_time_s))
+    chosen, candidates, nearest = choose(on, founds, options, log=log, progress=progress)
+    picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
+    log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
+                                                                          picked.source))
+    log("predicted step time %.6f s, memory %.6f GB per device" % (picked.predicted_time_s,
+                                                                    picked.predicted_memory_bytes / 2**30))
+    analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
+    fields = {
+        "meshes": meshes,
+        "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source},
+        "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
+        "candidates": candidates,
+        "predicted_step_time_s": picked.predicted_time_s,
+        "predicted_memory_gb": picked.predicted_memory_bytes / 2**30,
+        "profiled_configs": sum(p.profiled_configs for p in profiles),
+        "measured_configs": sum(p.measured for p in profiles),
+        "reused_configs": sum(p.reused for p in profiles),
+        "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
+        "profile_time_s": sum(p.seconds for p in profiles),
+    }
+    return Planned("cfp", "cfp", where, plan_json(analysis, picked.assignment), chosen, picked.source,
+                   picked.predicted_time_s, picked.predicted_memory_bytes, meshes, fields,
+                   details=CfpSearched(found, picked, candidates, meshes, nearest, budget))
+
+
+
+def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,
+           log: Log = _silent, progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
+    """The plan to run: the fastest of the shortlist measured on the whole step
+    (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
+    nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
+    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``,
+    within the profile's memory budget. The fastest plan nearest a baseline is kept unless
+    another is faster by ``verify_margin`` (a fraction) in the shortlist's ``verify_repeats``
+    rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
+    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
+    plans ({name: (mesh shape, plan per block)})."""
+    progress = progress or _no_progress
+    verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines
+    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
+    budget, seed = options.profile.memory_budget_bytes, options.seed
+    live = [i for i, f in enumerate(founds) if f is not None]
+    program = on[0].analyzed.program
+    devices = list(on[0].mesh.devices.flat)
+    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
+        if verify_nearest else {}
+    nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
+    for name in baselines if verify_nearest else ():
+        if name in nearest:
+            log("plan nearest %s: %s on mesh %s" % (name, nearest[name][1], on[nearest[name][0]].shape))
+        else:
+            log("plan nearest %s: none (it does not fit the model or the meshes searched)" % name)
+    shorts = []
+    for i in live:
+        mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
+        shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
+                                max(verify_top_k, 1), budget, mine))
+    short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+    bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
+        if len(short) > 1 else contextlib.nullcontext()
+    near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
+    incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+    with bar as bar_value:
+        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
+                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
+                            progress=bar_value)
+    chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
+    for i, row in enumerate(rows):
+        if row["measured_step_time_s"] is not None:
+            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s"
+                % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
+                   row["measured_step_time_s"], row["paired_ratio"], "  <- chosen" if row["chosen"] else ""))
+    kept = next(r for r in rows if r["chosen"])
+    for row in rows:
+        if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
+            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
+                "round by round; %s (mode.verify_margin=%g)"
+                % (row["source"], row["assignment"], 2 * repeats, iterations, row["duel_over_incumbent_paired"],
+                   "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
+    fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
+                  default=None)
+    if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:
+        log("kept %s (%s): %s measured %.3f of its time round by round, not the %.3f (mode.verify_margin=%g) "
+            "needed to replace a plan nearest a baseline"
+            % (kept["source"], kept["assignment"], fastest["source"], fastest["over_incumbent_paired"], 1 - margin,
+               margin))
+    return chosen, rows, {name: (on[i].shape, plan) for name, (i, plan) in nearest.items()}

@@ -1,0 +1,348 @@
+"""The candidate loop: every plan combination of the first unit of each kind, compiled as a
+program of that unit alone with those plans' sharding constraints, timed beside its overhead
+program and stored as soon as it is measured.
+
+The next candidate compiles on a worker thread while the current one is timed (``overlap``).
+With several processes, each compiles and runs the same candidates in the same order (the
+collectives need it); rank 0 decides which the store lacks and writes the entries.
+
+CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
+``benchmark_func``, ``alpa/shard_parallel/exp.py``):
+
+- a candidate whose compiled per-device memory (XLA's memory analysis, the ``mem_bytes`` the
+  search adds up), with the least memory every other unit of the model needs, is over the
+  memory budget is not timed: no plan under that budget can hold it, since the search's plan
+  memory is the sum of its units' figures. (The artifact compares a candidate's own memory with
+  the device's; a whole plan's budget compares the plan's, and the candidate's own memory alone
+  would skip none of a small model's candidates while any plan fits.) The other units count
+  with the least memory of their kind where every combination of it is known (compiled earlier
+  in the run, or in the store), else with nothing, so the figure, ``plan_floor_bytes``, is a
+  floor: nothing skipped could be in a plan within the budget. The entry keeps the candidate's
+  memory and that floor, marked ``over_budget`` with ``time_s`` null;
+- a candidate whose first timed runs are all over ``early_stop_ratio`` times the fastest
+  candidate of its unit timed in full so far (``timing.EarlyStop``) is not timed further. Its
+  entry is marked ``stopped_early``: its ``time_s`` comes from those first runs, and the
+  candidate is at least ``early_stop_ratio`` times slower than the best, so the search may use it
+  as its cost (it cannot be its unit's best) but nothing may take it for a full measurement.
+
+A budget no plan can meet stops the loop as soon as that is known (``budget.py``): once every
+combination of a unit kind has a known memory and those kinds' least memories add up to more
+than the budget, ``infeasible`` says so and nothing more is compiled on this mesh. So that this
+is known early, the kinds with the fewest combinations (an embedding, a head) are profiled first.
+
+Which stored entries a run reuses follows from what they promise (``Shortcuts.reuses``): an
+``over_budget`` entry only while the run's budget is still below its floor (a run with a larger
+budget, or without the shortcut, times it), a ``stopped_early`` one only while the run stops at
+least as eagerly (a run without early stop measures it in full). Every process takes each
+decision on rank 0's figures (memory) or the slowest process's (times), broadcast by rank 0.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
+from launcher.sharding.profile.estimate import ranked
+from launcher.sharding.profile.keys import StoreKeys
+from launcher.sharding.profile.segment_program import (
+    SegmentProgram,
+    boundary_bytes,
+    build,
+    input_layouts,
+    segment_program,
+    synthetic_inputs,
+)
+from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.profile.timing import EarlyStop, Timer, overhead_program
+from launcher.sharding.profile.units import Unit, first_units
+from launcher.runtime import hosts
+
+Candidate = tuple[Unit, tuple[int, ...]]
+
+# Timed runs an early stop decides on: the artifact's two.
+EARLY_STOP_AFTER = 2
+
+
+@dataclass(frozen=True)
+class Shortcuts:
+    """CFP's profiling shortcuts (see the module doc). The defaults take none."""
+    memory_budget_bytes: float | None = None   # per device: candidates no plan within it holds are not timed
+    early_stop_ratio: float = 0.0              # 0: every candidate timed in full
+    early_stop_after: int = EARLY_STOP_AFTER
+
+    @classmethod
+    def of(cls, options: ProfileOptions) -> "Shortcuts":
+        """The shortcuts ``options`` ask for: the budget where ``skip_over_budget``, the early stop."""
+        return cls(options.memory_budget_bytes if options.skip_over_budget else None, options.early_stop_ratio)
+
+    def over_budget(self, plan_floor_bytes: float) -> bool:
+        return self.memory_budget_bytes is not None and plan_floor_bytes > self.memory_budget_bytes
+
+    def reuses(self, entry: dict) -> bool:
+        """Whether a stored entry stands for this run's measurement of its candidate."""
+        if entry.get("over_budget"):
+            # Infeasible under any budget below its floor, and only there: never a time.
+            return self.over_budget(entry.get("plan_floor_bytes", entry["mem_bytes"]))
+        if entry.get("stopped_early"):
+            # A bound, good for a run that would have stopped at least as soon (same ratio or a
+            # smaller one); a run that asks for more (a larger ratio, or none) measures it.
+            return 0 < self.early_stop_ratio <= entry.get("stop_ratio", 0.0)
+        return True
+
+
+def overlaps(options: ProfileOptions, mesh: Any) -> bool:
+    """Whether the next candidate compiles while this one is timed (``overlap_compile``; None:
+    on accelerators, not on CPU devices, where the compiler would share the timed program's cores)."""
+    if options.overlap_compile is not None:
+        return options.overlap_compile
+    return mesh.devices.flat[0].platform != "cpu"
+
+
+def timed_in_full(entry: dict) -> bool:
+    return not entry.get("over_budget") and not entry.get("stopped_early")
+
+
+class CandidateLoop:
+    def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, keys: StoreKeys, timer: Timer,
+                 units: Sequence[Unit], options: ProfileOptions = ProfileOptions(), *,
+                 keep: Sequence[Sequence[int]] = (), log: Callable[[str], None] = print, is_main: bool = True) -> None:
+        self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
+        self.log, self.is_main, self.shortcuts = log, is_main, Shortcuts.of(options)
+        self.overlap = overlaps(options, mesh)
+        # Which combinations of a kind are profiled: the ``profile_top_k`` the rough model ranks
+        # first (``estimate.py``; 0: every one) and those of the whole plans ``keep`` (the plans
+        # nearest the baselines, which the search measures beside its own).
+        self.top_k, self.keep = options.profile_top_k, [list(plan) for plan in keep]
+        self.first = first_units(units)
+        self._programs: dict[tuple[int, int], SegmentProgram] = {}
+        self._split = {u.kind[0] for u in units if u.kind[1] > 0}  # templates profiled in parts
+        # Per kind: (time_s, overhead_s) of the fastest candidate timed in full (the early stop's
+        # yardstick), the same on every process: from rank 0's store (``missing``) and the
+        # slowest process's times since.
+        self.best: dict[tuple[int, int], tuple[float, float]] = {}
+        self.counts = {"timed": 0, "over_budget": 0, "stopped_early": 0}   # by this run
+        # For the memory floor: units per kind, and every compiled memory known so far, by kind
+        # (rank 0's store, then this run's compilations).
+        self.instances = Counter(u.kind for u in units)
+        self._combos = {kind: len(u.combos()) for kind, u in self.first.items()}
+        self.memory: dict[tuple[int, int], dict[tuple[int, ...], int]] = {kind: {} for kind in self.first}
+        # Set when no plan on this mesh fits the budget (``budget.py``): why, and the least
+        # memory a plan needs as far as the memories known tell.
+        self.infeasible: str | None = None
+        self.least_plan_bytes = 0
+
+    def candidates(self) -> list[Candidate]:
+        """The combinations to profile, the kinds with the fewest first: the sooner a kind's every
+        memory is known, the sooner the floors of the rest (``plan_floor``) and a budget no plan
+        meets (``over_budget_everywhere``) are known too. Within a kind, the rough model's order
+        (``estimate.ranked``): the likely best first, so the early stop has its yardstick soon;
+        with ``top_k``, its first ``top_k`` and those of the ``keep`` plans."""
+        out = []
+        for u in sorted(self.first.values(), key=lambda u: len(u.combos())):
+            order = ranked(self.a, u)
+            if self.top_k and len(order) > self.top_k:
+                kept = {tuple(plan[u.start:u.end]) for plan in self.keep}
+                order = order[:self.top_k] + [c for c in order[self.top_k:] if c in kept]
+            out += [(u, c) for c in order]
+        return out
+
+    def space(self) -> int:
+        """Every kind's combinations (what CFP's artifact profiles)."""
+        return sum(self._combos.values())
+
+    def missing(self, candidates: list[Candidate]) -> list[bool]:
+        """Which candidates the store lacks, or holds an entry this run's shortcuts may not reuse
+        for (``Shortcuts.reuses``); rank 0 decides for every process. Also takes each kind's best
+        from the entries timed in full, and every stored candidate's memory (for the floor)."""
+        # (missing, time_s and overhead_s of an entry timed in full else inf, mem_bytes else -1)
+        rows = np.zeros((len(candidates), 4), dtype=np.float64)
+        rows[:, 1:3], rows[:, 3] = math.inf, -1
+        if self.is_main:
+            for row, (u, c) in zip(rows, candidates, strict=True):
+                entry = self.store.get(self.keys.segment(u, c))
+                row[0] = entry is None or not self.shortcuts.reuses(entry)
+                if entry is not None and timed_in_full(entry):
+                    row[1:3] = entry["time_s"], entry.get("overhead_s", 0.0)
+                if entry is not None and "mem_bytes" in entry:
+                    row[3] = entry["mem_bytes"]
+        rows = hosts.broadcast(rows)
+        for (u, c), (_, t, o, m) in zip(candidates, rows, strict=True):
+            self.best[u.kind] = min(self.best.get(u.kind, (math.inf, 0.0)), (float(t), float(o)))
+            if m >= 0:
+                self.memory[u.kind][c] = int(m)
+        return [bool(row[0]) for row in rows]
+
+    def plan_floor(self, kind: tuple[int, int], mem: int) -> int:
+        """The least memory a plan holding a unit of ``kind`` at ``mem`` needs, as far as known:
+        ``mem``, plus, for every other unit, the least memory of its kind where every
+        combination of the kind has a known memory (else nothing)."""
+        floor = mem
+        for k, n in self.instances.items():
+            known = self.memory[k]
+            if len(known) == self._combos[k]:
+                floor += (n - (k == kind)) * min(known.values())
+        return floor
+
+    def over_budget_everywhere(self) -> bool:
+        """Whether the memories known so far show that no plan on this mesh fits the budget
+        (then ``infeasible`` says why); rank 0's figures decide for every process."""
+        budget = self.shortcuts.memory_budget_bytes
+        if budget is None:
+            return False
+        known = least_plan_bytes(self.memory, self._combos, self.instances)
+        least = max(known, state_floor_bytes(self.a))
+        if not _rank0_flag(least > budget):
+            return False
+        kinds = sum(len(m) == self._combos[k] for k, m in self.memory.items())
+        measured = sum(len(m) for m in self.memory.values())
+        self.least_plan_bytes = least
+        self.infeasible = no_plan_fits(
+            budget, least, f"on mesh {list(self.a.mesh_shape)} ",
+            f"from the {kinds} of its {len(self._combos)} unit kinds whose every combination's memory is known, "
+            f"{measured} of {sum(self._combos.values())} combinations compiled")
+        return True
+
+    def program(self, u: Unit) -> SegmentProgram:
+        if u.kind not in self._programs:
+            self._programs[u.kind] = segment_program(self.a, u.start, u.end)
+        return self._programs[u.kind]
+
+    def prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
+        """(compiled program, its overhead program, arguments, bytes of its inputs from other
+        units, compile seconds) of ``u`` under ``combo``. The overhead program is None when the
+        program is over the memory budget (it will not be timed, so it is not compiled)."""
+        sp = self.program(u)
+        assignment = u.assignment(combo)
+        fn, shardings = build(self.a, sp, assignment, self.mesh)
+        t0 = time.perf_counter()
+        args = synthetic_inputs(self.a, sp, shardings)
+        compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
+        boundary = boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment))
+        # (The candidate's own memory: its floor, known in the loop, is at least that.)
+        over = self.shortcuts.over_budget(memory_of(compiled, boundary)[1])
+        overhead = None if over else self.overhead_of(u, compiled, args)
+        return compiled, overhead, args, boundary, time.perf_counter() - t0
+
+    def overhead_of(self, u: Unit, compiled: Any, args: list[Any]) -> Any:
+        """The overhead program of ``u``'s program ``compiled`` (``timing.overhead_program``)."""
+        outputs = [self.a.graph.vars[v] for v in self.program(u).outputs]
+        return overhead_program(args, outputs, compiled.output_shardings)
+
+    def measure(self, todo: list[Candidate], progress: Any = None) -> int:
+        """Profiles ``todo`` in order, writing each entry as soon as it is measured; counts in
+        ``self.counts`` how many were timed in full, not timed (over the memory budget) and
+        stopped early. Stops as soon as no plan can fit the budget (``infeasible``); returns how
+        many were measured."""
+        if self.over_budget_everywhere():  # from the memories stored already
+            self.log(f"profile: nothing measured: {self.infeasible}")
+            return 0
+        if not todo:
+            return 0
+        pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
+        next_up = pool.submit(self.prepare, *todo[0]) if pool else None
+        try:
+            for i, (u, combo) in enumerate(todo):
+                if pool:
+                    prepared = next_up.result()
+                    if i + 1 < len(todo):
+                        next_up = pool.submit(self.prepare, *todo[i + 1])  # compiles while this one is timed
+                else:
+                    prepared = self.prepare(u, combo)
+                compiled, overhead, args, boundary, compile_s = prepared
+                memory, mem = memory_of(compiled, boundary)
+                self.memory[u.kind][combo] = mem
+                floor = self.plan_floor(u.kind, mem)
+                entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
+                         "blocks": [u.start, u.end]}
+                part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
+                where = f"SegmentIdx: {u.kind[0]}{part} ParallelBlock Strategy: {list(combo)}"
+                # Rank 0's figures decide (every process compiled the same programs; its figures
+                # are the ones the store keeps and the search adds up).
+                if _rank0_flag(self.shortcuts.over_budget(floor)):
+                    budget = self.shortcuts.memory_budget_bytes
+                    entry.update({"time_s": None, "over_budget": True, "budget_bytes": budget,
+                                  "plan_floor_bytes": floor})
+                    self.counts["over_budget"] += 1
+                    self.log(f"{where} not timed: mem_cost(GB): {mem / 2**30:.6f}, a plan holding it needs at least "
+                             f"{floor / 2**30:.6f}, over the memory budget {budget / 2**30:.6f}")
+                else:
+                    # (No overhead program only where this process's memory said over budget and
+                    # rank 0's did not: never seen, since every process compiles the same program.)
+                    overhead = overhead if overhead is not None else self.overhead_of(u, compiled, args)
+                    entry.update(self._time(u, compiled, overhead, args))
+                    if entry.get("stopped_early"):
+                        self.log(f"{where} avgcost: {entry['time_s']:.6f} (stopped early: first "
+                                 f"{len(entry['times_s'])} runs over {self.shortcuts.early_stop_ratio:g}x the best "
+                                 f"{entry['best_s']:.6f}) mem_cost(GB): {mem / 2**30:.6f}")
+                    else:
+                        self.log(f"{where} avgcost: {entry['time_s']:.6f} mem_cost(GB): {mem / 2**30:.6f}")
+                if self.is_main:
+                    self.store.put(self.keys.segment(u, combo), entry)
+                if progress is not None:
+                    progress.advance()
+                if i + 1 < len(todo) and len(self.memory[u.kind]) == self._combos[u.kind] \
+                        and self.over_budget_everywhere():
+                    self.log(f"profile: stopped after {i + 1} of {len(todo)} combinations to measure: "
+                             f"{self.infeasible}")
+                    return i + 1
+        finally:
+            if pool:
+                pool.shutdown(wait=True, cancel_futures=True)
+        return len(todo)
+
+    def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
+        """The timing part of a candidate's entry, stopped early when its first runs say so."""
+        ratio, after = self.shortcuts.early_stop_ratio, self.shortcuts.early_stop_after
+        best, best_overhead = self.best.get(u.kind, (math.inf, 0.0))
+        stop = EarlyStop(ratio, best, best_overhead, after) if ratio > 0 and math.isfinite(best) else None
+        times, overhead_times = self.timer.beside_overhead(compiled, overhead, args, stop=stop)
+        out = {"time_s": statistics.median(times), "times_s": times, "overhead_s": statistics.median(overhead_times),
+               "overhead_times_s": overhead_times}
+        if len(times) < self.timer.repeats:  # the only way fewer runs come back
+            self.counts["stopped_early"] += 1
+            out.update({"stopped_early": True, "stop_ratio": ratio, "best_s": best})
+        else:
+            self.counts["timed"] += 1
+            # slowest-process times: the same on every process
+            self.best[u.kind] = min((best, best_overhead), (out["time_s"], out["overhead_s"]))
+        return out
+
+    def table(self, partial: bool = False, profiled: Sequence[Candidate] = ()) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
+        """Every kind's entries from the store, by combination: those ``profiled`` must be there
+        (``partial``: what is); any other the store holds (measured by an earlier run) too."""
+        out: dict[tuple[int, int], dict[tuple[int, ...], dict]] = {}
+        wanted = {(u.kind, c) for u, c in profiled}
+        for kind, u in self.first.items():
+            out[kind] = {}
+            for c in u.combos():
+                entry = self.store.get(self.keys.segment(u, c))
+                if entry is None and (kind, c) in wanted and not partial:
+                    raise RuntimeError(f"profile entry missing after profiling: template {kind}, combination {c}")
+                if entry is not None and ((kind, c) in wanted or self.shortcuts.reuses(entry)):
+                    out[kind][c] = entry
+        return out
+
+
+def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
+    """(XLA's memory analysis of ``compiled`` per device, by kind; the unit's memory the search
+    adds up: arguments, results and temporaries less aliased bytes, less ``boundary``, the bytes
+    of its inputs another unit produces, counted there as results)."""
+    m = compiled.memory_analysis()
+    memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
+    return memory, memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
+
+
+def _rank0_flag(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every process (the identity with one process)."""
+    return bool(hosts.broadcast(np.array([int(flag)], dtype=np.int32))[0])

@@ -1,0 +1,80 @@
+"""Profile-store keys. The store on disk is shared by runs and reused across them, so every key
+field here is part of its format: change one and every stored entry is measured again.
+
+A segment combination's key holds the model's signature (its analysis), the mesh, the devices,
+the timing (warm or cold caches), the template (its blocks' signatures) and the combination;
+measurements that depend on the mesh only (resharding, all-reduce latency) leave the model out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Sequence
+
+import jax
+
+from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.profile.units import Unit
+
+# Part of every store key: bump it when what a measurement means changes (which tensors are
+# pinned, what a segment program contains), so old entries are not reused.
+# Not bumped for the profiling shortcuts (candidates.py): an entry without their marks is, as
+# before, a candidate timed in full, so version-4 stores are read and reused as they are; the
+# marked entries (``over_budget``: no time; ``stopped_early``: a bound) are new and are reused
+# only where a run's shortcuts allow (``candidates.Shortcuts.reuses``). Version 5: scanned layers
+# profiled an iteration at a time (their loops' bodies are segments), and a resharding's overhead
+# program is the identity keeping its layout.
+PROFILE_VERSION = 5
+
+
+def model_signature(a: Analysis) -> str:
+    return hashlib.sha1(json.dumps(a.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def device_signature(mesh: Any) -> str:
+    d = mesh.devices.flat[0]
+    return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
+
+
+class StoreKeys:
+    """The keys of one profile run's entries (an analysis on a mesh, warm or cold caches)."""
+
+    def __init__(self, a: Analysis, mesh: Any, cold: bool = False) -> None:
+        self.a = a
+        # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
+        # of those that depend on the model too.
+        self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh),
+                          "caches": "cold" if cold else "warm"}
+        self.base = {**self.mesh_base, "model": model_signature(a)}
+
+    def segment(self, u: Unit, combo: Sequence[int]) -> dict:
+        """A unit's combination (units of one kind share it: the template is their blocks')."""
+        sigs = self.a.signatures[u.start:u.end]
+        template = hashlib.sha1("|".join(sigs).encode()).hexdigest()[:16]
+        return {**self.base, "template": template, "combination": list(combo)}
+
+    def reshard(self, pair: tuple) -> dict:
+        """Turning layout src into dst for ``pair`` = ((shape, dtype), src, dst)."""
+        (shape, dtype), src, dst = pair
+        return {**self.mesh_base, "kind": "reshard", "shape": list(shape), "dtype": dtype,
+                "src": [list(a) for a in src], "dst": [list(a) for a in dst]}
+
+    def allreduce_latency(self, axes: Sequence[int]) -> dict:
+        return {**self.mesh_base, "kind": "allreduce-latency", "axes": list(axes), "statistic": "q25"}
+
+    def whole_overhead(self) -> dict:
+        return {**self.base, "kind": "whole-overhead"}
+
+
+# The ILP's communication cost model (launcher/sharding/ilp/calibrate.py) has a version of its own:
+# bump it when what calibration measures changes. It is not PROFILE_VERSION, so changing how
+# segments are profiled does not recalibrate the collectives, nor the other way round.
+COLLECTIVE_MODEL_VERSION = 1
+
+
+def collective_model_key(mesh: Any) -> dict:
+    """The key of the ILP's collective cost model of ``mesh``: it depends on the mesh's shape,
+    the device kind and count and the process count (``device_signature``), not on any model."""
+    return {"version": COLLECTIVE_MODEL_VERSION, "kind": "collective-model", "mesh": list(mesh.devices.shape),
+            "devices": device_signature(mesh)}

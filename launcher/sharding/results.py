@@ -1,0 +1,98 @@
+"""What the passes report: the fields of ``result.json`` for mode=profile and mode=search
+(any algorithm: CFP's search, the Alpa-style ILP of ``mode.algorithm=ilp``), from what
+``pipeline.py`` returns. The modes add only what belongs to the run dir (the paths of their files) and their
+wall time.
+
+A search's top-level fields (``plan``, ``step_time_s``, ``vs_best_baseline``, ...) are the
+searched plan's own, the algorithm's (CFP's, or the ILP's under ``mode.algorithm=ilp``), whichever plan is the
+answer; ``answer`` says which plan ``plan.json`` holds, why, and how it compares
+(``answer_fields``; docs/cfp.md, "The answer").
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from launcher.sharding.options import ProfileOptions, SearchOptions
+from launcher.sharding.pipeline import Answer, OnMesh, Searched
+from launcher.sharding.search.report import best_baseline
+
+# Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
+_SUMMED = ("profiled_configs", "measured_configs", "reused_configs", "profile_time_s", "over_budget_configs",
+           "stopped_early_configs")
+
+
+def mesh_fields(on: OnMesh) -> dict:
+    """The fields of one mesh's analysis and profile."""
+    analysis, profiles = on.analyzed.analysis, on.profiles
+    return {**analysis.summary(), "mesh_shape": list(analysis.mesh_shape),
+            "profiled_configs": profiles.profiled_configs, "measured_configs": profiles.measured,
+            "reused_configs": profiles.reused, "profile_time_s": profiles.seconds,
+            # Of the table (reused entries included): not timed, over the memory budget; and
+            # timed only until the early stop (launcher/sharding/profile/candidates.py).
+            "over_budget_configs": profiles.over_budget_configs,
+            "stopped_early_configs": profiles.stopped_early_configs,
+            "units": len(profiles.units), "reshard_pairs": len(profiles.reshard)}
+
+
+def profile_fields(on: Sequence[OnMesh]) -> dict:
+    """mode=profile's fields: one mesh's, or with several a row per mesh and the counts summed."""
+    if len(on) == 1:
+        return mesh_fields(on[0])
+    rows = [mesh_fields(o) for o in on]
+    return {"meshes": rows, **{k: sum(row[k] for row in rows) for k in _SUMMED}}
+
+
+def answer_fields(answer: Answer, plan_file: str, searched_plan_file: str) -> dict:
+    """``answer``: the plan ``plan.json`` holds (``pipeline.Answer``): where it comes from
+    (``source``: cfp, ilp or baseline; ``name``: its row in the comparison), why in plain words,
+    its time over the fastest baseline's and the searched plan's (both paired, over the final
+    race's rounds, the slowest process's times, as decided), and its own run's figures (its
+    ``losses`` are what ``mode=train mode.plan=<plan_file>`` gives for as many steps)."""
+    run = answer.run
+    return {"source": answer.source, "name": answer.name, "plan_file": plan_file, "why": answer.why(),
+            "best_baseline": answer.best_baseline, "vs_best_baseline_paired": answer.vs_best_baseline_paired,
+            "searched": answer.searched, "searched_plan_file": searched_plan_file,
+            "searched_vs_best_baseline_paired": answer.searched_vs_best_baseline_paired,
+            "verify_margin": answer.margin, "rounds": answer.rounds,
+            "step_time_s": run.step_time_s, "memory_gb": run.memory_bytes / 2**30, "tflops": run.tflops,
+            "losses": run.losses}
+
+
+def race_fields(out: Searched, options: ProfileOptions) -> dict:
+    """The fields of the searched plan's run (``search.measure.PlanRun``) beside the baselines'
+    runs, compared with the fastest baseline the answer names; a baseline that is another
+    algorithm's plan (alpa_ilp) adds that algorithm's own fields to its entry."""
+    run = out.searched
+    return {
+        "step_time_s": run.step_time_s,
+        "repeat_times_s": run.repeat_times_s,
+        "memory_gb": run.memory_bytes / 2**30,
+        "tflops": run.tflops,
+        "flop_count": run.flops,
+        "losses": run.losses,
+        **best_baseline(run, out.baselines, out.answer.best_baseline),
+        "memory_budget_gb": options.memory_budget_gb,
+        "baselines": {name: {**r.summary(), **(out.others[name].baseline_fields if name in out.others else {})}
+                      for name, r in out.baselines.items()},
+        "baselines_skipped": dict(out.skipped),
+    }
+
+
+def search_fields(out: Searched, options: SearchOptions, plan_file: str, answer_file: str) -> dict:
+    """mode=search's fields: the analysis of the plan's mesh, the algorithm's own (``Planned.fields``:
+    CFP's DP optimum per mesh, its shortlist and profile counts; the ILP's solve), the plan
+    (``plan_file``: the algorithm's own), its run beside the baselines, and the answer
+    (``answer_file``: plan.json)."""
+    planned = out.planned
+    analysis = planned.on.analyzed.analysis
+    fields = dict(planned.fields)
+    fields["plan"] = {**fields.get("plan", {}), "file": plan_file}
+    return {
+        **analysis.summary(),
+        "mesh_shape": list(analysis.mesh_shape),
+        **fields,
+        **race_fields(out, options.profile),
+        "drop_slower_than": options.drop_slower_than,
+        "answer": answer_fields(out.answer, answer_file, plan_file),
+    }

@@ -1,0 +1,397 @@
+"""Running whole-model plans: the searched plan, the uniform plans, and the built-in baselines.
+
+Every run trains the real model on its real data with the trainer ``mode=train`` uses
+(``models.train.Trainer``: the same state, optimizer, batches and step timing, so the losses are
+those ``mode=train`` gives for the same seed); a searched plan's layouts reach it as a step
+transform (``apply.assignment_transform``). Plans are compiled first (``Runner``), then timed
+in interleaved rounds (``race``): ``repeats`` rounds in which every plan runs ``iterations``
+steps, each step timed alone (batch generation excluded), after one warm-up step. Interleaving matters on a shared machine: a plan timed while the load is high
+and another while it is low would compare the load, not the plans; a round the hypervisor
+interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean of its steps and
+the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
+device, from XLA's buffer assignment (``models.train.memory_stats``).
+
+A user's own step (``launcher/sharding/user_step.py``: no model protocol) runs on ``StepRunner``
+instead, with the same interface: its example arguments laid out by the plan, the state it
+returns fed back as the next step's (the data stay the example batch), each step timed alone;
+its baselines are dp, fsdp and the user's own shardings (``user_step.baseline_shardings``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from launcher import jaxcompat
+from launcher.sharding import user_step
+from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
+from launcher.sharding.profile.quiet import quiet
+from launcher.sharding.profile.timing import Timer, slowest_process
+from launcher.sharding.search.comm import collectives, total_bytes
+from launcher.errors import BAD_INPUT
+from launcher.models.plans import Plan, builtin
+from launcher.models.train import CompiledStep, Trainer
+from launcher.runtime import trace_stats
+
+
+@dataclass
+class PlanRun:
+    name: str
+    repeat_times_s: list[float]          # mean step time of each round
+    losses: list[float]
+    memory_bytes: int
+    flops: float
+    compile_time_s: float
+    compiled: Any = field(default=None, repr=False)
+
+    @property
+    def step_time_s(self) -> float:
+        return statistics.median(self.repeat_times_s)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.step_time_s / 1e12
+
+    def tflops_per_repeat(self) -> list[float]:
+        return [self.flops / t / 1e12 for t in self.repeat_times_s]
+
+    def summary(self) -> dict:
+        return {"step_time_s": self.step_time_s, "tflops": self.tflops, "memory_gb": self.memory_bytes / 2**30,
+                "repeat_times_s": self.repeat_times_s, "compile_time_s": self.compile_time_s}
+
+
+class Runner(Trainer):
+    """A plan's training step compiled with its state (``models.train.Trainer``), and the mean
+    step time of each round ``race`` ran it for."""
+
+    def __init__(self, name: str, program: Any, plan: Any, devices: Sequence[Any], *, seed: int = 0,
+                 transform_step: Any = None) -> None:
+        super().__init__(program.model, plan, devices, optimizer=program.optimizer, seed=seed,
+                         transform_step=transform_step)
+        self.name, self.program = name, program
+        self.rounds: list[float] = []
+        self.candidate: Any = None  # the search.Candidate it runs, when it runs one
+        self.mesh_index = 0         # which of the searched meshes that candidate is on
+
+    def result(self) -> PlanRun:
+        return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes,
+                       float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
+
+
+class StepRunner(CompiledStep):
+    """A user's step (``program.model`` None) compiled with its arguments laid out as
+    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``user_step.py``). The
+    state the step returns is fed back (and donated), so successive steps train; its outputs
+    besides are replicated, its loss recorded where it has one."""
+
+    def __init__(self, name: str, program: Any, step: Any, in_shardings: tuple, *, seed: int = 0) -> None:
+        self.name, self.program = name, program
+        self.rounds: list[float] = []
+        self.candidate: Any = None
+        self.mesh_index = 0
+        mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
+        outs = user_step.out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        t0 = time.perf_counter()
+        self.args = user_step.materialize(program, in_shardings, seed)
+        self._compile(lambda: jax.jit(step, in_shardings=tuple(in_shardings), out_shardings=outs,
+                                      donate_argnums=program.feeds_back).lower(*self.args), since=t0)
+
+    def _one_step(self) -> float:
+        t = time.perf_counter()
+        out = jax.block_until_ready(self.compiled(*self.args))
+        seconds = time.perf_counter() - t
+        loss = user_step.loss_of(self.program, out)
+        if loss is not None:
+            self.losses.append(loss)
+        self.args = user_step.next_args(self.program, self.args, out)
+        return seconds
+
+    def result(self) -> PlanRun:
+        return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes, self.program.flops_per_step,
+                       self.compile_time_s, self.compiled)
+
+
+def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
+                name: str = "cfp") -> Runner | StepRunner:
+    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
+    if not program.is_model:
+        step, in_shardings, _ = whole_step(a, assignment, mesh)
+        return StepRunner(name, program, step, in_shardings, seed=seed)
+    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}})
+    return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
+                  transform_step=assignment_transform(a, assignment))
+
+
+def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner | StepRunner:
+    """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
+    plan does not fit the model or the devices. A user's step: its baseline of that name
+    (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
+    if not program.is_model:
+        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
+        runner = StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
+        runner.steps(1)
+        return runner
+    runner = Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
+    runner.steps(1)
+    return runner
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Which plans stop racing early, as racing algorithms drop configurations (F-Race,
+    successive halving): after ``after`` rounds, each plan of ``among`` (indices into the race's
+    runners) whose every round took over ``factor`` times the fastest of ``among`` in the same
+    round runs no more rounds; its time stays the median of those it ran. The rounds it no
+    longer takes go to the plans still close, where more rounds narrow the ratio that matters."""
+    among: frozenset
+    after: int = 4
+    factor: float = 1.25
+
+    def out(self, rounds: Sequence[Sequence[float]]) -> set[int]:
+        """The plans to drop, given every plan's time in each round so far (the same on every
+        process: the slowest process's, ``slowest_process``)."""
+        among = sorted(self.among)
+        fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
+        return {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest, strict=True))}
+
+
+def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None,
+         cut: Cut | None = None) -> list[PlanRun]:
+    """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
+    round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
+    the losses stay those of consecutive steps). ``cut``: plans clearly behind stop early.
+
+    Every other round runs the plans in reverse order. The machine's speed drifts within a round
+    too: in the default job (2 processes on 2 cores) the time of the plan run first over that of
+    the plan run last, seconds later, went from 0.66 to 1.57 over 10 rounds. In a fixed order the
+    plans run first and last always meet different moments; reversed, a drift counts against
+    each in turn."""
+    for r in runners:
+        if r.step_no == 0:
+            r.steps(1)
+            jaxcompat.settle_programs()
+    live = list(range(len(runners)))
+    for k in range(repeats):
+        if cut is not None and k == cut.after > 0 and cut.among:
+            # Every process drops the same plans: each runs every plan's collectives.
+            slowest = slowest_process([t for r in runners for t in r.rounds[-k:]])  # this race's rounds
+            dropped = cut.out([slowest[i * k:(i + 1) * k] for i in range(len(runners))])
+            live = [i for i in live if i not in dropped]
+            if progress is not None:
+                progress.advance(len(dropped) * iterations * (repeats - k))
+        attempts = 0
+        order = live if k % 2 == 0 else live[::-1]
+
+        def one_round(order: list[int] = order) -> list[float]:
+            nonlocal attempts
+            attempts += 1
+            bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
+            means = [0.0] * len(order)
+            for j, i in enumerate(order):
+                means[j] = statistics.mean(runners[i].steps(iterations, bar))
+                jaxcompat.settle_programs()  # the next runner's step is another program
+            return means
+
+        for i, seconds in zip(order, quiet(one_round), strict=True):
+            runners[i].rounds.append(seconds)
+    return [r.result() for r in runners]
+
+
+def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, iterations: int,
+             repeats: int, seed: int = 0, name: str = "cfp", progress: Any = None) -> PlanRun:
+    runner = plan_runner(a, program, assignment, mesh, seed=seed, name=name)
+    return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
+
+
+def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
+         incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None) -> tuple[Runner, list[dict]]:
+    """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
+    (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
+    of different logical meshes of the same devices race together, in ``repeats`` interleaved
+    rounds of ``iterations`` steps each. ``incumbents``: the entries nearest the baselines.
+    Every process measures every candidate and the slowest process's round times decide, so all
+    processes pick the same plan.
+
+    A plan that wins the short rounds against the incumbents by ``margin`` has still won only a
+    few short rounds: it then races the fastest incumbent alone, twice as many rounds again, and
+    replaces it only if it wins those by ``margin`` as well. In the default job the DP's optimum on
+    4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
+    10 rounds; the duel costs a few seconds beside compiling the shortlist. Returns the chosen
+    runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
+    runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
+               for a, program, mesh, c in entries]
+    measured: list[float | None] = [None] * len(runners)
+    ratios: list[float | None] = [None] * len(runners)
+    over_incumbent: list[float | None] = [None] * len(runners)
+    duel: list[float | None] = [None] * len(runners)   # the duel's time over the incumbent's
+    best = 0
+    if len(runners) > 1:
+        race(runners, iterations=iterations, repeats=repeats, progress=progress)
+        slowest = slowest_process([t for r in runners for t in r.rounds])
+        rounds = [slowest[i * repeats:(i + 1) * repeats] for i in range(len(runners))]
+        measured = [statistics.median(ts) for ts in rounds]
+        ratios = paired_ratios(rounds)
+        best = winner(rounds, incumbents, margin)
+        if incumbents:
+            safe = min(incumbents, key=lambda i: ratios[i])
+            over_incumbent = [paired_over(times, rounds[safe]) for times in rounds]
+            if best not in incumbents:
+                pair = [runners[best], runners[safe]]
+                for r in pair:
+                    r.rounds = []
+                race(pair, iterations=iterations, repeats=2 * repeats)
+                slowest = slowest_process([t for r in pair for t in r.rounds])
+                duel[best] = paired_over(slowest[:2 * repeats], slowest[2 * repeats:])
+                duel[safe] = 1.0
+                if duel[best] > 1 - margin:
+                    best = safe
+    chosen = runners[best]
+    chosen.rounds = []  # the short rounds choose; they are not the searched plan's timing
+    chosen.candidate = entries[best][3]
+    rows = [{"assignment": list(c.assignment), "mesh_shape": list(a.mesh_shape), "source": c.source,
+             "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
+             "measured_step_time_s": seconds, "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0,
+             "incumbent": i in incumbents, "over_incumbent_paired": over, "duel_over_incumbent_paired": duel[i]}
+            for i, ((a, _, _, c), seconds, ratio, over) in enumerate(zip(entries, measured, ratios, over_incumbent, strict=True))]
+    return chosen, rows
+
+
+def winner(rounds: Sequence[Sequence[float]], incumbents: Sequence[int] = (), margin: float = 0.0) -> int:
+    """The plan (index into ``rounds``: each plan's time in each round) with the least
+    ``paired_ratios``, except that the fastest of the ``incumbents`` (plans known to be as fast
+    as a hand-written one: those nearest the baselines) stays unless the winner's time over its
+    own, round by round, has a median below ``1 - margin``. A few short rounds cannot tell plans
+    apart within their noise, and where they cannot the plan that matches a baseline is the safe
+    one: on bert-tiny (4x2) the DP's optimum came out 1% ahead of the plan nearest dp_tp in 4
+    rounds of 5 steps, and 7-15% behind it in 10 or 14 rounds of 10."""
+    ratios = paired_ratios(rounds)
+    best = min(range(len(rounds)), key=lambda i: ratios[i])
+    if incumbents and best not in incumbents:
+        safe = min(incumbents, key=lambda i: ratios[i])
+        if paired_over(rounds[best], rounds[safe]) > 1 - margin:
+            return safe
+    return best
+
+
+def paired_over(times: Sequence[float], reference: Sequence[float]) -> float:
+    """The median over rounds of a plan's time over ``reference``'s in the same round."""
+    return statistics.median(t / u for t, u in zip(times, reference, strict=True))
+
+
+def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
+    """Per plan (its time in each round), the median over rounds of its time over that round's
+    median plan time. The plans of a round run minutes apart at most, those of different rounds
+    further: on a machine whose speed drifts, ratios within a round compare plans where medians
+    of raw times would compare the moments they ran at."""
+    per_round = [statistics.median(times) for times in zip(*rounds, strict=True)]
+    return [statistics.median(t / m for t, m in zip(times, per_round, strict=True)) for times in rounds]
+
+
+def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
+    """``runs`` (one race's, in the same order on every process) with each round's time the
+    slowest process's: one SPMD step ends when its slowest process does, and every process then
+    holds the same figures, so each decides (``verdict``) and reports alike."""
+    slowest = slowest_process([t for r in runs for t in r.repeat_times_s])
+    out, at = [], 0
+    for r in runs:
+        out.append(replace(r, repeat_times_s=slowest[at:at + len(r.repeat_times_s)]))
+        at += len(r.repeat_times_s)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which plan of a final race is the answer (``verdict``), and the figures it was decided on."""
+    answer: int                        # index into the race's plans: 0 (the searched plan) or best_baseline
+    best_baseline: int | None          # the fastest baseline, round by round; None where none ran
+    searched_over_best: float | None   # the searched plan's time over best_baseline's, paired
+    rounds: int                        # the rounds decided on
+
+    @property
+    def answer_over_best(self) -> float | None:
+        return 1.0 if self.answer == self.best_baseline else self.searched_over_best
+
+
+def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin: float) -> Verdict:
+    """The answer of a final race (``rounds``: each plan's time in each round; plan 0 the searched
+    plan): the searched plan only where it beats the fastest of ``baselines`` by ``margin``,
+    round by round, else that baseline (``winner``, the baselines as incumbents): a plan handed
+    to the user is never one the same rounds measured slower than a plan beside it, and a tie
+    within the rounds' noise goes to the hand-written plan. Only plans that ran every round
+    count: a baseline the race dropped (``Cut``) was far behind the fastest."""
+    n = len(rounds[0])
+    full = [0, *(i for i in baselines if len(rounds[i]) == n)]
+    if len(full) == 1:
+        return Verdict(0, None, None, n)
+    ran = [rounds[i] for i in full]
+    ratios = paired_ratios(ran)
+    best = min(range(1, len(full)), key=lambda k: ratios[k])
+    return Verdict(full[winner(ran, range(1, len(full)), margin)], full[best], paired_over(ran[0], ran[best]), n)
+
+
+
+def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
+                     names: Sequence[str]) -> tuple[list[Runner], dict[str, str]]:
+    """Every built-in plan that fits; the others with the reason they do not."""
+    runners, skipped = [], {}
+    for name in names:
+        try:
+            runners.append(baseline_runner(program, name, devices, seed=seed))
+        except BAD_INPUT as e:
+            skipped[name] = str(e)
+            log(f"baseline {name}: skipped ({e})")
+    return runners, skipped
+
+
+def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int, repeats: int, seed: int,
+                        log: Any) -> list[dict]:
+    """Every uniform plan (all blocks on plan k, or their last plan) of the whole step: the
+    collective volume of its compiled program, the time spent communicating and the step time.
+
+    The communication time is read from a profiler trace of the plan's run where the backend
+    records device ops (GPU, TPU: ``launcher/runtime/trace_stats.py``). The CPU backend's trace
+    does not separate collectives from computation, so there it is an estimate: collective bytes
+    over the all-reduce bandwidth measured on the same mesh (each row says which)."""
+    bandwidth = allreduce_bandwidth(mesh)
+    log(f"all-reduce bandwidth on the mesh: {bandwidth / 1e9:.3f} GB/s per device")
+    rows = []
+    for k in range(max(b.num_plans for b in a.blocks)):
+        assignment = {b.id: min(k, b.num_plans - 1) for b in a.blocks}
+        run = lambda assignment=assignment, k=k: run_plan(a, program, assignment, mesh, iterations=iterations, repeats=repeats, seed=seed,
+                               name=f"uniform{k}")
+        # Not traced where the trace could not tell anyway (CPU devices): tracing costs step time.
+        ops, r = trace_stats.timed(run) if mesh.devices.flat[0].platform != "cpu" else (None, run())
+        stats = collectives(r.compiled.as_text())
+        volume = total_bytes(stats)
+        steps = 1 + iterations * repeats  # race's warm-up step, then the rounds
+        if ops is not None:
+            comm, method = ops.collective_s / steps, "trace: device time in collective ops per step"
+        else:
+            comm = volume / bandwidth
+            method = ("estimate: collective bytes / measured all-reduce bandwidth (this backend's trace "
+                      "records no device ops)")
+        rows.append({"plan": k, "comm_volume_bytes": volume, "collectives": stats, "step_time_s": r.step_time_s,
+                     "comm_time_s": comm, "compute_time_s": max(r.step_time_s - comm, 0.0),
+                     "comm_time_method": method, "memory_gb": r.memory_bytes / 2**30})
+        log(f"Uniform plan {k}: Comm Volume: {volume / 1e6:.3f} MB, comm time {comm:.6f} s "
+            f"({'trace' if ops is not None else 'estimate'}), compute {rows[-1]['compute_time_s']:.6f} s, "
+            f"step {r.step_time_s:.6f} s")
+    return rows
+
+
+def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
+    """Bytes per second per device of an all-reduce over every device of ``mesh``."""
+    n = mesh.devices.size
+    per = max(int(mib * 2**20 / 4), 1)
+    sharded = NamedSharding(mesh, PartitionSpec(mesh.axis_names))
+    x = jax.make_array_from_callback((n, per), sharded, lambda idx: np.ones((1, per), np.float32))
+    f = jax.jit(lambda y: y.sum(axis=0, keepdims=True), in_shardings=sharded,
+                out_shardings=NamedSharding(mesh, PartitionSpec())).lower(x).compile()
+    return per * 4 / statistics.median(slowest_process(Timer(1, repeats).runs([f], [x])[0]))

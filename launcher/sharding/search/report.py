@@ -1,0 +1,136 @@
+"""The searched plan beside the baselines: a rich table and a bar chart (PNG, Agg backend), from
+the race's runs or, as the run dir and the console show them, from a search's result fields
+(``comparison_text``, ``rows_of``): one rendering for comparison.txt and the console alike."""
+
+from __future__ import annotations
+
+import io
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.sharding.algorithms.base import Algorithm, plan_title
+
+if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with their schemas
+    from launcher.sharding.search.measure import PlanRun
+
+
+def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun], name: str | None = None) -> dict:
+    """The result fields comparing the searched plan with the fastest baseline (``name``, as the
+    answer decided it, ``measure.verdict``; else the least median step time): the ratio of
+    median step times, and paired (the median over rounds of the ratio within each round; the
+    plans of a round ran together, so the machine's drift between rounds cancels)."""
+    if not baselines:
+        return {}
+    name = name or min(baselines, key=lambda n: baselines[n].step_time_s)
+    best = baselines[name]
+    paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s, strict=True))
+    return {"best_baseline": name, "vs_best_baseline": searched.step_time_s / best.step_time_s,
+            "vs_best_baseline_paired": paired}
+
+
+def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str],
+               title: str = "CFP plan against the baselines (same devices)", rounds: int = 0,
+               why_fewer: str = "", answer: str = "", notes: Sequence[str] = ()) -> str:
+    """The plans run, one row each, the ``answer``'s marked; below it, the plans that ran fewer
+    than ``rounds`` rounds (``why_fewer``), the baselines that could not run, each named once,
+    and ``notes`` (which plan is the answer and why)."""
+
+    best = min(r.step_time_s for r in runs.values())
+    t = Table(title=title)
+    for col in ("plan", "step time (ms)", "vs best", "TFLOPS", "memory (MiB/device)"):
+        t.add_column(col, justify="right" if col != "plan" else "left")
+    for name, r in runs.items():
+        t.add_row(f"{name} (answer)" if name == answer else name, f"{r.step_time_s * 1e3:.3f}", f"{r.step_time_s / best:.3f}", f"{r.tflops:.4g}",
+                  f"{r.memory_bytes / 2**20:.2f}")
+    console = Console(width=110, record=True, file=io.StringIO())
+    console.print(t)
+    fewer = [f"{name} ({len(r.repeat_times_s)})" for name, r in runs.items() if len(r.repeat_times_s) < rounds]
+    if fewer:
+        console.print(f"fewer of the {rounds} rounds: {', '.join(fewer)}: {why_fewer}")
+    for name, why in skipped.items():
+        console.print(f"not run: {name}: {why}")
+    for line in notes:   # whole, however long: the console and the tests read it back
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+    return console.export_text()
+
+
+@dataclass
+class Row:
+    """A plan's run as a result's fields hold it (``PlanRun.summary``): what the table and the
+    chart show of it."""
+    step_time_s: float
+    tflops: float
+    memory_bytes: float
+    repeat_times_s: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> "Row":
+        return cls(fields["step_time_s"], fields["tflops"], fields["memory_gb"] * 2**30,
+                   list(fields.get("repeat_times_s") or []))
+
+
+def rows_of(result: Mapping[str, Any]) -> dict[str, Row]:
+    """The race's rows from a search's result fields: the searched plan's, then each baseline's."""
+    searched = (result.get("answer") or {}).get("searched", "cfp")
+    return {searched: Row.of(result), **{name: Row.of(b) for name, b in (result.get("baselines") or {}).items()}}
+
+
+def comparison_text(result: Mapping[str, Any]) -> str:
+    """A search's comparison from its result fields (``launcher/sharding/results.py``): the table
+    of the plans raced, the answer marked, the plans that ran fewer rounds and the baselines that
+    could not run named below it, and which plan is the answer and why."""
+    answer = result.get("answer") or {}
+    searched = answer.get("searched", "cfp")
+    algorithm = Algorithm.of_row(searched)
+    # An algorithm this process has not imported (one of mode.algorithm_module's, read back by
+    # ``xlaunch``) is headed as its class is by default.
+    heading = algorithm.heading if algorithm is not None else plan_title(searched)[:1].upper() + plan_title(searched)[1:]
+    why = answer.get("why", "")
+    if why and answer.get("name") == searched:
+        why += " (plan.json)"
+    elif why:
+        why += f" (plan.json; {plan_title(searched)} is {Path(answer.get('searched_plan_file', '')).name})"
+    drop = result.get("drop_slower_than")
+    return table_text(rows_of(result), result.get("baselines_skipped") or {},
+                      title=f"{heading} against the baselines (same devices)",
+                      rounds=len(result.get("repeat_times_s") or []),
+                      why_fewer=f"over {drop:g}x the fastest baseline in each, mode.drop_slower_than" if drop else "",
+                      answer=answer.get("name", ""), notes=[why] if why else [])
+
+
+def bar_chart(runs: Mapping[str, PlanRun | Row], path: str | Path, answer: str = "") -> Path:
+    """Step time, TFLOPS and memory per plan; the ``answer``'s bars hatched and outlined."""
+    import matplotlib  # noqa: PLC0415  import cost; the backend is chosen before pyplot loads
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415  import cost; the backend is chosen before pyplot loads
+
+    names = list(runs)
+    # Each algorithm's plan in its colour (CFP's red, the ILP's orange), built-in plans blue.
+    planned = {n: a for n in names if (a := Algorithm.of_row(n)) is not None}
+    colors = [planned[n].color if n in planned else "tab:blue" for n in names]
+    metrics = [("step time (ms)", [runs[n].step_time_s * 1e3 for n in names]),
+               ("TFLOPS", [runs[n].tflops for n in names]),
+               ("memory (MiB / device)", [runs[n].memory_bytes / 2**20 for n in names])]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, (label, values) in zip(axes, metrics, strict=True):
+        bars = ax.bar(names, values, color=colors)
+        if answer in names:
+            bars[names.index(answer)].set(hatch="//", edgecolor="black", linewidth=1.5)
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=30)
+    title = " and ".join(f"{a.title} ({a.color.removeprefix('tab:')})" for a in planned.values())
+    title = title[:1].upper() + title[1:] + " against built-in plans"
+    if answer in names:
+        title += f"\nthe answer (plan.json, hatched): {answer}"
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,315 @@
+"""A user's own training step as the program CFP works on: whatever function the user jits.
+
+    program = step_program(train_step, (state, batch))                        # Flax, plain JAX
+    program = step_program(step, (model, opt_state, x, y), data_argnums=(2, 3))  # Equinox
+
+Nothing asks for logical axis names: the analysis reads the step's jaxpr. What is read from the
+step and its example arguments:
+
+- **Arguments**: pytrees whose array leaves (jax or numpy arrays, or ``jax.ShapeDtypeStruct``
+  for shapes only) are the step's inputs. Any other leaf (an Equinox module's activation
+  function, a Python number) is static and closed over, as ``eqx.filter_jit`` does (``split``,
+  ``combine``, ``ArrayStep``), so Flax NNX modules and states, Linen variables, Equinox modules
+  and plain dicts all work as they are.
+- **Data**: ``data_argnums`` (default: the last argument) are the batch: the dp baseline splits
+  their leading dimension over every device. The other arguments are state (parameters,
+  optimizer state), which fsdp splits.
+- **State fed back**: where the step returns the new values of its state arguments first, in
+  order and alike in shape (``state, loss = step(state, batch)``; ``params, opt_state, loss =
+  step(params, opt_state, batch)``), a whole-step run feeds them back as the next step's, so it
+  trains as the user's loop would (``feeds_back``); otherwise it reruns on the same arguments.
+  The data stay the example ones. The loss is the first scalar floating-point leaf of what the
+  step returns besides (``loss_leaf``): the losses compared with one device's.
+
+The baselines a user would compare with (``baseline_shardings``): ``dp`` (the data's leading
+dimension split over every device, everything else replicated), ``fsdp`` (each state leaf split
+on its largest dimension the device count divides, the data as dp) and ``user``: the shardings
+the user's own code gives the step (``in_shardings``, as for ``jax.jit``). The built-in plans
+``tp``, ``dp_tp`` and ``ep`` lay out the model protocol's logical axes, which a user's step has
+not; they are skipped with a note saying so.
+
+Arguments given as shapes only are made up for the runs (``materialize``): floating-point leaves
+uniform in [0, 0.02) (not negative, so an optimizer's second moments stay valid), integers and
+booleans zero, keys from a fixed seed; the same on every process.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
+
+from launcher.sharding.analysis.contractions import find_contractions
+from launcher.sharding.analysis.graph import trace
+from launcher.sharding.analysis.references import axis_map, cfp_spec
+from launcher.sharding.analysis.strategies import Spec
+from launcher.sharding.apply import make_mesh, program_signature, spec_json
+from launcher.sharding.options import USER_BASELINE as USER
+from launcher.sharding.program import TrainingProgram
+from launcher.sharding.reading import ArrayStep, canonical, nnx_module, read, split
+from launcher.errors import UserError
+
+STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout for (and USER, its own)
+
+
+# ---------------------------------------------------------------------------------------------
+# Array leaves and the rest
+
+
+def shapes_of(tree: Any) -> Any:
+    """Shapes and dtypes of an array pytree, dtypes as JAX takes them (``reading.canonical``)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x).dtype), tree)
+
+
+def describe_leaves(tree: Any) -> list[dict]:
+    """Per array leaf: its path in the arguments (as the plan's ``in:`` constraints name it),
+    shape and dtype."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [{"path": jax.tree_util.keystr(p), "shape": list(x.shape), "dtype": str(x.dtype)} for p, x in leaves]
+
+
+# ---------------------------------------------------------------------------------------------
+# The program
+
+
+def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: Optional[Sequence[int]] = None,
+                 in_shardings: Any = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
+                 loss: Any = None, log: Callable[[str], None] = lambda line: None) -> TrainingProgram:
+    """``fn(*args)`` as a ``TrainingProgram``: read as ``reading.py`` says (NNX objects as their
+    joint state, host arrays as JAX takes them, the state fed back, the loss), refused in one
+    line (UserError) where it cannot be: no argument, no array among them, positions out of
+    range, a step that cannot be traced on them, one with no contraction for the search to
+    decide, state that is not returned or changes type, an ambiguous loss, ``in_shardings``
+    that do not match the arguments. ``in_shardings`` None: the layouts the example arguments
+    already have, where the state's are all laid out on one mesh (``_given_shardings``)."""
+    name = name or getattr(fn, "__name__", type(fn).__name__)
+    args = tuple(args)
+    if not args:
+        raise UserError(f"{name}: no example arguments; give them as the step takes them: "
+                        "autoshard(step_fn, *example_args)")
+    if not jax.tree.leaves(split(args)[0]) and not any(_is_nnx_node(a) for a in args):
+        raise UserError(f"{name}: none of its example arguments holds an array (jax or numpy array, or "
+                        "jax.ShapeDtypeStruct); give the parameters, optimizer state and batch the step takes")
+    reading, pargs = read(fn, args, name=name, data_argnums=data_argnums, state_argnums=state_argnums, loss=loss,
+                          log=log)
+    arrays, static = split(pargs)
+    step = ArrayStep(reading.step(fn), static)
+    shapes = shapes_of(arrays)
+    closed, g = trace(step, *shapes)
+    contractions = find_contractions(g)
+    if not contractions:
+        raise UserError(f"{name} has no tensor contraction (dot_general/einsum, convolution or embedding lookup), "
+                        "so there is nothing to shard: autoshard a training step whose loss multiplies by its "
+                        "weights")
+    out_shapes = jax.tree.unflatten(g.out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.out_avals])
+    given = any(not isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(arrays))
+    if in_shardings is not None and reading.nnx:
+        raise UserError(f"in_shardings of {name}: its Flax NNX objects' own layout is read from their arrays (lay "
+                        "them out as your program does, e.g. created under jax.set_mesh with sharding metadata); "
+                        "give in_shardings only for steps without NNX objects")
+    user = (_user_shardings(name, in_shardings, shapes) if in_shardings is not None
+            else _given_shardings(arrays, reading.data_argnums))
+    return TrainingProgram(step, shapes, data_argnums=reading.data_argnums, values=arrays if given else None,
+                           feeds_back=reading.feeds_back, out_shapes=out_shapes, loss_leaf=reading.loss_leaf,
+                           flops=contraction_flops(contractions.values()), in_shardings=user, name=name,
+                           signature=program_signature(g), reading=reading)
+
+
+def _is_nnx_node(x: Any) -> bool:
+    nnx = nnx_module()
+    return nnx is not None and nnx.graph.is_graph_node(x)
+
+
+def _given_shardings(arrays: tuple, data_argnums: Sequence[int]) -> Optional[tuple]:
+    """The layout the example arguments already have, as the user's own (``user`` baseline):
+    where every array of the state arguments is a jax array laid out by a ``NamedSharding`` on
+    one mesh of every device, and some split. Data leaves without such a layout take dp's
+    (split on the leading dimension), as a loop placing each batch would."""
+    state = [a for i, a in enumerate(arrays) if i not in data_argnums]
+    leaves = jax.tree.leaves(state)
+    if not leaves or not all(isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) for x in leaves):
+        return None
+    meshes = {x.sharding.mesh for x in leaves}
+    if len(meshes) != 1 or next(iter(meshes)).size != jax.device_count() \
+            or not any(any(x.sharding.spec) for x in leaves):
+        return None
+    mesh = meshes.pop()
+    first = mesh.axis_names[0]
+
+    def laid_out(x: Any, data: bool) -> NamedSharding:
+        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
+            return x.sharding
+        lead = data and np.ndim(x) > 0 and np.shape(x)[0] % mesh.shape[first] == 0
+        return NamedSharding(mesh, PartitionSpec(first) if lead else PartitionSpec())
+
+    return tuple(jax.tree.map(lambda x, i=i: laid_out(x, i in data_argnums), a) for i, a in enumerate(arrays))
+
+
+def contraction_flops(contractions: Any) -> float:
+    """Twice the multiply-adds of the dot and convolution contractions (a loop body's once)."""
+    return float(sum(2 * math.prod(d.size for d in c.dims) for c in contractions if c.kind in ("dot", "conv")))
+
+
+def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
+    """The user's ``in_shardings`` (as for ``jax.jit``: one per argument, each a Sharding or a
+    pytree prefix of it; None: replicated) as a Sharding per array leaf."""
+    if isinstance(in_shardings, Sharding):
+        in_shardings = (in_shardings,) * len(shapes)
+    is_leaf = lambda x: x is None or isinstance(x, Sharding)
+    prefix = jax.tree.structure(tuple(in_shardings), is_leaf=is_leaf)
+    try:
+        subtrees = prefix.flatten_up_to(shapes)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"in_shardings of {name}: its structure does not match the example arguments' ({e}); give "
+                        "one sharding per argument, or a pytree of them shaped like it, as for jax.jit") from None
+    given = jax.tree.leaves(tuple(in_shardings), is_leaf=is_leaf)
+    meshes = {s.mesh for s in given if s is not None}
+    if not all(s is None or isinstance(s, NamedSharding) for s in given) or len(meshes) != 1:
+        raise UserError(f"in_shardings of {name}: give NamedShardings on one mesh (None: replicated), e.g. "
+                        "NamedSharding(mesh, PartitionSpec('data'))")
+    mesh = meshes.pop()
+    full = [jax.tree.map(lambda _, s=s: s if s is not None else NamedSharding(mesh, PartitionSpec()), sub)
+            for s, sub in zip(given, subtrees, strict=True)]
+    return tuple(prefix.unflatten(full))
+
+
+# ---------------------------------------------------------------------------------------------
+# The baselines
+
+
+def baseline_shardings(program: TrainingProgram, name: str, mesh: Any) -> tuple:
+    """The shardings (a pytree per argument) of baseline ``name`` on a 1-D ``mesh`` over every
+    device (``user``: the user's own). UserError where it does not apply, saying why."""
+    if name == USER:
+        if program.in_shardings is None:
+            raise UserError(f"{USER}: no shardings of your own were given (in_shardings=...)")
+        return program.in_shardings
+    if name not in STEP_BASELINES:
+        raise UserError(f"{name} lays out the model protocol's logical axes (param_axes, batch_axes), which a user's "
+                        f"step has not; give your own layout as in_shardings to race it (the {USER!r} baseline)")
+    (axis,), n = mesh.axis_names, mesh.size
+
+    def split_on(x: Any, dim: Optional[int]) -> NamedSharding:
+        return NamedSharding(mesh, PartitionSpec(*[axis if i == dim else None for i in range(len(x.shape))]))
+
+    def data(x: Any) -> NamedSharding:
+        return split_on(x, 0 if x.shape and x.shape[0] % n == 0 else None)
+
+    def state(x: Any) -> NamedSharding:
+        if name == "dp":
+            return split_on(x, None)
+        divisible = [i for i, s in enumerate(x.shape) if s % n == 0]
+        return split_on(x, max(divisible, key=lambda i: x.shape[i]) if divisible else None)
+
+    out = tuple(jax.tree.map(data if i in program.data_argnums else state, a) for i, a in enumerate(program.args))
+    splits = lambda nums: [s for i in nums for s in jax.tree.leaves(out[i]) if any(s.spec)]
+    if not splits(program.data_argnums):
+        raise UserError(f"{name}: no data argument (data_argnums={list(program.data_argnums)}) has a leading "
+                        f"dimension {n} devices divide; give a batch that {n} divides, or other data_argnums")
+    if name == "fsdp" and not splits([i for i in range(len(out)) if i not in program.data_argnums]):
+        raise UserError(f"fsdp: no state leaf has a dimension {n} devices divide")
+    return out
+
+
+def baseline_constraints(program: TrainingProgram, name: str) -> tuple[list[int], dict[str, Any]]:
+    """Baseline ``name``'s layouts as a plan's mesh shape and ``constraints`` (``apply.py``'s
+    format: the step's signature and each argument's layout, nothing pinned inside the step),
+    for an ``AutoPlan`` whose answer is that baseline."""
+    leaves = jax.tree.leaves(baseline_shardings(program, name, make_mesh([jax.device_count()])))
+    mesh = leaves[0].mesh
+    shape = [int(n) for n in mesh.devices.shape]
+    axes = axis_map(dict(mesh.shape), shape)
+    constraints: dict[str, Any] = {"program": program.signature}
+    for leaf, sharding in zip(describe_leaves(program.args), leaves, strict=True):
+        constraints[f"in:{leaf['path']}"] = spec_json(cfp_spec(sharding.spec, axes, len(leaf["shape"])))
+    return shape, constraints
+
+
+def input_layouts(a: Any, program: TrainingProgram, name: str, devices: Sequence[Any]) -> Optional[dict[int, Spec]]:
+    """var id (of the analysis ``a``'s graph) -> the layout baseline ``name`` gives each input of
+    the step, on ``a``'s mesh (``search/nearest.py``'s nearest plan of a user's step); None
+    where the baseline does not apply or does not map onto the mesh."""
+    try:
+        shardings = baseline_shardings(program, name, make_mesh([len(devices)], devices))
+    except UserError:
+        return None
+    leaves = jax.tree.leaves(shardings)
+    meshes = {s.mesh for s in leaves if isinstance(s, NamedSharding)}
+    if len(meshes) != 1 or len(leaves) != len(a.graph.inputs) or not all(isinstance(s, NamedSharding) for s in leaves):
+        return None
+    axes = axis_map(dict(next(iter(meshes)).shape), a.mesh_shape)
+    if axes is None:
+        return None
+    return {v: cfp_spec(s.spec, axes, len(a.graph.shape(v))) for v, s in zip(a.graph.inputs, leaves, strict=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+
+
+def out_shardings(program: TrainingProgram, in_shardings: tuple, replicated: Any) -> Any:
+    """The step's output shardings: the state it returns laid out as it came in (so steps
+    chain), the rest ``replicated``."""
+    state = [s for i in program.feeds_back for s in jax.tree.leaves(in_shardings[i])]
+    tree = jax.tree.structure(program.out_shapes)
+    return jax.tree.unflatten(tree, state + [replicated] * (tree.num_leaves - len(state)))
+
+
+def place(x: Any, sharding: Any) -> jax.Array:
+    """``x`` (a host value, or a jax array the same on every process) laid out as ``sharding``,
+    as a new array (the runs donate the state they feed back)."""
+    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = place(jax.random.key_data(x), NamedSharding(sharding.mesh, sharding.spec))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return jax.jit(jnp.copy, out_shardings=sharding)(x)
+    host = np.asarray(canonical(np.asarray(x)))   # float64 host data as JAX takes it
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def materialize(program: TrainingProgram, in_shardings: tuple, seed: int = 0) -> tuple:
+    """The step's arguments laid out as ``in_shardings``: the user's values where given, made up
+    from the shapes (the module's doc) elsewhere."""
+    shapes, tree = jax.tree.flatten(program.args)
+    shardings = jax.tree.leaves(in_shardings)
+    values = jax.tree.leaves(program.values) if program.values is not None else [None] * len(shapes)
+    missing = [k for k, v in enumerate(values) if v is None or isinstance(v, jax.ShapeDtypeStruct)]
+
+    def make() -> list[Any]:
+        key = jax.random.key(seed)
+        return [_made_up(jax.random.fold_in(key, k), shapes[k]) for k in missing]
+
+    made = dict(zip(missing, jax.jit(make, out_shardings=[shardings[k] for k in missing])() if missing else [], strict=True))
+    return tuple(jax.tree.unflatten(tree, [made[k] if k in made else place(v, s)
+                                           for k, (v, s) in enumerate(zip(values, shardings, strict=True))]))
+
+
+def _made_up(key: Any, s: jax.ShapeDtypeStruct) -> jax.Array:
+    if jnp.issubdtype(s.dtype, jax.dtypes.prng_key):
+        return jax.random.split(key, s.shape)
+    if jnp.issubdtype(s.dtype, jnp.floating):
+        return jax.random.uniform(key, s.shape, s.dtype, 0.0, 0.02)
+    return jnp.zeros(s.shape, s.dtype)
+
+
+def next_args(program: TrainingProgram, args: Sequence[Any], out: Any) -> tuple:
+    """The next step's arguments: the state the step returned in place of its state arguments."""
+    if not program.feeds_back:
+        return tuple(args)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    new = list(args)
+    for j, i in enumerate(program.feeds_back):
+        new[i] = outs[j]
+    return tuple(new)
+
+
+def loss_of(program: TrainingProgram, out: Any) -> Optional[float]:
+    """The step's loss (``loss_leaf``) from what it returned, or None."""
+    if program.loss_leaf is None:
+        return None
+    return float(jax.tree.leaves(out)[program.loss_leaf])
+
