@@ -12,13 +12,17 @@ from typing import Optional
 
 from launcher.errors import UserError
 
+_IMPORTED: set[str] = set()   # packages whose modules are all imported
+
 
 def import_all(package: ModuleType, outside: Optional[str] = None, option: str = "", cwd: bool = False) -> None:
     """Imports each module of ``package`` (its classes register themselves), then ``outside``
     (set by the config key ``option``); ``cwd``: the working directory is searched too, as for a
     user's code. UserError where ``outside`` cannot be imported."""
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    if package.__name__ not in _IMPORTED:   # the registries are read often: list the folder once
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+        _IMPORTED.add(package.__name__)
     if not outside:
         return
     if cwd and str(Path.cwd()) not in sys.path:

@@ -37,14 +37,16 @@ class Mode:
     def renderer(self, which: str) -> Optional[Callable[[dict], str]]:
         """Its ``answer`` or ``headline`` renderer (None: it names none)."""
         ref = getattr(self, which)
-        if not ref:
-            return None
-        module, _, function = ref.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _function(ref) if ref else None
 
     def load(self) -> Callable[[Any], dict]:
         """The mode's ``run``. Imported here, not with the table: a run's module imports JAX and the
         libraries at its top, and the processes that read the table must not import JAX (the CLI,
         which only needs the schemas; a task, until it has set its devices: launcher/runtime/task.py)."""
-        module, _, function = self.run.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _function(self.run)
+
+
+def _function(ref: str) -> Callable[..., Any]:
+    """The function a ``"module:function"`` reference names, its module imported."""
+    module, _, function = ref.partition(":")
+    return getattr(importlib.import_module(module), function)

@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher.sharding import pipeline
 from launcher.sharding.apply import constrained_step, make_mesh, pspec, spec_from_json
-from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms
+from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
 from launcher.sharding.options import USER_BASELINE, IlpOptions, ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import PlanRun
@@ -220,7 +220,7 @@ class AutoPlan:
     # and the path of its loss among its outputs ("" where none).
     state_argnums: Optional[list[int]] = None
     loss: str = ""
-    # This session's pipeline.Searched, where CFP searched (its shortlist, profiles...); not saved.
+    # This session's Planned.details: CFP's shortlist and nearest plans, the ILP's solution; not saved.
     searched: Any = field(default=None, repr=False, compare=False)
     # The searched plan itself, where another plan is the answer (this one); not saved.
     own: Optional["AutoPlan"] = field(default=None, repr=False, compare=False)
@@ -312,9 +312,7 @@ class AutoPlan:
 
     def table(self) -> str:
         """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
-        algorithm = algorithms().get(self.algorithm)
-        heading = algorithm.heading if algorithm is not None else f"{self.algorithm}'s plan"
-        title = f"{heading} of {self.step} against the baselines (same devices)"
+        title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
         return table_text(self._runs(), self.skipped, title=title, answer=self.row,
                           notes=[self.why] if self.why else ())
 

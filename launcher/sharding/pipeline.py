@@ -27,7 +27,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -277,9 +277,7 @@ class CfpSearched:
     found: SearchResult            # the DP's optimum on the picked plan's mesh
     picked: Candidate              # the plan kept after measuring the shortlist
     candidates: list[dict]         # a row per shortlisted plan
-    meshes: list[dict]             # per mesh searched: its shape and its DP optimum (or why none)
     nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
-    budget_bytes: Optional[float] = None
 
 
 @dataclass
@@ -291,7 +289,6 @@ class Searched:
     baselines: dict[str, PlanRun]  # name -> its run (built-in plans, the user's, other algorithms' plans)
     skipped: dict[str, str]        # baselines that do not fit, with the reason
     answer: Answer                 # the plan handed to the user (plan.json)
-    on: list[OnMesh]               # every mesh analysed
     others: dict[str, Planned] = field(default_factory=dict)  # row -> another algorithm's plan raced as a baseline
     also: dict[str, PlanRun] = field(default_factory=dict)    # name -> run of ``run_search``'s ``also`` plans
 
@@ -394,15 +391,16 @@ def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), lear
     for row in options.algorithm_baselines:
         if row != planned.row:
             other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
-            hooks.write(other.files)
+            # Its plan file beside its own: it may be the answer (the searched plan's is written
+            # with the answer, as an AutoPlan for a user's step).
+            hooks.write({**other.files, f"{row}_plan.json": other.plan.to_json()})
             others[row] = other
-    out = race_plans(planned, list(others.values()), options, hooks,
-                     also=(lambda p: also(p, on)) if also is not None else None)
-    return replace(out, on=list(on), others=others)
+    return race_plans(planned, others, options, hooks, also=(lambda p: also(p, on)) if also is not None else None)
 
 
-def race_plans(planned: Planned, others: Sequence[Planned], options: SearchOptions, hooks: Optional[Hooks] = None, *,
-               also: Optional[Callable[[Planned], Sequence[Any]]] = None) -> Searched:
+def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchOptions,
+               hooks: Optional[Hooks] = None, *, also: Optional[Callable[[Planned], Sequence[Any]]] = None
+               ) -> Searched:
     """The final race: ``planned`` run beside the built-in ``options.baselines`` and ``others``
     (other algorithms' plans) on its devices (``iterations`` steps, ``run_repeats`` interleaved
     rounds; after ``drop_after`` rounds a built-in baseline slower than ``drop_slower_than`` times
@@ -419,7 +417,7 @@ def race_plans(planned: Planned, others: Sequence[Planned], options: SearchOptio
     more, skipped = baseline_runners(program, list(where.mesh.devices.flat), seed=seed, log=log,
                                      names=list(options.builtin_baselines))
     runners += more
-    runners += [o.runner for o in others]
+    runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
     cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
     with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
@@ -436,10 +434,10 @@ def race_plans(planned: Planned, others: Sequence[Planned], options: SearchOptio
         log(f"baseline {name}: step {r.step_time_s * 1e3:.3f} ms, {r.memory_bytes / 2**20:.2f} MiB per device"
             + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
-    plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others)}}
+    plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
     chosen = answer(runners, raced, plans.get, options.verify_margin)
     log(chosen.why())
-    return Searched(planned, searched, runs, skipped, chosen, [where], {}, {r.name: r for r in extra_runs})
+    return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})
 
 
 # --- CFP's search pass (algorithms/cfp.py plans with it) ---------------------------------------
@@ -488,7 +486,7 @@ def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, 
     }
     return Planned("cfp", "cfp", where, plan_json(analysis, picked.assignment), chosen, picked.source,
                    picked.predicted_time_s, picked.predicted_memory_bytes, meshes, fields,
-                   details=CfpSearched(found, picked, candidates, meshes, nearest, budget))
+                   details=CfpSearched(found, picked, candidates, nearest))
 
 
 

@@ -133,3 +133,14 @@ def plan_title(row: str) -> str:
     """A plan of the final race in words: "CFP's plan", "dp_tp's plan", ..."""
     algorithm = Algorithm.of_row(row)
     return algorithm.title if algorithm is not None else f"{row}'s plan"
+
+
+def plan_heading(row: str) -> str:
+    """A plan as the comparison table's title begins: its algorithm's ``heading`` ("CFP plan"),
+    or, for a row no imported algorithm has (a built-in plan, or one of ``mode.algorithm_module``'s
+    read back by ``xlaunch``), its title capitalised as a class's default heading is."""
+    algorithm = Algorithm.of_row(row)
+    if algorithm is not None:
+        return algorithm.heading
+    title = plan_title(row)
+    return title[:1].upper() + title[1:]

@@ -40,12 +40,10 @@ class AlpaIlp(Algorithm):
         where = next(o for o in on if o.mesh is planned.mesh)
         meshes = planned.meshes or [{"mesh_shape": planned.mesh_shape,
                                      "predicted_step_time_s": planned.predicted_step_time_s}]
+        summary = planned.summary()
         fields = {"algorithm": self.name,
-                  "plan": {"mesh_shape": planned.mesh_shape, "block_assignment": planned.block_assignment},
-                  **planned.summary()}
+                  "plan": {"mesh_shape": planned.mesh_shape, "block_assignment": planned.block_assignment}, **summary}
         return Planned(self.name, self.row, where, planned.plan, planned.runner(where.analyzed.program,
                                                                                   seed=self.options.seed),
                        "ILP", planned.predicted_step_time_s, planned.solution.memory_bytes, meshes, fields,
-                       baseline_fields=planned.summary(),
-                       files={f"{self.row}_plan.json": planned.plan.to_json(), "ilp_plan.txt": planned.describe()},
-                       details=planned)
+                       baseline_fields=summary, files={"ilp_plan.txt": planned.describe()}, details=planned)

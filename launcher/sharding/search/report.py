@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from launcher.sharding.algorithms.base import Algorithm, plan_title
+from launcher.sharding.algorithms.base import Algorithm, plan_heading, plan_title
 
 if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with their schemas
     from launcher.sharding.search.measure import PlanRun
@@ -86,10 +86,6 @@ def comparison_text(result: Mapping[str, Any]) -> str:
     could not run named below it, and which plan is the answer and why."""
     answer = result.get("answer") or {}
     searched = answer.get("searched", "cfp")
-    algorithm = Algorithm.of_row(searched)
-    # An algorithm this process has not imported (one of mode.algorithm_module's, read back by
-    # ``xlaunch``) is headed as its class is by default.
-    heading = algorithm.heading if algorithm is not None else plan_title(searched)[:1].upper() + plan_title(searched)[1:]
     why = answer.get("why", "")
     if why and answer.get("name") == searched:
         why += " (plan.json)"
@@ -97,7 +93,7 @@ def comparison_text(result: Mapping[str, Any]) -> str:
         why += f" (plan.json; {plan_title(searched)} is {Path(answer.get('searched_plan_file', '')).name})"
     drop = result.get("drop_slower_than")
     return table_text(rows_of(result), result.get("baselines_skipped") or {},
-                      title=f"{heading} against the baselines (same devices)",
+                      title=f"{plan_heading(searched)} against the baselines (same devices)",
                       rounds=len(result.get("repeat_times_s") or []),
                       why_fewer=f"over {drop:g}x the fastest baseline in each, mode.drop_slower_than" if drop else "",
                       answer=answer.get("name", ""), notes=[why] if why else [])
