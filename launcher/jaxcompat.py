@@ -15,6 +15,7 @@ import inspect
 import itertools
 import os
 import re
+import threading
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -190,7 +191,13 @@ def exchange_client() -> Any:
 
     if jax.process_count() == 1 or not _gloo_messages_cross_programs() or jax.devices()[0].platform != "cpu":
         return None
-    from jax._src import distributed  # noqa: PLC0415  the coordination service's client: no public API before 0.5
+    return coordination_client()
+
+
+def coordination_client() -> Any:
+    """The coordination service's client (``jax.distributed``'s key-value store and barriers), or
+    None before ``jax.distributed.initialize``: no public API for it in any release in range."""
+    from jax._src import distributed  # noqa: PLC0415  JAX: the CLI imports this module
 
     return distributed.global_state.client
 
@@ -294,6 +301,50 @@ def bind_equation(eqn: Any, args: list[Any]) -> Any:
         subfuns, bind_params = bind_params
         return eqn.primitive.bind(*subfuns, *args, **bind_params)
     return eqn.primitive.bind(*args, **bind_params)
+
+
+_cache_hits = threading.local()   # this thread's persistent-cache hits (``compile_from_cache``)
+_cache_hits_heard = False
+
+
+def compile_from_cache(lowered: Any) -> tuple[Any, bool]:
+    """``lowered.compile()``, and whether JAX's persistent compilation cache gave it (read back,
+    not compiled). Counted on the calling thread, from JAX's monitoring events (listeners got
+    only the event name before 0.4.36, keyword arguments after)."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    global _cache_hits_heard
+    if not _cache_hits_heard:
+        _cache_hits_heard = True
+
+        def listen(event, *args, **kwargs):
+            if event == "/jax/compilation_cache/cache_hits":
+                _cache_hits.n = getattr(_cache_hits, "n", 0) + 1
+
+        jax.monitoring.register_event_listener(listen)
+    before = getattr(_cache_hits, "n", 0)
+    compiled = lowered.compile()
+    return compiled, getattr(_cache_hits, "n", 0) > before
+
+
+def serialize_executable(compiled: Any) -> bytes:
+    """A compiled program's executable as bytes another process of the job can load
+    (``load_executable``); raises where the backend cannot (a program with host callbacks).
+    Only for a program XLA compiled in this process: one read back from the persistent cache
+    serializes without its kernels on CPU (0.10.2: the loading process fails with "Function
+    broadcast_add_fusion not found"), so ``compile_from_cache`` says which is which.
+    ``jax.experimental.serialize_executable``, the same in every release in range."""
+    from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
+
+    payload, _, _ = serialize(compiled)
+    return payload
+
+
+def load_executable(payload: bytes, lowered: Any) -> Any:
+    """The ``jax.stages.Compiled`` of ``lowered`` from a peer's ``serialize_executable`` bytes."""
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX: the CLI imports this module
+
+    return deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
 
 
 # --- orbax-checkpoint (training checkpoints: launcher/runtime/checkpoint.py) ---------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +34,7 @@ from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_g
 from launcher.sharding.profile.keys import collective_model_key
 from launcher.sharding.profile.store import ProfileStore
 from launcher.sharding.profile.timing import Timer, lower_quartile, overhead_program
-from launcher.runtime import hosts
+from launcher.runtime import compile_share, hosts
 
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
 # sit inside the range, so their costs are read off the line, not extrapolated; the largest size
@@ -94,17 +94,25 @@ def programs(mesh: Any, kinds: Sequence[str]) -> int:
 def measure(mesh: Any, timer: Timer, kinds: Sequence[str] = COLLECTIVES, matmul: bool = True) -> CommModel:
     """The collectives ``kinds`` over every axis group of ``mesh`` (and the matmul rate), timed now."""
     mesh_shape = tuple(mesh.devices.shape)
-    lines = {}
-    for axes in axis_groups(mesh_shape):
-        for kind in kinds:
-            points = [(nbytes, collective_seconds(mesh, kind, axes, nbytes, timer)) for nbytes in SIZES]
-            lines[(kind, axes)] = fit_line(points)
-    return CommModel(mesh_shape, lines, matmul_rate(mesh, timer) if matmul else 0.0)
+    points = [(kind, axes, nbytes) for axes in axis_groups(mesh_shape) for kind in kinds for nbytes in SIZES]
+    with compile_share.shared():  # each process compiles some of the programs and loads the others
+        chains = [collective_chain(mesh, kind, axes, nbytes) for kind, axes, nbytes in points]
+        product = matmul_program(mesh) if matmul else None
+    seconds = iter([chain_seconds(chain, timer) for chain in chains])
+    lines = {(kind, axes): fit_line([(nbytes, next(seconds)) for nbytes in SIZES])
+             for axes in axis_groups(mesh_shape) for kind in kinds}
+    return CommModel(mesh_shape, lines, matmul_rate(product, timer) if product is not None else 0.0)
 
 
-def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, timer: Timer) -> float:
-    """Seconds of one ``kind`` over mesh ``axes`` with ``nbytes`` per device at its larger end:
-    a program of ``CHAIN`` of them in a row, less its overhead program, over ``CHAIN``."""
+class _Program(NamedTuple):
+    program: compile_share.Compiling
+    args: list[Any]
+    result: Any   # its result's sharding (the overhead program's)
+
+
+def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int) -> _Program:
+    """The program of ``CHAIN`` ``kind``s in a row over mesh ``axes``, with ``nbytes`` per device
+    at the collective's larger end, given to be compiled."""
     names = tuple(mesh.axis_names[a] for a in axes)
     n = math.prod(mesh.devices.shape[a] for a in axes)
     every = PartitionSpec(tuple(mesh.axis_names))
@@ -132,15 +140,21 @@ def collective_seconds(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int,
     x = jax.make_array_from_callback((per_device * mesh.devices.size,), sharding,
                                      lambda idx: np.ones((per_device,), np.float32))
     program = jax.jit(jaxcompat.shard_map(chain, mesh=mesh, in_specs=every, out_specs=every))
-    compiled = program.lower(x).compile()
+    return _Program(compile_share.compile(program.lower(x)), [x], sharding)
+
+
+def chain_seconds(chain: _Program, timer: Timer) -> float:
+    """Seconds of one collective of a ``collective_chain``: the chain, less its overhead
+    program, over ``CHAIN``."""
+    compiled = chain.program.result()
     jaxcompat.settle_programs()  # another collective program than the one before
-    entry = timer.entry(compiled, overhead_program([x], [x], [sharding]), [x], statistic=lower_quartile)
+    entry = timer.entry(compiled, overhead_program(chain.args, chain.args, [chain.result]), chain.args,
+                        statistic=lower_quartile)
     return max(entry["time_s"] - entry["overhead_s"], 0.0) / CHAIN
 
 
-def matmul_rate(mesh: Any, timer: Timer) -> float:
-    """FLOP/s of one device multiplying float32 matrices while every device does the same (on
-    CPU devices they share the host's cores, as the training step's do)."""
+def matmul_program(mesh: Any) -> _Program:
+    """Every device multiplying float32 ``MATMUL_SIZE`` matrices, given to be compiled."""
     k = MATMUL_SIZE
     rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names), None))
     whole = NamedSharding(mesh, PartitionSpec())
@@ -148,9 +162,18 @@ def matmul_rate(mesh: Any, timer: Timer) -> float:
                                      lambda idx: np.full((k, k), 0.5, np.float32))
     w = jax.device_put(np.full((k, k), 0.25, np.float32), whole)
     program = jax.jit(lambda a, b: a @ b, in_shardings=(rows, whole), out_shardings=rows)
-    compiled = program.lower(x, w).compile()
+    return _Program(compile_share.compile(program.lower(x, w)), [x, w], rows)
+
+
+def matmul_rate(product: _Program, timer: Timer) -> float:
+    """FLOP/s of one device multiplying float32 matrices while every device does the same (on
+    CPU devices they share the host's cores, as the training step's do)."""
+    k = MATMUL_SIZE
+    compiled = product.program.result()
     jaxcompat.settle_programs()
-    times, overhead = timer.beside_overhead(compiled, overhead_program([x, w], [x], [rows]), [x, w])
+    x = product.args[0]
+    times, overhead = timer.beside_overhead(compiled, overhead_program(product.args, [x], [product.result]),
+                                            product.args)
     seconds = max(lower_quartile(times) - lower_quartile(overhead), 1e-9)
     return 2.0 * k ** 3 / seconds
 

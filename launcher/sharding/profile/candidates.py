@@ -2,9 +2,11 @@
 program of that unit alone with those plans' sharding constraints, timed beside its overhead
 program and stored as soon as it is measured.
 
-The next candidate compiles on a worker thread while the current one is timed (``overlap``).
-With several processes, each compiles and runs the same candidates in the same order (the
-collectives need it); rank 0 decides which the store lacks and writes the entries.
+Candidates are compiled in batches, the job's processes sharing each batch's compiles
+(``launcher/runtime/compile_share.py``: each compiles its share and loads the others'), then
+timed in order; with ``overlap`` the next batch compiles on a worker thread while this one is
+timed. Every process runs the same candidates in the same order (the collectives need it);
+rank 0 decides which the store lacks and writes the entries.
 
 CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
 ``benchmark_func``, ``alpa/shard_parallel/exp.py``):
@@ -45,7 +47,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -66,12 +68,22 @@ from launcher.sharding.profile.segment_program import (
 from launcher.sharding.profile.store import ProfileStore
 from launcher.sharding.profile.timing import EarlyStop, Timer, overhead_program
 from launcher.sharding.profile.units import Unit, first_units
-from launcher.runtime import hosts
+from launcher.runtime import compile_share, hosts
 
 Candidate = tuple[Unit, tuple[int, ...]]
 
 # Timed runs an early stop decides on: the artifact's two.
 EARLY_STOP_AFTER = 2
+# Candidates compiled together (at least two per process): enough for the job's processes to
+# compile side by side, few enough that their arguments, held until timed, stay small.
+BATCH = 8
+
+
+class _Submitted(NamedTuple):
+    program: compile_share.Compiling
+    args: list[Any]
+    boundary: int        # bytes of its inputs from other units
+    lowering_s: float    # making its arguments and lowering it
 
 
 @dataclass(frozen=True)
@@ -218,21 +230,36 @@ class CandidateLoop:
             self._programs[u.kind] = segment_program(self.a, u.start, u.end)
         return self._programs[u.kind]
 
-    def prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
-        """(compiled program, its overhead program, arguments, bytes of its inputs from other
-        units, compile seconds) of ``u`` under ``combo``. The overhead program is None when the
-        program is over the memory budget (it will not be timed, so it is not compiled)."""
+    def submit(self, u: Unit, combo: tuple[int, ...]) -> _Submitted:
+        """``u``'s program under ``combo`` lowered and given to be compiled (``compile_share``:
+        by one of the job's processes), with its arguments."""
         sp = self.program(u)
         assignment = u.assignment(combo)
         fn, shardings = build(self.a, sp, assignment, self.mesh)
         t0 = time.perf_counter()
         args = synthetic_inputs(self.a, sp, shardings)
-        compiled = jax.jit(fn, in_shardings=shardings).lower(*args).compile()
+        program = compile_share.compile(jax.jit(fn, in_shardings=shardings).lower(*args))
         boundary = boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment))
+        return _Submitted(program, args, boundary, time.perf_counter() - t0)
+
+    def prepare(self, u: Unit, combo: tuple[int, ...]) -> tuple[Any, Any, list[Any], int, float]:
+        """(compiled program, its overhead program, arguments, bytes of its inputs from other
+        units, seconds to lower and compile it) of ``u`` under ``combo``. The overhead program
+        is None when the program is over the memory budget (it will not be timed, so it is not
+        compiled)."""
+        return self.ready(u, self.submit(u, combo))
+
+    def ready(self, u: Unit, submitted: _Submitted) -> tuple[Any, Any, list[Any], int, float]:
+        """``prepare``'s tuple of a ``submit``-ted candidate of ``u``."""
+        compiled = submitted.program.result()
         # (The candidate's own memory: its floor, known in the loop, is at least that.)
-        over = self.shortcuts.over_budget(memory_of(compiled, boundary)[1])
-        overhead = None if over else self.overhead_of(u, compiled, args)
-        return compiled, overhead, args, boundary, time.perf_counter() - t0
+        over = self.shortcuts.over_budget(memory_of(compiled, submitted.boundary)[1])
+        overhead = None if over else self.overhead_of(u, compiled, submitted.args)
+        return (compiled, overhead, submitted.args, submitted.boundary,
+                submitted.lowering_s + submitted.program.compile_s)
+
+    def submit_all(self, batch: Sequence[Candidate]) -> list[_Submitted]:
+        return [self.submit(u, combo) for u, combo in batch]
 
     def overhead_of(self, u: Unit, compiled: Any, args: list[Any]) -> Any:
         """The overhead program of ``u``'s program ``compiled`` (``timing.overhead_program``)."""
@@ -249,17 +276,31 @@ class CandidateLoop:
             return 0
         if not todo:
             return 0
+        # In batches: each process compiles its share of a batch while the others compile theirs
+        # (``compile_share``), and with ``overlap`` the next batch compiles while this one is timed.
+        size = max(BATCH, 2 * jax.process_count())
+        batches = [todo[k:k + size] for k in range(0, len(todo), size)]
         pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
-        next_up = pool.submit(self.prepare, *todo[0]) if pool else None
-        try:
-            for i, (u, combo) in enumerate(todo):
+        with compile_share.shared():
+            try:
+                return self._measure(batches, pool, progress)
+            finally:
                 if pool:
-                    prepared = next_up.result()
-                    if i + 1 < len(todo):
-                        next_up = pool.submit(self.prepare, *todo[i + 1])  # compiles while this one is timed
-                else:
-                    prepared = self.prepare(u, combo)
-                compiled, overhead, args, boundary, compile_s = prepared
+                    pool.shutdown(wait=True, cancel_futures=True)
+
+    def _measure(self, batches: list[list[Candidate]], pool: Optional[ThreadPoolExecutor], progress: Any) -> int:
+        total, i = sum(map(len, batches)), -1
+        next_up = pool.submit(self.submit_all, batches[0]) if pool else None
+        for k, batch in enumerate(batches):
+            if pool:
+                submitted = next_up.result()
+                if k + 1 < len(batches):
+                    next_up = pool.submit(self.submit_all, batches[k + 1])  # compiles while this one is timed
+            else:
+                submitted = self.submit_all(batch)
+            for (u, combo), sub in zip(batch, submitted, strict=True):
+                i += 1
+                compiled, overhead, args, boundary, compile_s = self.ready(u, sub)
                 memory, mem = memory_of(compiled, boundary)
                 self.memory[u.kind][combo] = mem
                 floor = self.plan_floor(u.kind, mem)
@@ -291,15 +332,12 @@ class CandidateLoop:
                     self.store.put(self.keys.segment(u, combo), entry)
                 if progress is not None:
                     progress.advance()
-                if i + 1 < len(todo) and len(self.memory[u.kind]) == self._combos[u.kind] \
+                if i + 1 < total and len(self.memory[u.kind]) == self._combos[u.kind] \
                         and self.over_budget_everywhere():
-                    self.log(f"profile: stopped after {i + 1} of {len(todo)} combinations to measure: "
+                    self.log(f"profile: stopped after {i + 1} of {total} combinations to measure: "
                              f"{self.infeasible}")
                     return i + 1
-        finally:
-            if pool:
-                pool.shutdown(wait=True, cancel_futures=True)
-        return len(todo)
+        return total
 
     def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
         """The timing part of a candidate's entry, stopped early when its first runs say so."""

@@ -38,7 +38,7 @@ from launcher.sharding.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import Plan, builtin
 from launcher.models.train import CompiledStep, Trainer
-from launcher.runtime import trace_stats
+from launcher.runtime import compile_share, trace_stats
 
 
 @dataclass
@@ -67,7 +67,15 @@ class PlanRun:
                 "repeat_times_s": self.repeat_times_s, "compile_time_s": self.compile_time_s}
 
 
-class Runner(Trainer):
+class _SharedCompile:
+    """A plan's step compiled once in the job, by one process, where several build it inside
+    ``compile_share.shared()`` (the shortlist, the baselines)."""
+
+    def compile_program(self, lowered: Any) -> compile_share.Compiling:
+        return compile_share.compile(lowered)
+
+
+class Runner(_SharedCompile, Trainer):
     """A plan's training step compiled with its state (``models.train.Trainer``), and the mean
     step time of each round ``race`` ran it for."""
 
@@ -85,7 +93,7 @@ class Runner(Trainer):
                        float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
 
 
-class StepRunner(CompiledStep):
+class StepRunner(_SharedCompile, CompiledStep):
     """A user's step (``program.model`` None) compiled with its arguments laid out as
     ``in_shardings``: ``Runner``'s interface on the step's own arguments (``user_step.py``). The
     state the step returns is fed back (and donated), so successive steps train; its outputs
@@ -133,14 +141,16 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices. A user's step: its baseline of that name
     (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
-    if not program.is_model:
-        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
-        runner = StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
-        runner.steps(1)
-        return runner
-    runner = Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
+    runner = _baseline(program, plan_name, devices, seed)
     runner.steps(1)
     return runner
+
+
+def _baseline(program: Any, plan_name: str, devices: Sequence[Any], seed: int) -> Runner | StepRunner:
+    if not program.is_model:
+        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
+        return StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
+    return Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -225,8 +235,9 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
     10 rounds; the duel costs a few seconds beside compiling the shortlist. Returns the chosen
     runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
-    runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
-               for a, program, mesh, c in entries]
+    with compile_share.shared():  # each process compiles some of the candidates and loads the others
+        runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
+                   for a, program, mesh, c in entries]
     measured: list[float | None] = [None] * len(runners)
     ratios: list[float | None] = [None] * len(runners)
     over_incumbent: list[float | None] = [None] * len(runners)
@@ -339,14 +350,16 @@ def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin:
 
 def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
                      names: Sequence[str]) -> tuple[list[Runner], dict[str, str]]:
-    """Every built-in plan that fits; the others with the reason they do not."""
+    """Every built-in plan that fits, compiled, not yet run (inside ``compile_share.shared()``,
+    each by one process); the others with the reason they do not."""
     runners, skipped = [], {}
-    for name in names:
-        try:
-            runners.append(baseline_runner(program, name, devices, seed=seed))
-        except BAD_INPUT as e:
-            skipped[name] = str(e)
-            log(f"baseline {name}: skipped ({e})")
+    with compile_share.shared():
+        for name in names:
+            try:
+                runners.append(_baseline(program, name, devices, seed))
+            except BAD_INPUT as e:
+                skipped[name] = str(e)
+                log(f"baseline {name}: skipped ({e})")
     return runners, skipped
 
 

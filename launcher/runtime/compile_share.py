@@ -1,0 +1,153 @@
+"""Compiling a job's programs once between its processes, not once on each.
+
+Every process of an SPMD job builds the same programs in the same order, and XLA compiles each
+on every process: in the default job (2 processes on a 2-core laptop) the search compiled each
+candidate twice, side by side, and compiling was three quarters of its profile's time. Inside
+``shared()``, the ``i``-th program given to ``compile`` belongs to process ``i mod n``: that
+process compiles it and puts its executable in the coordination service's key-value store
+(``jaxcompat.serialize_executable``); the others load it from there the first time they need it
+(``Compiling.result``), and at the latest as the batch ends (leaving ``shared()``), after
+which the store forgets it. Callers give a whole batch of programs (a chunk of profile
+candidates, a shortlist, the baselines) before running any, so each process compiles its share
+of the batch while the others compile theirs.
+
+Nothing waits in ``compile``: a process waits only in ``result``, for a program whose owner
+compiles it in its own ``compile`` call, which comes no later in the order every process
+follows; so no two processes can wait on each other. A program the owner cannot serialize (one
+with host callbacks) or read back from JAX's persistent compilation cache (which the others read
+as well, and whose executables do not serialize whole on CPU) every process makes itself. With
+one process, outside ``shared()`` or with it turned off, ``compile`` compiles here and now, as
+``lowered.compile()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import pickle
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import jax
+
+from launcher import jaxcompat
+
+# How long a process waits for a peer's program: the peer compiles its share of the batch first,
+# and a large model's program can take many minutes (JAX's own binary sharing waits 20).
+_WAIT_MS = 3_600_000
+_batches = itertools.count()
+
+
+class Compiling:
+    """A program compiled here (``compiled``), or by a peer and loaded at the first ``result()``."""
+
+    def __init__(self, compiled: Any = None, compile_s: float = 0.0,
+                 load: Optional[Callable[[], tuple[Any, float]]] = None) -> None:
+        self._compiled, self._compile_s, self._load = compiled, compile_s, load
+
+    def result(self) -> Any:
+        """The ``jax.stages.Compiled`` program."""
+        if self._load is not None:
+            self._compiled, self._compile_s = self._load()
+            self._load = None
+        return self._compiled
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds XLA took to compile it, on whichever process did."""
+        self.result()
+        return self._compile_s
+
+
+def _here(lowered: Any) -> tuple[Any, float]:
+    return _compile(lowered)[:2]
+
+
+def _compile(lowered: Any) -> tuple[Any, float, bool]:
+    """(the program, seconds, whether JAX's persistent compilation cache gave it)."""
+    t0 = time.perf_counter()
+    compiled, cached = jaxcompat.compile_from_cache(lowered)
+    return compiled, time.perf_counter() - t0, cached
+
+
+class _Share:
+    """One batch of programs split among the job's processes (the module doc)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.n, self.me = client, jax.process_count(), jax.process_index()
+        self.prefix = f"xlaunch-compiled-{next(_batches)}"
+        self.count, self.lock = 0, threading.Lock()
+        self.mine: list[str] = []              # keys of the programs this process compiled
+        self.theirs: list[Compiling] = []      # the peers' programs
+
+    def compile(self, lowered: Any) -> Compiling:
+        with self.lock:  # the profile may compile on a worker thread; the numbering is the order given
+            i, self.count = self.count, self.count + 1
+        key = f"{self.prefix}/{i}"
+        if i % self.n != self.me:
+            self.theirs.append(Compiling(load=lambda: self._load(key, lowered)))
+            return self.theirs[-1]
+        self.mine.append(key)
+        try:
+            compiled, seconds, cached = _compile(lowered)
+        except Exception:
+            self._publish(key, 0.0, b"")  # the peers compile it themselves, and fail alike
+            raise
+        payload = b""
+        # From the persistent cache (which the peers read too), or refused by the backend: each
+        # process makes it itself.
+        if not cached:
+            try:
+                payload = jaxcompat.serialize_executable(compiled)
+            except Exception:  # noqa: BLE001  whatever the backend refuses
+                payload = b""
+        self._publish(key, seconds, payload)
+        return Compiling(compiled, seconds)
+
+    def _publish(self, key: str, seconds: float, payload: bytes) -> None:
+        self.client.key_value_set_bytes(key, pickle.dumps((seconds, payload)))
+
+    def _load(self, key: str, lowered: Any) -> tuple[Any, float]:
+        seconds, payload = pickle.loads(self.client.blocking_key_value_get_bytes(key, _WAIT_MS))
+        if not payload:
+            return _here(lowered)
+        return jaxcompat.load_executable(payload, lowered), seconds
+
+    def close(self) -> None:
+        """Loads whatever of the batch was not asked for yet; then, once every process has,
+        the batch's executables leave the store."""
+        for program in self.theirs:
+            program.result()
+        self.client.wait_at_barrier(f"{self.prefix}-done", _WAIT_MS)
+        for key in self.mine:
+            self.client.key_value_delete(key)
+
+
+_current: Optional[_Share] = None
+
+
+@contextlib.contextmanager
+def shared(enabled: bool = True) -> Iterator[None]:
+    """Programs given to ``compile`` inside are compiled once in the job, each by one process.
+    Every process must enter and leave it at the same point of the same program order. Nested,
+    the outermost counts."""
+    global _current
+    client = jaxcompat.coordination_client()
+    if _current is not None or not enabled or client is None or jax.process_count() == 1:
+        yield
+        return
+    _current = share = _Share(client)
+    try:
+        yield
+    finally:
+        _current = None
+    share.close()  # not after an error: a peer may never come to the barrier
+
+
+def compile(lowered: Any) -> Compiling:  # noqa: A001  what it does, as lowered.compile()
+    """``lowered`` compiled: by its share's owner inside ``shared()``, else here and now."""
+    share = _current
+    if share is not None:
+        return share.compile(lowered)
+    return Compiling(*_here(lowered))
