@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import pickle
 import re
 import threading
 from importlib.metadata import PackageNotFoundError, version
@@ -328,23 +329,24 @@ def compile_from_cache(lowered: Any) -> tuple[Any, bool]:
 
 
 def serialize_executable(compiled: Any) -> bytes:
-    """A compiled program's executable as bytes another process of the job can load
-    (``load_executable``); raises where the backend cannot (a program with host callbacks).
+    """A compiled program as bytes another process of the job can load (``load_executable``),
+    its executable with its arguments' and results' pytree structures; raises where the backend
+    cannot serialize it (a program with host callbacks) or pickle cannot carry a structure.
     Only for a program XLA compiled in this process: one read back from the persistent cache
     serializes without its kernels on CPU (0.10.2: the loading process fails with "Function
     broadcast_add_fusion not found"), so ``compile_from_cache`` says which is which.
     ``jax.experimental.serialize_executable``, the same in every release in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
 
-    payload, _, _ = serialize(compiled)
-    return payload
+    return pickle.dumps(serialize(compiled))
 
 
-def load_executable(payload: bytes, lowered: Any) -> Any:
-    """The ``jax.stages.Compiled`` of ``lowered`` from a peer's ``serialize_executable`` bytes."""
+def load_executable(payload: bytes) -> Any:
+    """The ``jax.stages.Compiled`` a peer's ``serialize_executable`` made."""
     from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX: the CLI imports this module
 
-    return deserialize_and_load(payload, lowered.in_tree, lowered.out_tree)
+    executable, in_tree, out_tree = pickle.loads(payload)
+    return deserialize_and_load(executable, in_tree, out_tree)
 
 
 # --- orbax-checkpoint (training checkpoints: launcher/runtime/checkpoint.py) ---------------------

@@ -46,19 +46,19 @@ class CompiledStep:
         """``lower()``'s program compiled (``compile_program``), the step count reset. Its compile
         time counts from ``since`` (what was made for it first counts too)."""
         t0 = time.perf_counter() if since is None else since
-        lowered = lower()
-        self._lowering_s = time.perf_counter() - t0
-        self._program = self.compile_program(lowered)
+        self._program = self.compile_program(lower)
+        self._lowering_s = time.perf_counter() - t0 - self._program.compile_s_here
         self._memory: Optional[dict[str, int]] = None
         self.step_no = 0
         self.losses: list[float] = []
 
-    def compile_program(self, lowered: Any) -> Any:
-        """``lowered`` compiled, as an object whose ``result()`` is the ``jax.stages.Compiled``
-        and ``compile_s`` XLA's seconds: here and now. A subclass may have it compiled elsewhere
-        and loaded at the first ``result()`` (the launcher's search shares its compiles among a
+    def compile_program(self, lower: Callable[[], Any]) -> Any:
+        """The program ``lower()`` lowers, compiled, as an object whose ``result()`` is the
+        ``jax.stages.Compiled``, ``compile_s`` XLA's seconds and ``compile_s_here`` those spent
+        in this call: here and now. A subclass may have it lowered and compiled elsewhere and
+        loaded at the first ``result()`` (the launcher's search shares its compiles among a
         job's processes), so nothing here asks for the program before it is used."""
-        return _CompiledHere(lowered)
+        return _CompiledHere(lower)
 
     @property
     def compiled(self) -> Any:
@@ -118,13 +118,41 @@ class Trainer(CompiledStep):
             sh = Shardings(params=state_sh["params"], state=state_sh, batch=batch_sh, mesh=mesh)
         self.shardings = sh
 
+        # Three programs (the state's initialisation, the batches, the step), each given to
+        # ``compile_program`` before any runs: the step is lowered for the state and batch's
+        # types and layouts, and the state is made at its first use (``state``).
         t0 = time.perf_counter()
-        self.state = jax.jit(lambda k: init_state(model, self.optimizer, k), out_shardings=sh.state)(
-            jax.random.key(seed))
-        self.make_batch = jax.jit(model.make_batch, out_shardings=sh.batch)
+        key = jax.random.key(seed)
+        init = jax.jit(lambda k: init_state(model, self.optimizer, k), out_shardings=sh.state)
+        batch = jax.jit(model.make_batch, out_shardings=sh.batch)
+        self._init = self.compile_program(lambda: init.lower(key))
+        self._batch = self.compile_program(lambda: batch.lower(key))
+        self._state: Any = None
+        typed = lambda shapes, shardings: jax.tree.map(  # noqa: E731
+            lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), shapes, shardings)
         step = jax.jit(step_fn, in_shardings=(sh.state, sh.batch), out_shardings=out_shardings, donate_argnums=0)
-        with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
-            self._compile(lambda: step.lower(self.state, self.make_batch(data_key(seed, 0))), since=t0)
+
+        def lower() -> Any:
+            args = (typed(jax.eval_shape(init, key), sh.state), typed(jax.eval_shape(batch, key), sh.batch))
+            with use_rules(mesh, plan.rules_for("activations")):  # constrain() reads the rules while tracing
+                return step.lower(*args)
+
+        self._compile(lower, since=t0)
+
+    @property
+    def state(self) -> dict:
+        """The training state (parameters and optimizer state), laid out as the step takes it."""
+        if self._state is None:
+            self._state = self._init.result()(jax.random.key(self.seed))
+        return self._state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self._state = value
+
+    def make_batch(self, key: Any) -> Any:
+        """The model's batch for ``key``, laid out as the plan lays batches out."""
+        return self._batch.result()(key)
 
     def load_state(self, state: dict, step_no: int, losses: Sequence[float] = ()) -> None:
         """Continues from a saved run: ``state`` (laid out as ``self.state``, e.g. restored from
@@ -147,10 +175,11 @@ class Trainer(CompiledStep):
 
 
 class _CompiledHere:
-    def __init__(self, lowered: Any) -> None:
+    def __init__(self, lower: Callable[[], Any]) -> None:
+        lowered = lower()
         t0 = time.perf_counter()
         self.program = lowered.compile()
-        self.compile_s = time.perf_counter() - t0
+        self.compile_s = self.compile_s_here = time.perf_counter() - t0
 
     def result(self) -> Any:
         return self.program

@@ -305,6 +305,39 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
     assert [len(p.rounds) for p in plans] == [4, 4, 4]
 
 
+def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_decided():
+    from launcher.sharding.search.measure import _decided
+
+    class Plan:   # a plan that takes `cost` a step
+        def __init__(self, cost):
+            self.cost, self.step_no, self.rounds, self.ran = cost, 0, [], 0
+
+        def steps(self, n, progress=None):
+            self.step_no += n
+            self.ran += n
+            return [self.cost] * n
+
+        def result(self):
+            return self.rounds
+
+    # 0 the optimum; 1 and 2 incumbents, both over 1.25x it; 3 a runner-up over 1.25x it.
+    plans = [Plan(1.0), Plan(1.4), Plan(1.3), Plan(1.5)]
+    race(plans, iterations=1, repeats=4, cut=Cut(frozenset(range(4)), after=2, factor=1.25, keep=frozenset({1, 2})))
+    # The fastest incumbent (2) runs on; the slower one and the runner-up stop after 2 rounds.
+    assert [len(p.rounds) for p in plans] == [4, 2, 4, 2]
+    # A plan cut counts in its own rounds; a round's median is that of the plans that ran it
+    # (round 0: 2.0 of 1, 2 and 4; rounds 1 and 2: 1.5).
+    assert paired_ratios([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [4.0]]) == pytest.approx([2 / 3, 4 / 3, 2.0])
+    # A duel of 8 rounds is decided once 5 fall on one side of 1 - margin, whichever side.
+    assert not _decided([[0.9] * 4, [1.0] * 4], of=8, margin=0.02)
+    assert _decided([[0.9] * 5, [1.0] * 5], of=8, margin=0.02)
+    assert _decided([[1.0] * 5, [1.0] * 5], of=8, margin=0.02)
+    assert not _decided([[0.9, 1.0, 0.9, 1.0, 0.9], [1.0] * 5], of=8, margin=0.02)
+    pair = [Plan(0.9), Plan(1.0)]
+    race(pair, iterations=1, repeats=8, until=lambda ts: _decided(ts, 8, 0.02))
+    assert [len(p.rounds) for p in pair] == [5, 5]
+
+
 def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():
 
     # Plan 0 the DP's optimum, 1 and 2 nearest two baselines (1 the faster), 3 a runner-up.

@@ -1,10 +1,10 @@
 """Compiling a job's programs once between its processes, not once on each.
 
-Every process of an SPMD job builds the same programs in the same order, and XLA compiles each
-on every process: in the default job (2 processes on a 2-core laptop) the search compiled each
+Every process of an SPMD job builds the same programs in the same order, and JAX lowers and XLA
+compiles each on every process: in the default job (2 processes on a 2-core laptop) the search compiled each
 candidate twice, side by side, and compiling was three quarters of its profile's time. Inside
-``shared()``, the ``i``-th program given to ``compile`` belongs to process ``i mod n``: that
-process compiles it and puts its executable in the coordination service's key-value store
+``shared()``, the ``i``-th program given to ``compile`` (as a function that lowers it) belongs
+to process ``i mod n``: that process lowers and compiles it and puts its executable in the coordination service's key-value store
 (``jaxcompat.serialize_executable``); the others load it from there the first time they need it
 (``Compiling.result``), and at the latest as the batch ends (leaving ``shared()``), after
 which the store forgets it. Callers give a whole batch of programs (a chunk of profile
@@ -17,7 +17,7 @@ follows; so no two processes can wait on each other. A program the owner cannot 
 with host callbacks) or read back from JAX's persistent compilation cache (which the others read
 as well, and whose executables do not serialize whole on CPU) every process makes itself. With
 one process, outside ``shared()`` or with it turned off, ``compile`` compiles here and now, as
-``lowered.compile()``.
+``lower().compile()``.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Compiling:
     def __init__(self, compiled: Any = None, compile_s: float = 0.0,
                  load: Optional[Callable[[], tuple[Any, float]]] = None) -> None:
         self._compiled, self._compile_s, self._load = compiled, compile_s, load
+        self.compile_s_here = compile_s if load is None else 0.0   # of them, spent in this process's compile()
 
     def result(self) -> Any:
         """The ``jax.stages.Compiled`` program."""
@@ -60,8 +61,11 @@ class Compiling:
         return self._compile_s
 
 
-def _here(lowered: Any) -> tuple[Any, float]:
-    return _compile(lowered)[:2]
+Lower = Callable[[], Any]   # makes the program's ``jax.stages.Lowered``
+
+
+def _here(lower: Lower) -> tuple[Any, float]:
+    return _compile(lower())[:2]
 
 
 def _compile(lowered: Any) -> tuple[Any, float, bool]:
@@ -81,26 +85,26 @@ class _Share:
         self.mine: list[str] = []              # keys of the programs this process compiled
         self.theirs: list[Compiling] = []      # the peers' programs
 
-    def compile(self, lowered: Any) -> Compiling:
+    def compile(self, lower: Lower) -> Compiling:
         with self.lock:  # the profile may compile on a worker thread; the numbering is the order given
             i, self.count = self.count, self.count + 1
         key = f"{self.prefix}/{i}"
-        if i % self.n != self.me:
-            self.theirs.append(Compiling(load=lambda: self._load(key, lowered)))
+        if i % self.n != self.me:  # not even lowered here, unless its owner cannot send it
+            self.theirs.append(Compiling(load=lambda: self._load(key, lower)))
             return self.theirs[-1]
         self.mine.append(key)
         try:
-            compiled, seconds, cached = _compile(lowered)
+            compiled, seconds, cached = _compile(lower())
         except Exception:
-            self._publish(key, 0.0, b"")  # the peers compile it themselves, and fail alike
+            self._publish(key, 0.0, b"")  # the peers make it themselves, and fail alike
             raise
         payload = b""
-        # From the persistent cache (which the peers read too), or refused by the backend: each
-        # process makes it itself.
+        # From the persistent cache (which the peers read too), or refused by the backend (host
+        # callbacks, a pytree pickle cannot carry): each process makes it itself.
         if not cached:
             try:
                 payload = jaxcompat.serialize_executable(compiled)
-            except Exception:  # noqa: BLE001  whatever the backend refuses
+            except Exception:  # noqa: BLE001  whatever the backend or pickle refuses
                 payload = b""
         self._publish(key, seconds, payload)
         return Compiling(compiled, seconds)
@@ -108,11 +112,11 @@ class _Share:
     def _publish(self, key: str, seconds: float, payload: bytes) -> None:
         self.client.key_value_set_bytes(key, pickle.dumps((seconds, payload)))
 
-    def _load(self, key: str, lowered: Any) -> tuple[Any, float]:
+    def _load(self, key: str, lower: Lower) -> tuple[Any, float]:
         seconds, payload = pickle.loads(self.client.blocking_key_value_get_bytes(key, _WAIT_MS))
         if not payload:
-            return _here(lowered)
-        return jaxcompat.load_executable(payload, lowered), seconds
+            return _here(lower)
+        return jaxcompat.load_executable(payload), seconds
 
     def close(self) -> None:
         """Loads whatever of the batch was not asked for yet; then, once every process has,
@@ -145,9 +149,10 @@ def shared(enabled: bool = True) -> Iterator[None]:
     share.close()  # not after an error: a peer may never come to the barrier
 
 
-def compile(lowered: Any) -> Compiling:  # noqa: A001  what it does, as lowered.compile()
-    """``lowered`` compiled: by its share's owner inside ``shared()``, else here and now."""
+def compile(lower: Lower) -> Compiling:  # noqa: A001  what it does, as lowered.compile()
+    """The program ``lower()`` makes, compiled: by its share's owner inside ``shared()`` (only
+    the owner lowers it), else here and now."""
     share = _current
     if share is not None:
-        return share.compile(lowered)
-    return Compiling(*_here(lowered))
+        return share.compile(lower)
+    return Compiling(*_here(lower))

@@ -529,19 +529,20 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions =
     with bar as bar_value:
         chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
                             iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value)
+                            progress=bar_value, drop_slower_than=options.drop_slower_than)
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
-            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median)%s"
+            cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""
+            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median%s)%s"
                 % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
-                   row["measured_step_time_s"], row["paired_ratio"], "  <- chosen" if row["chosen"] else ""))
+                   row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
     kept = next(r for r in rows if r["chosen"])
     for row in rows:
         if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
             log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
                 "round by round; %s (mode.verify_margin=%g)"
-                % (row["source"], row["assignment"], 2 * repeats, iterations, row["duel_over_incumbent_paired"],
+                % (row["source"], row["assignment"], row["duel_rounds"], iterations, row["duel_over_incumbent_paired"],
                    "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
     fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
                   default=None)

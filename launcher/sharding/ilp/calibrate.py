@@ -53,29 +53,41 @@ def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: boo
     """(the model, whether anything was measured now, seconds this took): the store's entry for
     this mesh, with the collectives ``kinds`` (and the matmul rate, with ``matmul``) it lacks
     measured now and the entry written again. The profile pass prices resharding with all-gathers
-    and all-to-alls alone; the ILP asks for every collective and the rate."""
+    and all-to-alls alone; the ILP asks for every collective and the rate.
+
+    On a mesh of several axes, a collective over all of them is the 1-D mesh's over the same
+    devices in the same order (one replica group, the same program): its lines come from that
+    mesh's entry where the store has them (a search of every mesh calibrates [8] first)."""
     t0 = time.perf_counter()
     key = collective_model_key(mesh)
     mesh_shape = tuple(mesh.devices.shape)
-    entry = store.get(key) if is_main else None
-    have = CommModel.from_json(entry) if entry is not None else CommModel(mesh_shape, {}, 0.0)
-    lacking = [k for k in kinds if any((k, axes) not in have.lines for axes in axis_groups(mesh_shape))]
-    rate_lacking = matmul and not have.matmul_flops_per_s
-    flags = hosts.broadcast(np.array([int(bool(lacking)), int(rate_lacking)] + [int(k in lacking) for k in COLLECTIVES],
-                                     dtype=np.int32))
-    lacking = [k for k, f in zip(COLLECTIVES, flags[2:], strict=True) if f]
-    missing = bool(flags[0] or flags[1])
+    have = _stored(store, mesh) if is_main else CommModel(mesh_shape, {}, 0.0)
+    wanted = [(k, axes) for axes in axis_groups(mesh_shape) for k in kinds]
+    if is_main and len(mesh_shape) > 1:
+        every = tuple(range(len(mesh_shape)))
+        flat = _stored(store, jax.sharding.Mesh(mesh.devices.reshape(-1), ("all",)))
+        have.lines.update({(k, every): flat.lines[(k, (0,))] for k in kinds
+                           if (k, every) not in have.lines and (k, (0,)) in flat.lines})
+    flags = hosts.broadcast(np.array([int(matmul and not have.matmul_flops_per_s)]
+                                     + [int(point not in have.lines) for point in wanted], dtype=np.int32))
+    lacking = [point for point, f in zip(wanted, flags[1:], strict=True) if f]
+    missing = bool(lacking or flags[0])
     if missing:
-        what = f"{len(lacking)} collectives" + (" and the matmul rate" if flags[1] else "")
+        what = f"{len(lacking)} collective lines" + (" and the matmul rate" if flags[0] else "")
         log(f"ILP cost model: calibrating {what} over mesh axes "
-            f"{[list(g) for g in axis_groups(mesh_shape)]} at {[s // 1024 for s in SIZES]} KiB per device")
-        measured = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)), lacking, bool(flags[1]))
+            f"{sorted({tuple(axes) for _, axes in lacking})} at {[s // 1024 for s in SIZES]} KiB per device")
+        measured = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)), lacking, bool(flags[0]))
         have = CommModel(mesh_shape, {**have.lines, **measured.lines},
                          measured.matmul_flops_per_s or have.matmul_flops_per_s)
-        if is_main:
-            store.put(key, have.to_json())
+    if is_main and (missing or store.get(key) is None):
+        store.put(key, have.to_json())
     model = _broadcast(have if is_main else None, mesh_shape, kinds)
     return model, missing, time.perf_counter() - t0
+
+
+def _stored(store: ProfileStore, mesh: Any) -> CommModel:
+    entry = store.get(collective_model_key(mesh))
+    return CommModel.from_json(entry) if entry is not None else CommModel(tuple(mesh.devices.shape), {}, 0.0)
 
 
 def calibrated(mesh: Any, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
@@ -91,17 +103,19 @@ def programs(mesh: Any, kinds: Sequence[str]) -> int:
     return len(kinds) * len(axis_groups(tuple(mesh.devices.shape))) * len(SIZES)
 
 
-def measure(mesh: Any, timer: Timer, kinds: Sequence[str] = COLLECTIVES, matmul: bool = True) -> CommModel:
-    """The collectives ``kinds`` over every axis group of ``mesh`` (and the matmul rate), timed now."""
+def measure(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]] | None = None,
+            matmul: bool = True) -> CommModel:
+    """The collective ``lines`` ((kind, mesh axes); default: every collective over every axis
+    group of ``mesh``), and the matmul rate, timed now."""
     mesh_shape = tuple(mesh.devices.shape)
-    points = [(kind, axes, nbytes) for axes in axis_groups(mesh_shape) for kind in kinds for nbytes in SIZES]
+    if lines is None:
+        lines = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES]
     with compile_share.shared():  # each process compiles some of the programs and loads the others
-        chains = [collective_chain(mesh, kind, axes, nbytes) for kind, axes, nbytes in points]
+        chains = [collective_chain(mesh, kind, axes, nbytes) for kind, axes in lines for nbytes in SIZES]
         product = matmul_program(mesh) if matmul else None
     seconds = iter([chain_seconds(chain, timer) for chain in chains])
-    lines = {(kind, axes): fit_line([(nbytes, next(seconds)) for nbytes in SIZES])
-             for axes in axis_groups(mesh_shape) for kind in kinds}
-    return CommModel(mesh_shape, lines, matmul_rate(product, timer) if product is not None else 0.0)
+    fitted = {line: fit_line([(nbytes, next(seconds)) for nbytes in SIZES]) for line in lines}
+    return CommModel(mesh_shape, fitted, matmul_rate(product, timer) if product is not None else 0.0)
 
 
 class _Program(NamedTuple):
@@ -140,7 +154,7 @@ def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int) -
     x = jax.make_array_from_callback((per_device * mesh.devices.size,), sharding,
                                      lambda idx: np.ones((per_device,), np.float32))
     program = jax.jit(jaxcompat.shard_map(chain, mesh=mesh, in_specs=every, out_specs=every))
-    return _Program(compile_share.compile(program.lower(x)), [x], sharding)
+    return _Program(compile_share.compile(lambda: program.lower(x)), [x], sharding)
 
 
 def chain_seconds(chain: _Program, timer: Timer) -> float:
@@ -162,7 +176,7 @@ def matmul_program(mesh: Any) -> _Program:
                                      lambda idx: np.full((k, k), 0.5, np.float32))
     w = jax.device_put(np.full((k, k), 0.25, np.float32), whole)
     program = jax.jit(lambda a, b: a @ b, in_shardings=(rows, whole), out_shardings=rows)
-    return _Program(compile_share.compile(program.lower(x, w)), [x, w], rows)
+    return _Program(compile_share.compile(lambda: program.lower(x, w)), [x, w], rows)
 
 
 def matmul_rate(product: _Program, timer: Timer) -> float:

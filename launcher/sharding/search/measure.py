@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -71,8 +71,8 @@ class _SharedCompile:
     """A plan's step compiled once in the job, by one process, where several build it inside
     ``compile_share.shared()`` (the shortlist, the baselines)."""
 
-    def compile_program(self, lowered: Any) -> compile_share.Compiling:
-        return compile_share.compile(lowered)
+    def compile_program(self, lower: Callable[[], Any]) -> compile_share.Compiling:
+        return compile_share.compile(lower)
 
 
 class Runner(_SharedCompile, Trainer):
@@ -163,20 +163,26 @@ class Cut:
     among: frozenset
     after: int = 4
     factor: float = 1.25
+    keep: frozenset = frozenset()   # of these, the fastest so far stays, however slow
 
     def out(self, rounds: Sequence[Sequence[float]]) -> set[int]:
         """The plans to drop, given every plan's time in each round so far (the same on every
         process: the slowest process's, ``slowest_process``)."""
         among = sorted(self.among)
         fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
-        return {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest, strict=True))}
+        out = {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest, strict=True))}
+        if self.keep & self.among:
+            out.discard(min(self.keep & self.among, key=lambda i: paired_over(rounds[i], fastest)))
+        return out
 
 
 def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None,
-         cut: Cut | None = None) -> list[PlanRun]:
+         cut: Cut | None = None, until: Callable[[list[list[float]]], bool] | None = None) -> list[PlanRun]:
     """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
     round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
-    the losses stay those of consecutive steps). ``cut``: plans clearly behind stop early.
+    the losses stay those of consecutive steps). ``cut``: plans clearly behind stop early;
+    ``until``: the race ends after a round where it says so, given every runner's times in this
+    race's rounds (the slowest process's).
 
     Every other round runs the plans in reverse order. The machine's speed drifts within a round
     too: in the default job (2 processes on 2 cores) the time of the plan run first over that of
@@ -211,6 +217,10 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
 
         for i, seconds in zip(order, quiet(one_round), strict=True):
             runners[i].rounds.append(seconds)
+        if until is not None and k + 1 < repeats:
+            slowest = iter(slowest_process([t for r in runners for t in r.rounds[-(k + 1):]]))
+            if until([[next(slowest) for _ in range(k + 1)] for _ in runners]):
+                break
     return [r.result() for r in runners]
 
 
@@ -221,7 +231,8 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
 
 
 def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
-         incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None) -> tuple[Runner, list[dict]]:
+         incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None,
+         drop_slower_than: float = 0.0) -> tuple[Runner, list[dict]]:
     """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
     (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
     of different logical meshes of the same devices race together, in ``repeats`` interleaved
@@ -233,8 +244,13 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     few short rounds: it then races the fastest incumbent alone, twice as many rounds again, and
     replaces it only if it wins those by ``margin`` as well. In the default job the DP's optimum on
     4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
-    10 rounds; the duel costs a few seconds beside compiling the shortlist. Returns the chosen
-    runner (compiled, rounds cleared, its ``candidate`` set) and a row per candidate."""
+    10 rounds; the duel costs a few seconds beside compiling the shortlist.
+
+    ``drop_slower_than`` (0: none) cuts the race as the final race cuts its baselines (``Cut``):
+    after half the rounds, a plan over that many times the fastest in each of them runs no more
+    (its figures are those of its rounds), except the fastest incumbent, which the winner must
+    beat. Returns the chosen runner (compiled, rounds cleared, its ``candidate`` set) and a row
+    per candidate."""
     with compile_share.shared():  # each process compiles some of the candidates and loads the others
         runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
                    for a, program, mesh, c in entries]
@@ -242,24 +258,32 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     ratios: list[float | None] = [None] * len(runners)
     over_incumbent: list[float | None] = [None] * len(runners)
     duel: list[float | None] = [None] * len(runners)   # the duel's time over the incumbent's
+    ran = [0] * len(runners)                            # short rounds each ran
+    duel_rounds = 0
     best = 0
     if len(runners) > 1:
-        race(runners, iterations=iterations, repeats=repeats, progress=progress)
-        slowest = slowest_process([t for r in runners for t in r.rounds])
-        rounds = [slowest[i * repeats:(i + 1) * repeats] for i in range(len(runners))]
+        cut = Cut(frozenset(range(len(runners))), max(repeats // 2, 1), drop_slower_than, frozenset(incumbents)) \
+            if drop_slower_than and repeats > 1 else None
+        race(runners, iterations=iterations, repeats=repeats, progress=progress, cut=cut)
+        slowest = iter(slowest_process([t for r in runners for t in r.rounds]))
+        rounds = [[next(slowest) for _ in r.rounds] for r in runners]
+        ran = [len(ts) for ts in rounds]
         measured = [statistics.median(ts) for ts in rounds]
         ratios = paired_ratios(rounds)
-        best = winner(rounds, incumbents, margin)
+        full = [i for i, ts in enumerate(rounds) if len(ts) == repeats]   # not cut
+        best = full[winner([rounds[i] for i in full], [full.index(i) for i in incumbents if i in full], margin)]
         if incumbents:
-            safe = min(incumbents, key=lambda i: ratios[i])
-            over_incumbent = [paired_over(times, rounds[safe]) for times in rounds]
+            full_ratios = dict(zip(full, paired_ratios([rounds[i] for i in full]), strict=True))
+            safe = min((i for i in incumbents if i in full), key=full_ratios.__getitem__)
+            over_incumbent = [paired_over(times, rounds[safe][:len(times)]) for times in rounds]
             if best not in incumbents:
                 pair = [runners[best], runners[safe]]
                 for r in pair:
                     r.rounds = []
-                race(pair, iterations=iterations, repeats=2 * repeats)
+                race(pair, iterations=iterations, repeats=2 * repeats, until=lambda ts: _decided(ts, 2 * repeats, margin))
                 slowest = slowest_process([t for r in pair for t in r.rounds])
-                duel[best] = paired_over(slowest[:2 * repeats], slowest[2 * repeats:])
+                n = duel_rounds = len(pair[0].rounds)
+                duel[best] = paired_over(slowest[:n], slowest[n:])
                 duel[safe] = 1.0
                 if duel[best] > 1 - margin:
                     best = safe
@@ -269,9 +293,18 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     rows = [{"assignment": list(c.assignment), "mesh_shape": list(a.mesh_shape), "source": c.source,
              "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
              "measured_step_time_s": seconds, "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0,
-             "incumbent": i in incumbents, "over_incumbent_paired": over, "duel_over_incumbent_paired": duel[i]}
+             "incumbent": i in incumbents, "over_incumbent_paired": over, "duel_over_incumbent_paired": duel[i],
+             "rounds": ran[i], "duel_rounds": duel_rounds if duel[i] is not None else 0}
             for i, ((a, _, _, c), seconds, ratio, over) in enumerate(zip(entries, measured, ratios, over_incumbent, strict=True))]
     return chosen, rows
+
+
+def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
+    """Whether a duel (the challenger's times, then the incumbent's, round by round) of ``of``
+    rounds is decided already: once more than half of them fall on one side of ``1 - margin``,
+    the median of all of them does too, whatever the rest."""
+    below = sum(t / u <= 1 - margin for t, u in zip(*rounds, strict=True))
+    return max(below, len(rounds[0]) - below) > of // 2
 
 
 def winner(rounds: Sequence[Sequence[float]], incumbents: Sequence[int] = (), margin: float = 0.0) -> int:
@@ -300,9 +333,11 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
     """Per plan (its time in each round), the median over rounds of its time over that round's
     median plan time. The plans of a round run minutes apart at most, those of different rounds
     further: on a machine whose speed drifts, ratios within a round compare plans where medians
-    of raw times would compare the moments they ran at."""
-    per_round = [statistics.median(times) for times in zip(*rounds, strict=True)]
-    return [statistics.median(t / m for t, m in zip(times, per_round, strict=True)) for times in rounds]
+    of raw times would compare the moments they ran at. A plan cut from the race (``Cut``)
+    counts in the rounds it ran."""
+    per_round = [statistics.median(times[k] for times in rounds if len(times) > k)
+                 for k in range(max(map(len, rounds)))]
+    return [statistics.median(t / m for t, m in zip(times, per_round, strict=False)) for times in rounds]
 
 
 def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
