@@ -38,6 +38,7 @@ from launcher.sharding.profile.timing import Timer, overhead_program
 from launcher.sharding.search.measure import paired_ratios
 from launcher.sharding.search.measure import Cut, race
 from launcher.sharding.search.measure import winner
+from launcher.sharding.search.measure import _decided
 from launcher.sharding.search.measure import verdict
 from launcher.sharding.pipeline import answer
 from launcher.sharding.search.measure import PlanRun
@@ -306,8 +307,6 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
 
 
 def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_decided():
-    from launcher.sharding.search.measure import _decided
-
     class Plan:   # a plan that takes `cost` a step
         def __init__(self, cost):
             self.cost, self.step_no, self.rounds, self.ran = cost, 0, [], 0

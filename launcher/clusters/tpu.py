@@ -157,6 +157,12 @@ class TpuCluster(Cluster):
                 answers.update(status.read_stacks(into, asked, here=True))
         return answers
 
+    def cancel(self, job: tp.Any) -> None:
+        """Ends the job and waits until its script has stopped the workers and copied their run
+        dirs back (``cancel_id``): a restart's script may delete and make the pod again next, and
+        must not meet the old script's ssh and scp on it."""
+        self.cancel_id(str(job.job_id))
+
     def prepare_restart(self, executor: "TpuExecutor") -> None:
         # A restart often follows a preemption: the script first asks gcloud for the pod's state
         # and makes a preempted or lost pod again.
