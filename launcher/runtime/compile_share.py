@@ -13,9 +13,10 @@ of the batch while the others compile theirs.
 
 Nothing waits in ``compile``: a process waits only in ``result``, for a program whose owner
 compiles it in its own ``compile`` call, which comes no later in the order every process
-follows; so no two processes can wait on each other. A program the owner cannot serialize (one
-with host callbacks) or read back from JAX's persistent compilation cache (which the others read
-as well, and whose executables do not serialize whole on CPU) every process makes itself. With
+follows; so no two processes can wait on each other. A program the owner cannot serialize (host
+callbacks pickle cannot carry, such as ``jax.debug.print``'s) or read back from JAX's persistent
+compilation cache (which the others read as well, and whose executables do not serialize whole
+on CPU) every process makes itself. With
 one process, outside ``shared()`` or with it turned off, ``compile`` compiles here and now, as
 ``lower().compile()``.
 """
@@ -99,8 +100,8 @@ class _Share:
             self._publish(key, 0.0, b"")  # the peers make it themselves, and fail alike
             raise
         payload = b""
-        # From the persistent cache (which the peers read too), or refused by the backend (host
-        # callbacks, a pytree pickle cannot carry): each process makes it itself.
+        # From the persistent cache (which the peers read too), or refused by the backend or by
+        # pickle (a host callback that is a local function): each process makes it itself.
         if not cached:
             try:
                 payload = jaxcompat.serialize_executable(compiled)

@@ -1,4 +1,5 @@
-"""Agreement between the job's processes: every host-to-host exchange goes through here.
+"""Agreement between the job's processes: every exchange of values between hosts goes through
+here (compiled executables travel through ``compile_share.py``).
 
 Each is a collective program of its own (``jax.experimental.multihost_utils``), except on JAX
 releases whose CPU collectives let one program's messages cross into the next: there a late

@@ -1,0 +1,73 @@
+"""Programs compiled once in a job, each by one process (launcher/runtime/compile_share.py), on
+two real processes joined by jax.distributed (cluster=local, gloo between them): every process
+runs every program, and gets what compiling it itself gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher import jaxcompat
+from tests.launch import read_result, run_cli
+
+pytestmark = pytest.mark.core
+
+
+def share_programs(out: str) -> None:
+    """mode=run's target, on every process: six programs (each a collective over all 8 devices)
+    and one with a host callback, given inside ``shared()``; writes what this process compiled
+    and what each program computed, beside the same programs compiled here without sharing."""
+    import jax  # noqa: PLC0415  a task imports JAX once its devices are set
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
+
+    from launcher.runtime import compile_share, hosts  # noqa: PLC0415
+
+    compiled = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *a, **k: compiled.append(1) if event == "/jax/core/compile/backend_compile_duration" else None)
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    x = jax.make_array_from_callback((8, 4), NamedSharding(mesh, PartitionSpec("x")),
+                                     lambda i: np.arange(32, dtype=np.float32).reshape(8, 4)[i])
+    steps = [lambda y, k=k: jnp.sin(y) * k + jnp.sum(y) for k in range(6)]   # the sum crosses processes
+
+    def noisy(y):
+        jax.debug.callback(lambda v: None, jnp.sum(y))   # host callbacks: an executable that cannot travel
+        return y * 2
+
+    with compile_share.shared():   # leaving it, each process has loaded or made every program
+        shared = [compile_share.compile(lambda f=f: jax.jit(f).lower(x)) for f in [*steps, noisy]]
+    compiled_here = len(compiled)
+    loaded = [hosts.fetch(p.result()(x)).tolist() for p in shared]
+    here = [hosts.fetch(jax.jit(f).lower(x).compile()(x)).tolist() for f in [*steps, noisy]]
+    Path(out, f"rank{jax.process_index()}.json").write_text(json.dumps(
+        {"compiled_in_batch": compiled_here, "loaded": loaded, "here": here,
+         "compile_s": [p.compile_s for p in shared]}))
+
+
+def test_each_process_compiles_its_share_and_runs_every_program(tmp_path):
+    cache = tmp_path / "jax_cache"   # JAX's persistent compilation cache, of both runs
+    for run in ("first", "again"):
+        out = tmp_path / run
+        out.mkdir()
+        run_cli("mode=run", "mode.target=tests.test_compile_share:share_programs", f"mode.kwargs.out={out}",
+                "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", f"launcher.compile_cache_dir={cache}",
+                run_dir=tmp_path / f"run-{run}", timeout=300)
+        result = read_result(tmp_path / f"run-{run}")
+        assert result["global_devices"] == 8
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+        for r in ranks:
+            # A peer's executable computes what this process's own compile of the program does.
+            assert r["loaded"] == r["here"]
+            assert all(s > 0 for s in r["compile_s"])
+        assert ranks[0]["loaded"] == ranks[1]["loaded"]
+        if run == "first":
+            # Three of the six each, and the host-callback program on both (its owner cannot send it).
+            assert [r["compiled_in_batch"] for r in ranks] == [4, 4]
+        elif jaxcompat.cpu_compilation_cache_works():   # (none before JAX 0.5 on CPU)
+            # Process 0 read its programs back from the cache, and such an executable does not
+            # travel whole (its kernels stay behind): process 1 read them from the cache itself.
+            assert result["compile_cache"]["hits"] >= 3
