@@ -18,7 +18,7 @@ import pytest
 
 from launcher.clusters._tpu_worker import main, worker_identity
 from launcher.clusters.base import free_port
-from launcher.clusters.tpu import TpuExecutor
+from launcher.clusters.tpu import TpuExecutor, TpuPod
 from tests.launch import REPO, read_result, run_cli
 from tests.test_hang import OTHERS, RANK1
 
@@ -124,7 +124,7 @@ def test_cancel_kills_the_workers_and_brings_back_their_logs(tmp_path, monkeypat
     monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
     monkeypatch.setenv("XLAUNCH_STANDIN_TPU_ROOT", str(pod))
     monkeypatch.setenv("XLAUNCH_STANDIN_TPU_WORKERS", "2")
-    ex = TpuExecutor(run / "submitit", tpu_name="pod-b", remote_run_dir="runs/b", python=sys.executable)
+    ex = TpuExecutor(run / "submitit", TpuPod("pod-b", "runs/b", python=sys.executable))
     ex.update_parameters(workers=2, timeout_min=5)
     job = ex.submit(time.sleep, 3600)
     pid_files = [pod / f"worker{w}" / "runs" / "b" / "submitit" / f"{job.job_id}_{w}.pid" for w in (0, 1)]

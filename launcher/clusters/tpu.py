@@ -116,9 +116,9 @@ class TpuCluster(Cluster):
         code = _code.code_dir(self.cfg)
         if code is not None:
             _code.pack(code, list(self.cfg.mode.include), self.run_dir)
-        ex = TpuExecutor(self.folder, tpu_name=c.tpu_name, remote_run_dir=self.remote_run_dir(),
-                         python=c.remote_python, gcloud=c.gcloud, zone=c.zone, project=c.project,
-                         remote_code_dir=self.remote_code_dir() if code is not None else None)
+        pod = TpuPod(c.tpu_name, self.remote_run_dir(), python=c.remote_python, gcloud=c.gcloud, zone=c.zone,
+                     project=c.project, remote_code_dir=self.remote_code_dir() if code is not None else None)
+        ex = TpuExecutor(self.folder, pod)
         ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines(),
                              recreate=self.recreate())
         return ex
@@ -193,6 +193,20 @@ def gcloud_flags(zone: tp.Optional[str], project: tp.Optional[str]) -> list[str]
     return flags + ([f"--project={operand('cluster.project', project)}"] if project else [])
 
 
+@dataclass(frozen=True)
+class TpuPod:
+    """Where a TPU job runs: the pod (its name, zone and project, and the gcloud that reaches
+    it) and, on its workers, the run dir (relative to the home directory), the python that runs
+    the task and the dir the user's code is unpacked in (None: no code is copied)."""
+    name: str
+    remote_run_dir: str
+    python: str = "python3"
+    gcloud: str = "gcloud"
+    zone: tp.Optional[str] = None
+    project: tp.Optional[str] = None
+    remote_code_dir: tp.Optional[str] = None
+
+
 class TpuExecutor(ScriptExecutor):
     """Runs a submitit job once per worker of a TPU VM pod. Parameters: workers, timeout_min,
     setup (shell lines run on each worker before the task), check_pod (first ask gcloud for the
@@ -204,19 +218,17 @@ class TpuExecutor(ScriptExecutor):
 
     defaults = {"workers": 1, "timeout_min": 60, "setup": [], "check_pod": False, "recreate": None}
 
-    def __init__(self, folder: tp.Union[str, Path], tpu_name: str, remote_run_dir: str, python: str = "python3",
-                 gcloud: str = "gcloud", zone: tp.Optional[str] = None, project: tp.Optional[str] = None,
-                 remote_code_dir: tp.Optional[str] = None, **kwargs: tp.Any) -> None:
+    def __init__(self, folder: tp.Union[str, Path], pod: TpuPod, **kwargs: tp.Any) -> None:
         super().__init__(folder, **kwargs)
-        self.remote_code_dir = operand("mode.code_dir", remote_code_dir) if remote_code_dir else None
-        self.tpu_name = operand("cluster.tpu_name", tpu_name)
+        self.remote_code_dir = operand("mode.code_dir", pod.remote_code_dir) if pod.remote_code_dir else None
+        self.tpu_name = operand("cluster.tpu_name", pod.name)
         if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", self.tpu_name):
-            raise UserError(f"cluster.tpu_name={tpu_name!r}: a TPU VM name is lowercase letters, digits and "
+            raise UserError(f"cluster.tpu_name={pod.name!r}: a TPU VM name is lowercase letters, digits and "
                             "hyphens, starting with a letter (as `gcloud compute tpus tpu-vm list` shows it)")
-        self.remote_run_dir = operand("cluster.remote_dir", remote_run_dir)
-        self.python = operand("cluster.remote_python", python)
-        self.gcloud = operand("cluster.gcloud", gcloud)
-        self.flags = gcloud_flags(zone, project)
+        self.remote_run_dir = operand("cluster.remote_dir", pod.remote_run_dir)
+        self.python = operand("cluster.remote_python", pod.python)
+        self.gcloud = operand("cluster.gcloud", pod.gcloud)
+        self.flags = gcloud_flags(pod.zone, pod.project)
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.folder.name):
             raise ValueError(f"TpuExecutor: folder name {self.folder.name!r} must be a plain name (letters, digits, ._-)")
 

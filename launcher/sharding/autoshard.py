@@ -64,7 +64,8 @@ from launcher.runtime import user_program
 # in ten short rounds rather than three long ones (pairing cancels a shared machine's drift round
 # by round, and a baseline 1.25x the fastest after three rounds stops racing), and a shortlist of
 # three: a search from Python is interactive, and these are where its time went.
-AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3}
+AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3,
+                      "baselines": list(STEP_BASELINES)}
 
 FORMAT = "xlaunch-autoshard-plan"
 VERSION = 2  # 2: the step's reading (state_argnums, loss) saved, data_argnums in the step's positions
@@ -82,11 +83,9 @@ class Step:
 
 
 def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: str = "cfp",
-              memory_budget_gb: float = ProfileOptions.memory_budget_gb, store_dir: str = ProfileOptions.store_dir,
               data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
               state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
-              baselines: Sequence[str] = STEP_BASELINES, log: Optional[Callable[[str], None]] = None,
-              reuse: bool = True, **options: Any) -> "AutoPlan":
+              log: Optional[Callable[[str], None]] = None, reuse: bool = True, **options: Any) -> "AutoPlan":
     """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
 
     ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
@@ -94,8 +93,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
     kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``"cfp"`` (profile the
     step's segments, then search) or ``"ilp"`` (the Alpa-style ILP, nothing profiled).
-    ``memory_budget_gb``: per device, 0 for none. ``store_dir``: the profile store (reused by
-    later searches). ``data_argnums``: which arguments are data (default: the last one).
+    ``data_argnums``: which arguments are data (default: the last one).
     ``in_shardings``: the shardings the user's own code gives the arguments (as for
     ``jax.jit``), raced as the ``user`` baseline (default: the layouts the example arguments
     already have, where laid out). ``state_argnums``: which arguments are state whose new values
@@ -103,11 +101,14 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     the step's outputs, or a function returning one (default: its one floating-point scalar).
     ``reuse``: hand back the plan an earlier search of the same step (traced program and
     arguments), devices and options left in the profile store, without searching again (False:
-    search again). ``baselines``: built-in names raced beside the
-    plan (dp, fsdp; ``alpa_ilp`` the ILP's plan beside CFP's). ``log``: a line at a time
-    (default: printed by process 0). ``options``: any other option of the passes by name
-    (``launcher/sharding/options.py``: iterations, run_repeats, repeats, max_segment_space,
-    verify_top_k, ..., and ilp_time_limit_s).
+    search again). ``log``: a line at a time (default: printed by process 0).
+
+    ``options``: the search's settings, any option of the passes by name
+    (``launcher/sharding/options.py``, checked there), among them ``memory_budget_gb`` (per
+    device, 0 for none), ``store_dir`` (the profile store, reused by later searches),
+    ``baselines`` (built-in names raced beside the plan: dp, fsdp; ``alpa_ilp`` the ILP's plan
+    beside CFP's), ``iterations``, ``run_repeats``, ``max_segment_space``, ``verify_top_k``,
+    ..., and the algorithms' own (``ilp_time_limit_s``).
 
     Returns the ``AutoPlan``. UserError (one line) for bad input: see ``user_step.step_program``.
     """
@@ -115,7 +116,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     log = _keywords(log or _print_main)
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
                            state_argnums=state_argnums, loss=loss, log=log)
-    settings = {"memory_budget_gb": memory_budget_gb, "store_dir": store_dir, "baselines": list(baselines), **options}
+    settings = dict(options)
     search = search_options(program, settings)
     store = ProfileStore(Path(search.profile.store_dir).expanduser().resolve())
     key = _answer_key(program, mesh_shape, algorithm, search, settings)
