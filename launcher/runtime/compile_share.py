@@ -7,9 +7,10 @@ candidate twice, side by side, and compiling was three quarters of its profile's
 to process ``i mod n``: that process lowers and compiles it and puts its executable in the coordination service's key-value store
 (``jaxcompat.serialize_executable``); the others load it from there the first time they need it
 (``Compiling.result``), and at the latest as the batch ends (leaving ``shared()``), after
-which the store forgets it. Callers give a whole batch of programs (a chunk of profile
-candidates, a shortlist, the baselines) before running any, so each process compiles its share
-of the batch while the others compile theirs.
+which the store forgets it. Callers give programs several at a time before running any (a
+shortlist, the baselines, a chunk of a mesh's profile candidates, whose executables stay in the
+store until that mesh's profile ends), so each process compiles its share while the others
+compile theirs.
 
 Nothing waits in ``compile``: a process waits only in ``result``, for a program whose owner
 compiles it in its own ``compile`` call, which comes no later in the order every process
@@ -17,8 +18,7 @@ follows; so no two processes can wait on each other. A program the owner cannot 
 callbacks pickle cannot carry, such as ``jax.debug.print``'s) or read back from JAX's persistent
 compilation cache (which the others read as well, and whose executables do not serialize whole
 on CPU) every process makes itself. With
-one process, outside ``shared()`` or with it turned off, ``compile`` compiles here and now, as
-``lower().compile()``.
+one process or outside ``shared()``, ``compile`` compiles here and now, as ``lower().compile()``.
 """
 
 from __future__ import annotations
@@ -133,13 +133,13 @@ _current: Optional[_Share] = None
 
 
 @contextlib.contextmanager
-def shared(enabled: bool = True) -> Iterator[None]:
+def shared() -> Iterator[None]:
     """Programs given to ``compile`` inside are compiled once in the job, each by one process.
     Every process must enter and leave it at the same point of the same program order. Nested,
     the outermost counts."""
     global _current
     client = jaxcompat.coordination_client()
-    if _current is not None or not enabled or client is None or jax.process_count() == 1:
+    if _current is not None or client is None or jax.process_count() == 1:
         yield
         return
     _current = share = _Share(client)

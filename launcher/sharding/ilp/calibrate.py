@@ -59,15 +59,16 @@ def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: boo
     devices in the same order (one replica group, the same program): its lines come from that
     mesh's entry where the store has them (a search of every mesh calibrates [8] first)."""
     t0 = time.perf_counter()
-    key = collective_model_key(mesh)
     mesh_shape = tuple(mesh.devices.shape)
     have = _stored(store, mesh) if is_main else CommModel(mesh_shape, {}, 0.0)
     wanted = [(k, axes) for axes in axis_groups(mesh_shape) for k in kinds]
+    borrowed = {}
     if is_main and len(mesh_shape) > 1:
         every = tuple(range(len(mesh_shape)))
         flat = _stored(store, jax.sharding.Mesh(mesh.devices.reshape(-1), ("all",)))
-        have.lines.update({(k, every): flat.lines[(k, (0,))] for k in kinds
-                           if (k, every) not in have.lines and (k, (0,)) in flat.lines})
+        borrowed = {(k, every): flat.lines[(k, (0,))] for k in kinds
+                    if (k, every) not in have.lines and (k, (0,)) in flat.lines}
+        have.lines.update(borrowed)
     flags = hosts.broadcast(np.array([int(matmul and not have.matmul_flops_per_s)]
                                      + [int(point not in have.lines) for point in wanted], dtype=np.int32))
     lacking = [point for point, f in zip(wanted, flags[1:], strict=True) if f]
@@ -79,8 +80,8 @@ def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: boo
         measured = measure(mesh, Timer(1, max(repeats, MIN_REPEATS)), lacking, bool(flags[0]))
         have = CommModel(mesh_shape, {**have.lines, **measured.lines},
                          measured.matmul_flops_per_s or have.matmul_flops_per_s)
-    if is_main and (missing or store.get(key) is None):
-        store.put(key, have.to_json())
+    if is_main and (missing or borrowed):
+        store.put(collective_model_key(mesh), have.to_json())
     model = _broadcast(have if is_main else None, mesh_shape, kinds)
     return model, missing, time.perf_counter() - t0
 
@@ -92,8 +93,7 @@ def _stored(store: ProfileStore, mesh: Any) -> CommModel:
 
 def calibrated(mesh: Any, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
     """Whether the store holds this mesh's lines of ``kinds`` (rank 0's answer on every process)."""
-    entry = store.get(collective_model_key(mesh)) if is_main else None
-    have = CommModel.from_json(entry).lines if entry is not None else {}
+    have = _stored(store, mesh).lines if is_main else {}
     found = all((k, axes) in have for k in kinds for axes in axis_groups(tuple(mesh.devices.shape)))
     return bool(hosts.broadcast(np.array([int(found)], dtype=np.int32))[0])
 
