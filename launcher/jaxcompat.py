@@ -330,23 +330,43 @@ def compile_from_cache(lowered: Any) -> tuple[Any, bool]:
 
 def serialize_executable(compiled: Any) -> bytes:
     """A compiled program as bytes another process of the job can load (``load_executable``),
-    its executable with its arguments' and results' pytree structures; raises where the backend
-    cannot serialize it (a program with host callbacks) or pickle cannot carry a structure.
-    Only for a program XLA compiled in this process: one read back from the persistent cache
-    serializes without its kernels on CPU (0.10.2: the loading process fails with "Function
-    broadcast_add_fusion not found"), so ``compile_from_cache`` says which is which.
-    ``jax.experimental.serialize_executable``, the same in every release in range."""
+    its executable with its arguments' and results' pytree structures and XLA's memory analysis
+    of it; raises where the backend cannot serialize it (a program with host callbacks) or
+    pickle cannot carry a structure. Only for a program XLA compiled in this process: one read
+    back from the persistent cache serializes without its kernels on CPU (0.10.2: the loading
+    process fails with "Function broadcast_add_fusion not found"), so ``compile_from_cache``
+    says which is which. ``jax.experimental.serialize_executable``, the same in every release
+    in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
 
-    return pickle.dumps(serialize(compiled))
+    return pickle.dumps((*serialize(compiled), memory_analysis(compiled)))
 
 
-def load_executable(payload: bytes) -> Any:
-    """The ``jax.stages.Compiled`` a peer's ``serialize_executable`` made."""
+def load_executable(payload: bytes) -> tuple[Any, Any]:
+    """(the ``jax.stages.Compiled`` a peer's ``serialize_executable`` made, XLA's memory
+    analysis of it as the peer compiled it). The analysis travels because the loaded
+    executable's own is not the same on 0.4.35: it reports no aliased (donated) bytes, so a
+    step's memory read on the process that loaded it came out larger than on the one that
+    compiled it."""
     from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX: the CLI imports this module
 
-    executable, in_tree, out_tree = pickle.loads(payload)
-    return deserialize_and_load(executable, in_tree, out_tree)
+    executable, in_tree, out_tree, memory = pickle.loads(payload)
+    return deserialize_and_load(executable, in_tree, out_tree), memory
+
+
+_MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code", "host_temp")
+
+
+def memory_analysis(compiled: Any) -> Any:
+    """``compiled.memory_analysis()`` as a plain, picklable object with the same
+    ``*_size_in_bytes`` attributes (None where the backend gives none)."""
+    import types  # noqa: PLC0415
+
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return types.SimpleNamespace(**{f"{k}_size_in_bytes": int(getattr(m, f"{k}_size_in_bytes", 0))
+                                    for k in _MEMORY_FIELDS})
 
 
 # --- orbax-checkpoint (training checkpoints: launcher/runtime/checkpoint.py) ---------------------

@@ -71,7 +71,7 @@ class CompiledStep:
     @property
     def memory(self) -> dict[str, int]:
         if self._memory is None:
-            self._memory = memory_stats(self.compiled)
+            self._memory = memory_stats(self._program)  # its compiler's analysis, wherever it was compiled
         return self._memory
 
     @property
@@ -184,6 +184,9 @@ class _CompiledHere:
     def result(self) -> Any:
         return self.program
 
+    def memory_analysis(self) -> Any:
+        return self.program.memory_analysis()
+
 
 @dataclass
 class TrainingResult:
@@ -220,7 +223,8 @@ def run_training(model: Any, plan: Plan, steps: int, devices: Optional[Sequence[
 
 
 def memory_stats(compiled: Any) -> dict[str, int]:
-    """Per-device bytes from XLA's memory analysis of a compiled executable.
+    """Per-device bytes from XLA's memory analysis of a compiled executable (anything with
+    ``jax.stages.Compiled``'s ``memory_analysis()``).
 
     ``peak_bytes`` = arguments + outputs + temporaries - aliased (donated) bytes: everything
     the step holds at once by XLA's buffer assignment. (XLA's own ``peak_memory_in_bytes``

@@ -44,16 +44,23 @@ class Compiling:
     """A program compiled here (``compiled``), or by a peer and loaded at the first ``result()``."""
 
     def __init__(self, compiled: Any = None, compile_s: float = 0.0,
-                 load: Optional[Callable[[], tuple[Any, float]]] = None) -> None:
+                 load: Optional[Callable[[], tuple[Any, float, Any]]] = None) -> None:
         self._compiled, self._compile_s, self._load = compiled, compile_s, load
+        self._memory: Any = None   # the compiling process's memory analysis, for a program loaded
         self.compile_s_here = compile_s if load is None else 0.0   # of them, spent in this process's compile()
 
     def result(self) -> Any:
         """The ``jax.stages.Compiled`` program."""
         if self._load is not None:
-            self._compiled, self._compile_s = self._load()
+            self._compiled, self._compile_s, self._memory = self._load()
             self._load = None
         return self._compiled
+
+    def memory_analysis(self) -> Any:
+        """XLA's memory analysis of the program as its compiler made it (``jax.stages.Compiled``'s
+        method): a loaded executable's own may differ (``jaxcompat.load_executable``)."""
+        compiled = self.result()
+        return self._memory if self._memory is not None else compiled.memory_analysis()
 
     @property
     def compile_s(self) -> float:
@@ -65,8 +72,8 @@ class Compiling:
 Lower = Callable[[], Any]   # makes the program's ``jax.stages.Lowered``
 
 
-def _here(lower: Lower) -> tuple[Any, float]:
-    return _compile(lower())[:2]
+def _here(lower: Lower) -> tuple[Any, float, Any]:
+    return (*_compile(lower())[:2], None)
 
 
 def _compile(lowered: Any) -> tuple[Any, float, bool]:
@@ -113,11 +120,12 @@ class _Share:
     def _publish(self, key: str, seconds: float, payload: bytes) -> None:
         self.client.key_value_set_bytes(key, pickle.dumps((seconds, payload)))
 
-    def _load(self, key: str, lower: Lower) -> tuple[Any, float]:
+    def _load(self, key: str, lower: Lower) -> tuple[Any, float, Any]:
         seconds, payload = pickle.loads(self.client.blocking_key_value_get_bytes(key, _WAIT_MS))
         if not payload:
             return _here(lower)
-        return jaxcompat.load_executable(payload), seconds
+        compiled, memory = jaxcompat.load_executable(payload)
+        return compiled, seconds, memory
 
     def close(self) -> None:
         """Loads whatever of the batch was not asked for yet; then, once every process has,
@@ -156,4 +164,4 @@ def compile(lower: Lower) -> Compiling:  # noqa: A001  what it does, as lowered.
     share = _current
     if share is not None:
         return share.compile(lower)
-    return Compiling(*_here(lower))
+    return Compiling(*_here(lower)[:2])

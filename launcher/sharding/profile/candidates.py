@@ -253,7 +253,7 @@ class CandidateLoop:
         """``prepare``'s tuple of a ``submit``-ted candidate of ``u``."""
         compiled = submitted.program.result()
         # (The candidate's own memory: its floor, known in the loop, is at least that.)
-        over = self.shortcuts.over_budget(memory_of(compiled, submitted.boundary)[1])
+        over = self.shortcuts.over_budget(memory_of(submitted.program, submitted.boundary)[1])
         overhead = None if over else self.overhead_of(u, compiled, submitted.args)
         return (compiled, overhead, submitted.args, submitted.boundary,
                 submitted.lowering_s + submitted.program.compile_s)
@@ -301,7 +301,7 @@ class CandidateLoop:
             for (u, combo), sub in zip(batch, submitted, strict=True):
                 i += 1
                 compiled, overhead, args, boundary, compile_s = self.ready(u, sub)
-                memory, mem = memory_of(compiled, boundary)
+                memory, mem = memory_of(sub.program, boundary)
                 self.memory[u.kind][combo] = mem
                 floor = self.plan_floor(u.kind, mem)
                 entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
@@ -373,7 +373,7 @@ class CandidateLoop:
 
 
 def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
-    """(XLA's memory analysis of ``compiled`` per device, by kind; the unit's memory the search
+    """(XLA's memory analysis of ``compiled`` (a program or ``compile_share.Compiling``) per device, by kind; the unit's memory the search
     adds up: arguments, results and temporaries less aliased bytes, less ``boundary``, the bytes
     of its inputs another unit produces, counted there as results)."""
     m = compiled.memory_analysis()
