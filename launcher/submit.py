@@ -152,7 +152,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
             view.update(status.read_progress(run_dir), _phase(statuses, n, watch["attempt"]))
-            if job.done():
+            if cluster.ended(job):
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
                 reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
                 nxt = again(reason) if reason else None

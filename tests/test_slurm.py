@@ -1,5 +1,6 @@
 """cluster=slurm against a real SLURM (two slurmd nodes, slurmdbd accounting; see conftest)."""
 
+import pickle
 import time
 
 import pytest
@@ -53,3 +54,33 @@ def test_sbatch_refusal_is_reported_and_metacharacters_stay_inert(slurm, tmp_pat
     assert proc.returncode == 2
     assert "sbatch refused the job" in proc.stderr and "invalid partition" in proc.stderr.lower()
     assert not owned.exists()
+
+
+def test_a_job_slurm_still_holds_has_not_ended_whatever_its_tasks_left(slurm, tmp_path, monkeypatch):
+    # An attempt the job was requeued from can leave a result file per task (its ranks failing
+    # as SLURM stopped them): submitit's done() then says the job ended, and the launcher must
+    # not believe it while SLURM holds the job to run it again.
+    from hydra import compose, initialize_config_dir  # noqa: PLC0415
+    from submitit.core.utils import JobPaths  # noqa: PLC0415
+
+    from launcher.clusters.base import Cluster  # noqa: PLC0415
+    from launcher.schema import register  # noqa: PLC0415
+    from tests.launch import REPO  # noqa: PLC0415
+
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    register()
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", ["cluster=slurm", "mode=check", "cluster.nodes=2", "cluster.tasks_per_node=1"])
+    cluster = Cluster.for_config(cfg, tmp_path)
+    executor = cluster.executor()
+    executor.update_parameters(additional_parameters={"hold": True})  # pending until released
+    job = executor.submit(print, "never run")
+    try:
+        for task in range(2):
+            JobPaths(cluster.folder, job.job_id, task).result_pickle.write_bytes(
+                pickle.dumps(("error", "killed as the job was requeued")))
+        assert job.done() and cluster.scheduled(job.job_id).state == "queued"
+        assert not cluster.ended(job)
+    finally:
+        cluster.cancel_id(job.job_id)
+    assert cluster.ended(job)

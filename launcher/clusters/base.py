@@ -135,6 +135,11 @@ class Cluster:
             exports.insert(0, f"export {BACKEND_MODULE_ENV}={shlex.quote(self.cfg.cluster.module)}")
         return exports + list(self.cfg.cluster.setup)
 
+    def ended(self, job: submitit.Job) -> bool:
+        """Whether the job has ended (every task's result written, or the scheduler done with
+        it). Here: submitit's word."""
+        return job.done()
+
     def cancel(self, job: submitit.Job) -> None:
         """Ends a job that can no longer succeed."""
         job.cancel(check=False)

@@ -129,6 +129,13 @@ class SlurmCluster(Cluster):
             detail = f"SLURM {out.splitlines()[0].strip()}"
         return Scheduled(_SLURM_STATES.get(state, "ended"), detail)
 
+    def ended(self, job: submitit.Job) -> bool:
+        """submitit's word, checked against SLURM's own (``scheduled``, squeue first): submitit
+        takes a result file from every task for the job's end, and an attempt the job was
+        requeued from may have left one per task (its ranks failing as SLURM stopped them);
+        a job SLURM holds or runs again has not ended."""
+        return job.done() and self.scheduled(str(job.job_id)).state not in ("queued", "running")
+
     def cancel_id(self, job_id: str, grace_s: float = 30.0) -> None:
         """scancel, then wait (``grace_s``) until SLURM no longer runs it."""
         if shutil.which("scancel") is None:

@@ -19,6 +19,7 @@ with ``hydra.run.dir=<run dir>`` resumes from it.
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Any, Mapping
 
 from submitit.core.job_environment import JobEnvironment
@@ -66,6 +67,20 @@ def attempt_of(pickled: int, env: Mapping[str, str] | None = None) -> tuple[int,
     if slurm > pickled:
         return slurm, "requeued by SLURM"
     return pickled, f"requeued after {signal_name()}" if pickled else ""
+
+
+def ended_by_requeue(error: BaseException, attempt: int, requeued_here: bool, now_on: Mapping[str, Any]) -> bool:
+    """Whether ``error``, which ends this rank's run of ``attempt``, is the job being requeued
+    rather than a failure: submitit's exit after ``scontrol requeue`` where this rank asked for
+    it (``requeued_here``); that ``scontrol`` killed by the requeue it asked for, since it runs
+    inside the job step SLURM stops (seen in the suite: submitit then wrote a failed result for
+    rank 0 which, with the other rank's, made the launcher take the job for ended while SLURM
+    was starting it again); or, on the other ranks, whatever their peers' going does to them
+    once the run dir's attempt (``now_on``, ``status.read_attempt``) is a requeued later one."""
+    if requeued_here:
+        return isinstance(error, SystemExit) or (isinstance(error, subprocess.CalledProcessError)
+                                                 and error.returncode < 0)
+    return now_on.get("attempt", 0) > attempt and str(now_on.get("reason", "")).startswith("requeued")
 
 
 def restart_line(attempt: int, reason: str) -> str:

@@ -96,11 +96,15 @@ class Task(Checkpointable):
             clock.end("stopped", self._running.get("compile", {}).get("s"))
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
-            if isinstance(e, SystemExit) and self._running.get("requeued"):
-                # submitit's exit after `scontrol requeue`: this attempt ends, the job goes on.
+            if requeue.ended_by_requeue(e, attempt, bool(self._running.get("requeued")), status.read_attempt(run_dir)):
+                # This attempt ends, the job goes on: no result for submitit to write (a failed
+                # one from every rank reads as the job's end).
                 reporter.set("requeued", f"attempt {attempt} ended; the job was requeued")
-                log.warning("this run ends here: the job was requeued")
-                raise
+                log.warning("this run ends here: the job was requeued%s",
+                            "" if isinstance(e, SystemExit) else f" ({type(e).__name__}: {e})")
+                if isinstance(e, SystemExit):
+                    raise
+                raise SystemExit(-1) from e
             bad_input = isinstance(e, BAD_INPUT)
             if isinstance(e, UncompletedJobError) and self._running.get("not_requeued"):
                 message = self._running["not_requeued"]  # submitit's own says only "checkpoint returned None"
