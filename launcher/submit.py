@@ -144,6 +144,13 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
             if reason:
                 if reason.startswith("the job hung"):  # each rank says so itself, a moment apart: let them
                     status.wait_until(lambda: all(st.state != "joined" for st, _ in status.read_statuses(run_dir).values()), 5)
+                elif status.died_silently(reason):
+                    # Seen dead here first; the backend that ran it may say how it ended ("killed by
+                    # signal 9 on Ray node ..."), a poll or two later: a moment for its word.
+                    status.wait_until(lambda: any(st.state == "failed" for st, _ in status.read_statuses(run_dir).values()),
+                                      2 * lc.poll_interval_s + 1)
+                    reason = _failing(run_dir, lc, n, status.read_statuses(run_dir), watch["first_seen"],
+                                      awake_since) or reason
                 cluster.cancel(job)
                 nxt = again(reason)
                 if nxt is not None:

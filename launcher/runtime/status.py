@@ -421,9 +421,18 @@ def lost_peer(message: str) -> bool:
     return any(s in message.lower() for s in _LOST_PEER)
 
 
+_DIED = "without reporting an error"
+
+
 def _died(st: RankStatus) -> str:
-    return (f"rank {st.rank} (pid {st.pid}) died on {st.host} without reporting an error "
+    return (f"rank {st.rank} (pid {st.pid}) died on {st.host} {_DIED} "
             f"(killed or crashed: see its log {st.log})")
+
+
+def died_silently(reason: str) -> bool:
+    """Whether ``peer_failure``'s ``reason`` is only a rank found dead, with no word of how it
+    ended: the backend that ran it (Ray's driver) may yet say (``mark_failed``)."""
+    return _DIED in reason and "; then " not in reason
 
 
 def _pid_namespace() -> str:
