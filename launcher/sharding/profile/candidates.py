@@ -373,9 +373,10 @@ class CandidateLoop:
 
 
 def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
-    """(XLA's memory analysis of ``compiled`` (a program or ``compile_share.Compiling``) per device, by kind; the unit's memory the search
-    adds up: arguments, results and temporaries less aliased bytes, less ``boundary``, the bytes
-    of its inputs another unit produces, counted there as results)."""
+    """(XLA's memory analysis of ``compiled`` (a program, or ``compile_share.Compiling``: its
+    compiler's analysis) per device, by kind; the unit's memory the search adds up: arguments,
+    results and temporaries less aliased bytes, less ``boundary``, the bytes of its inputs
+    another unit produces, counted there as results)."""
     m = compiled.memory_analysis()
     memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
     return memory, memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
