@@ -26,7 +26,7 @@ def share_programs(out: str) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415
 
     from launcher.runtime import compile_share, hosts  # noqa: PLC0415
-    from models.train import memory_stats  # noqa: PLC0415
+    from launcher.models.train import memory_stats  # noqa: PLC0415
 
     compiled = []
     jax.monitoring.register_event_duration_secs_listener(

@@ -72,8 +72,8 @@ class Compiling:
 Lower = Callable[[], Any]   # makes the program's ``jax.stages.Lowered``
 
 
-def _here(lower: Lower) -> tuple[Any, float, Any]:
-    return (*_compile(lower())[:2], None)
+def _here(lower: Lower) -> tuple[Any, float]:
+    return _compile(lower())[:2]
 
 
 def _compile(lowered: Any) -> tuple[Any, float, bool]:
@@ -123,7 +123,7 @@ class _Share:
     def _load(self, key: str, lower: Lower) -> tuple[Any, float, Any]:
         seconds, payload = pickle.loads(self.client.blocking_key_value_get_bytes(key, _WAIT_MS))
         if not payload:
-            return _here(lower)
+            return (*_here(lower), None)
         compiled, memory = jaxcompat.load_executable(payload)
         return compiled, seconds, memory
 
@@ -164,4 +164,4 @@ def compile(lower: Lower) -> Compiling:  # noqa: A001  what it does, as lowered.
     share = _current
     if share is not None:
         return share.compile(lower)
-    return Compiling(*_here(lower)[:2])
+    return Compiling(*_here(lower))

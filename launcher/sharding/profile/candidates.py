@@ -52,6 +52,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
+from launcher.models.train import memory_stats
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
@@ -374,12 +375,11 @@ class CandidateLoop:
 
 def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
     """(XLA's memory analysis of ``compiled`` (a program, or ``compile_share.Compiling``: its
-    compiler's analysis) per device, by kind; the unit's memory the search adds up: arguments,
-    results and temporaries less aliased bytes, less ``boundary``, the bytes of its inputs
+    compiler's analysis) per device, by kind; the unit's memory the search adds up: the step's
+    peak as ``models.train.memory_stats`` reads it, less ``boundary``, the bytes of its inputs
     another unit produces, counted there as results)."""
-    m = compiled.memory_analysis()
-    memory = {k: int(getattr(m, f"{k}_size_in_bytes", 0)) for k in ("argument", "output", "temp", "alias")}
-    return memory, memory["argument"] + memory["output"] + memory["temp"] - memory["alias"] - boundary
+    memory = memory_stats(compiled)
+    return memory, memory.pop("peak_bytes") - boundary
 
 
 def _rank0_flag(flag: bool) -> bool:
