@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -129,6 +130,31 @@ def test_a_rank_that_aborted_is_named_before_the_peer_that_lost_its_connection(t
     # A rank that failed on its own is the cause, whatever else has died since.
     peer.set("failed", "RuntimeError: injected crash")
     assert status.peer_failure(tmp_path, 15, 60).startswith("rank 0 failed")
+
+
+def test_a_heartbeat_written_as_the_rank_fails_does_not_undo_its_failure(tmp_path, monkeypatch):
+    """The heartbeat thread writes the status file too (when the rank's log moves, as it does
+    when the rank logs its error): a beat read before ``set("failed")`` and written after it
+    would leave "joined" on file, and the crashed rank would be taken for one that died without
+    a word. The beat here is held between its read and its write while the rank fails."""
+    reporter = status.RankReporter(tmp_path, 1, 2)
+    reporter.set("joined")
+    write, in_beat = status._write_json, threading.Event()
+
+    def slow_beat(path, obj):
+        if threading.current_thread() is not threading.main_thread():
+            in_beat.set()
+            time.sleep(0.5)
+        write(path, obj)
+
+    monkeypatch.setattr(status, "_write_json", slow_beat)
+    beat = threading.Thread(target=reporter.progressed, args=(time.time() + 5,))
+    beat.start()
+    assert in_beat.wait(5)
+    reporter.set("failed", "RuntimeError: injected crash")
+    beat.join()
+    st, _ = status.read_statuses(tmp_path)[1]
+    assert (st.state, st.message) == ("failed", "RuntimeError: injected crash")
 
 
 def test_a_rank_that_never_starts_fails_after_init_timeout(tmp_path):

@@ -147,22 +147,28 @@ class RankReporter:
                                  str(rank_log(run_dir, rank)), pidns=_pid_namespace(), attempt=attempt)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The heartbeat thread writes this status too: a beat read before the main thread's
+        # "failed" and written after it would put "joined" back (seen in CI: the crashed rank then
+        # read as one that died without a word, and its peer's abort was blamed).
+        self._writing = threading.Lock()
         self.set("starting")
 
     def set(self, state: str, message: str = "", bad_input: bool = False) -> None:
-        self.status.state, self.status.message, self.status.time = state, message, time.time()
-        self.status.bad_input = bad_input
-        self.status.progress = max(self.status.progress, self.status.time)
-        _write_json(self.path, asdict(self.status))
+        with self._writing:
+            self.status.state, self.status.message, self.status.time = state, message, time.time()
+            self.status.bad_input = bad_input
+            self.status.progress = max(self.status.progress, self.status.time)
+            _write_json(self.path, asdict(self.status))
 
     def progressed(self, when: float | None = None) -> None:
         """This rank made progress (a step, a profiled combination, a line in its log): written at
         most once a second, since steps can be much more frequent."""
         now = time.time() if when is None else when
-        due = now - self.status.progress >= HEARTBEAT_S
-        self.status.progress = max(self.status.progress, now)
-        if due:
-            _write_json(self.path, asdict(self.status))
+        with self._writing:
+            due = now - self.status.progress >= HEARTBEAT_S
+            self.status.progress = max(self.status.progress, now)
+            if due:
+                _write_json(self.path, asdict(self.status))
 
     def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None],
               hang_timeout_s: float = float("inf"), on_hang: Callable[[str], None] | None = None) -> None:
