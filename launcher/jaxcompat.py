@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import threading
+import types
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, ContextManager, Sequence
 
@@ -360,8 +361,6 @@ _MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code", "host
 def memory_analysis(compiled: Any) -> Any:
     """``compiled.memory_analysis()`` as a plain, picklable object with the same
     ``*_size_in_bytes`` attributes (None where the backend gives none)."""
-    import types  # noqa: PLC0415
-
     m = compiled.memory_analysis()
     if m is None:
         return None

@@ -4,8 +4,12 @@ import pickle
 import time
 
 import pytest
+from hydra import compose, initialize_config_dir
+from submitit.core.utils import JobPaths
 
-from tests.launch import read_result, run_cli
+from launcher.clusters.base import Cluster
+from launcher.schema import register
+from tests.launch import REPO, read_result, run_cli
 
 pytestmark = pytest.mark.core
 
@@ -60,13 +64,6 @@ def test_a_job_slurm_still_holds_has_not_ended_whatever_its_tasks_left(slurm, tm
     # An attempt the job was requeued from can leave a result file per task (its ranks failing
     # as SLURM stopped them): submitit's done() then says the job ended, and the launcher must
     # not believe it while SLURM holds the job to run it again.
-    from hydra import compose, initialize_config_dir  # noqa: PLC0415
-    from submitit.core.utils import JobPaths  # noqa: PLC0415
-
-    from launcher.clusters.base import Cluster  # noqa: PLC0415
-    from launcher.schema import register  # noqa: PLC0415
-    from tests.launch import REPO  # noqa: PLC0415
-
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     register()
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
