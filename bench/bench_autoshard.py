@@ -49,9 +49,9 @@ def worker(name: str, store: str, iterations: int, repeats: int) -> dict:
 
     sys.path.insert(0, str(REPO))
     from launcher.sharding.apply import constrained_step
-    from launcher.sharding.autoshard import autoshard
+    from launcher.sharding.user.api import autoshard
     from launcher.sharding.search.measure import StepRunner, baseline_runner, race
-    from launcher.sharding.user_step import step_program
+    from launcher.sharding.user.step import step_program
     from tests import user_programs
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)

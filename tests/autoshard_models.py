@@ -2,7 +2,7 @@
 (``tests/test_autoshard.py``): a Flax NNX transformer block stack, an Equinox MLP, a Flax Linen
 MLP, and a step with nothing to shard. Each ``make_*`` is a factory as ``mode=search
 mode.step=tests.autoshard_models:make_flax_step`` takes: it returns the step function and its
-example arguments (or a ``launcher.sharding.autoshard.Step`` saying more)."""
+example arguments (or a ``launcher.sharding.user.api.Step`` saying more)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from launcher.sharding.autoshard import Step
-from launcher.sharding.autoshard import AutoPlan
+from launcher.sharding.user.api import Step
+from launcher.sharding.user.api import AutoPlan
 
 # Small enough to search in seconds on 4 CPU devices, with choices to make: the batch (8), the
 # MLP width (32) and the vocabulary (64) divide 4 ways, the model width (12) and heads (3) do not.

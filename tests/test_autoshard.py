@@ -1,6 +1,6 @@
 """Auto-sharding a user's own step (issue 27): models written without xlaunch in mind
 (``tests/autoshard_models.py``: a Flax NNX transformer block stack, an Equinox MLP, a Flax
-Linen MLP) searched by both algorithms through ``launcher.sharding.autoshard``, their plans applied
+Linen MLP) searched by both algorithms through ``launcher.sharding.user.api``, their plans applied
 to their own steps, saved and loaded in a fresh process, and the same search from the command
 line (``mode=search mode.step=...``).
 
@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from launcher.sharding.autoshard import AutoPlan
+from launcher.sharding.user.api import AutoPlan
 from launcher.sharding.apply import make_mesh
-from launcher.sharding.autoshard import autoshard
-from launcher.sharding.user_step import baseline_shardings, describe_leaves, step_program
+from launcher.sharding.user.api import autoshard
+from launcher.sharding.user.step import baseline_shardings, describe_leaves, step_program
 from launcher.errors import UserError
 from tests.autoshard_models import make_elementwise_step
 from tests.launch import read_result, run_cli
@@ -38,8 +38,8 @@ import jax, numpy as np
 import equinox as eqx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from launcher.sharding import pipeline
-from launcher.sharding.autoshard import AutoPlan, autoshard
-from launcher.sharding.user_step import step_program
+from launcher.sharding.user.api import AutoPlan, autoshard
+from launcher.sharding.user.step import step_program
 from launcher.errors import UserError
 from tests.autoshard_models import make_equinox_step, make_flax_step, make_linen_step
 
@@ -191,7 +191,7 @@ def test_a_plan_is_refused_for_another_step(searched):
 LOAD = r"""
 import json, sys
 import jax
-from launcher.sharding.autoshard import AutoPlan
+from launcher.sharding.user.api import AutoPlan
 from tests.autoshard_models import make_flax_step
 plan = AutoPlan.load(sys.argv[1])
 step, (state, batch) = make_flax_step()

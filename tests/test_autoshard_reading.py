@@ -1,4 +1,4 @@
-"""How a user's step is read (``launcher/sharding/reading.py``), with steps shaped as users write them
+"""How a user's step is read (``launcher/sharding/user/reading.py``), with steps shaped as users write them
 (``tests/user_programs.py``): NNX objects sharing variables, float64 host data, state returned in
 any order, the loss named or refused, and what cannot be read refused in one line before any
 profile. The searches here run on this process's 8 virtual CPU devices with the smallest settings."""
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from launcher.sharding.autoshard import AutoPlan, autoshard
-from launcher.sharding.user_step import step_program
+from launcher.sharding.user.api import AutoPlan, autoshard
+from launcher.sharding.user.step import step_program
 from launcher.errors import UserError
 from tests import user_programs
 

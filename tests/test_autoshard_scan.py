@@ -11,12 +11,12 @@ import pytest
 
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
-from launcher.sharding.autoshard import autoshard
+from launcher.sharding.user.api import autoshard
 from launcher.sharding.program import training_program
 from launcher.sharding.search.comm import collectives
 from launcher.sharding.search.measure import baseline_runner, plan_runner
 from launcher.sharding.search.nearest import builtin_references, nearest, nearest_plans
-from launcher.sharding.user_step import step_program
+from launcher.sharding.user.step import step_program
 from launcher.models.gpt import GPT
 from launcher.models.plans import builtin
 from launcher.models.train import run_training

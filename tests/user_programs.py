@@ -1,6 +1,6 @@
 """Training programs shaped as users write them, for the auto-sharding tests and
 ``bench/bench_autoshard.py``: nothing in them knows xlaunch. Each ``make_*`` returns a
-``launcher.sharding.autoshard.Step`` (the step function, its example arguments, and where the program
+``launcher.sharding.user.api.Step`` (the step function, its example arguments, and where the program
 has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
 
 - ``make_scanned_lm``: a decoder LM as production JAX trainers write it (MaxText, Levanter):
@@ -31,7 +31,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from launcher.sharding.autoshard import Step
+from launcher.sharding.user.api import Step
 
 SCANNED_LM = dict(layers=4, vocab=256, width=64, heads=4, ffn=256, seq=32, batch=16, lr=1e-3, remat=False,
                   unrolled=False, fori=False)

@@ -14,9 +14,10 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
     options.py             ProfileOptions, SearchOptions, IlpOptions: every option, its one default
     results.py             the result.json fields of each pass (for the modes)
     program.py             shared: the training step CFP works on (TrainingProgram), from a model
-    user_step.py           ... or from any function a user jits: what is read from it, its baselines
-    autoshard.py           the passes over a user's step from Python (autoshard -> AutoPlan: apply,
-                           shardings, save/load) and mode=search mode.step's factory
+    user/                  ... or from any function a user jits (user/step.py: what is read from it,
+                           its baselines; user/reading.py: state, batch and loss as users write them;
+                           user/api.py: autoshard -> AutoPlan: apply, shardings, save/load, and
+                           mode=search mode.step's factory)
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
 
@@ -65,5 +66,5 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
       plan.py              the steps in order; the solution as block plans or per-contraction layouts
 
 Nothing here imports JAX at module level except the modules that need it to do their work (so
-``launcher.sharding.autoshard`` is imported explicitly: ``from launcher.sharding.autoshard import autoshard``).
+``launcher.sharding.user.api`` is imported explicitly: ``from launcher.sharding.user.api import autoshard``).
 """

@@ -27,7 +27,7 @@ from launcher.errors import UserError
 
 T = TypeVar("T", bound="_Options")
 BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")  # the built-in plans (models/plans.py) a search races by default
-# A user's step (launcher/sharding/user_step.py) laid out as the user's own code lays it out (the
+# A user's step (launcher/sharding/user/step.py) laid out as the user's own code lays it out (the
 # in_shardings given with it): raced, and its nearest plan measured, like a built-in plan.
 USER_BASELINE = "user"
 

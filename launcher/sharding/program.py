@@ -3,7 +3,7 @@
 Two builders make one: ``training_program(model)`` from the model protocol (``models/base.py``:
 the step is ``models.train.make_train_step`` with the optimizer ``models.train.make_optimizer``
 builds, its arguments ``(state, batch)``), and ``user_step.step_program(step_fn, args)`` from any
-function a user jits (Flax, Equinox, plain JAX: ``launcher/sharding/user_step.py``). Every pass takes
+function a user jits (Flax, Equinox, plain JAX: ``launcher/sharding/user/step.py``). Every pass takes
 either; what differs is how a plan of it is run (``search/measure.py``: the models' trainer, or
 ``StepRunner`` on the step's own arguments) and which baselines it has (the built-in plans need
 the model's logical axes; a user's step gets dp, fsdp and its own shardings, ``user_step.py``).

@@ -11,7 +11,7 @@ interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean 
 the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
 device, from XLA's buffer assignment (``models.train.memory_stats``).
 
-A user's own step (``launcher/sharding/user_step.py``: no model protocol) runs on ``StepRunner``
+A user's own step (``launcher/sharding/user/step.py``: no model protocol) runs on ``StepRunner``
 instead, with the same interface: its example arguments laid out by the plan, the state it
 returns fed back as the next step's (the data stay the example batch), each step timed alone;
 its baselines are dp, fsdp and the user's own shardings (``user_step.baseline_shardings``).
@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding import user_step
+from launcher.sharding.user import step as user_step
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
 from launcher.sharding.profile.quiet import quiet

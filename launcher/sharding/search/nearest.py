@@ -39,7 +39,7 @@ from launcher.sharding.analysis.graph import Graph, trace
 from launcher.sharding.analysis.references import Mismatch, Reference, axis_map, cfp_spec
 from launcher.sharding.analysis.strategies import Spec
 from launcher.sharding.search.meshes import natural_shape
-from launcher.sharding.user_step import input_layouts
+from launcher.sharding.user.step import input_layouts
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import BUILTINS, builtin
 from launcher.models.sharding import use_rules
@@ -178,7 +178,7 @@ def _spec_str(spec: Spec) -> str:
 def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -> Nearest | None:
     """The plan nearest baseline ``name`` on ``a``'s mesh, or None where it does not map. A
     built-in model's baselines are its built-in plans; a user's step (no model protocol,
-    ``launcher/sharding/user_step.py``) has no logical axes: the layouts its baseline of that name
+    ``launcher/sharding/user/step.py``) has no logical axes: the layouts its baseline of that name
     (dp, fsdp, the user's own) gives the step's inputs decide alone (on ``devices``, default
     every device)."""
     if program.is_model:

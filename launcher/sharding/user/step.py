@@ -50,7 +50,7 @@ from launcher.sharding.analysis.strategies import Spec
 from launcher.sharding.apply import make_mesh, program_signature, spec_json
 from launcher.sharding.options import USER_BASELINE as USER
 from launcher.sharding.program import TrainingProgram
-from launcher.sharding.reading import ArrayStep, canonical, nnx_module, read, split
+from launcher.sharding.user.reading import ArrayStep, canonical, nnx_module, read, split
 from launcher.errors import UserError
 
 STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout for (and USER, its own)

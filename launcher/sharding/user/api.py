@@ -1,7 +1,7 @@
 """Auto-sharding a user's own training step: CFP's passes (or the Alpa-style ILP) over any
 function the user jits, the plan handed back as shardings the user's code applies.
 
-    from launcher.sharding.autoshard import autoshard, AutoPlan
+    from launcher.sharding.user.api import autoshard, AutoPlan
 
     plan = autoshard(train_step, state, batch, store_dir="profiles")   # every device JAX sees
     step = plan.apply(train_step)              # jitted, under the plan's layouts
@@ -53,8 +53,8 @@ from launcher.sharding.search.meshes import AUTO
 from launcher.sharding.profile.keys import device_signature
 from launcher.sharding.profile.store import ProfileStore
 from launcher.sharding.search.report import table_text
-from launcher.sharding.reading import combine, program_args, split, write_back
-from launcher.sharding.user_step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
+from launcher.sharding.user.reading import combine, program_args, split, write_back
+from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
 from launcher.errors import UserError
 from launcher.runtime import hosts
@@ -508,6 +508,6 @@ def load_step(target: str, code_dir: Optional[str] = None, log: Callable[[str], 
         made = Step(made[0], made[1])
     if not isinstance(made, Step) or not callable(made.fn) or not isinstance(made.args, (tuple, list)):
         raise UserError(f"mode.step={target} returned a {type(made).__name__}; a step factory returns (step_fn, "
-                        "example_args) or launcher.sharding.autoshard.Step(fn, args, data_argnums=..., in_shardings=...)")
+                        "example_args) or launcher.sharding.user.api.Step(fn, args, data_argnums=..., in_shardings=...)")
     return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings,
                         state_argnums=made.state_argnums, loss=made.loss, log=log)
