@@ -21,6 +21,8 @@ packages=(
   openmpi-bin libopenmpi-dev
   # real containers: podman with the runc runtime; debootstrap builds the test image offline
   podman runc debootstrap
+  # strace: the heavy stage counts a real job's calls on its run dir (tests/test_scale.py)
+  strace
   ca-certificates tar
 )
 command -v python3 >/dev/null || packages+=(python3)

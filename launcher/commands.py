@@ -42,6 +42,9 @@ def parser() -> argparse.ArgumentParser:
                                    "why, cancelled), the scheduler's word on it and each rank's state.")
     s.add_argument("run", nargs="?", help=_RUN_HELP)
     s.add_argument("--json", action="store_true", help="print the state as one JSON object")
+    s.add_argument("--ranks", action="store_true",
+                   help=f"every rank on a line of its own (by default for jobs of up to {jobs.LISTED_RANKS} ranks; "
+                        "a larger job's ranks are shown by state, from one file)")
 
     s = sub.add_parser("logs", help="the ranks' logs as one stream (or one rank's)",
                        description="The ranks' logs as one stream in time order, each line prefixed with its "
@@ -86,7 +89,7 @@ def main(argv: list[str]) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     run = jobs.run_or_latest(args.run)
-    st = jobs.job_state(run)
+    st = jobs.job_state(run, every_rank=True if args.ranks else None)
     spent = timing.summary(run.path, ended=st.finished)
     if args.json:
         print(json.dumps({"run_dir": str(run.path), "job_id": run.job_id, "backend": run.backend,
@@ -101,6 +104,9 @@ def _status(args: argparse.Namespace) -> int:
     if spent:
         rows.append(("time", timing.line(spent)))
     for r in st.ranks:
+        if r.ranks:  # a large job: its ranks by state
+            rows.append((f"ranks {r.ranks}" if r.ranks != str(r.rank) else f"rank {r.rank}", r.state))
+            continue
         text = r.state + (f" on {r.host} pid {r.pid}" if r.host else "")
         if r.heartbeat_age_s is not None:
             text += f", heartbeat {r.heartbeat_age_s:g} s ago"

@@ -32,6 +32,7 @@ from launcher.clusters.base import Cluster
 from launcher.console import headline_text, seconds
 from launcher.errors import UserError
 from launcher.runtime import status
+from launcher.runtime.watch import JobWatch, Watch, read_watch, summarize
 from launcher.submit import never_started, progress_line
 
 JOB_FILE = "job.json"  # launcher/submit.py writes it at submission
@@ -157,6 +158,12 @@ class RankState:
     pid: int = 0
     heartbeat_age_s: float | None = None
     message: str = ""
+    ranks: str = ""  # a job too large to list rank by rank: every rank in this state (``0-3,7``)
+
+
+# A job of more ranks is shown by state, from its watch (one file), not rank by rank (every rank's
+# file): ``xlaunch status --ranks`` lists them all.
+LISTED_RANKS = 32
 
 
 @dataclass
@@ -176,14 +183,20 @@ class JobState:
                 "ranks": [vars(r) for r in self.ranks]}
 
 
-def job_state(run: Run) -> JobState:
+def job_state(run: Run, every_rank: bool | None = None) -> JobState:
     """The job's state from its scheduler and its run dir. Raises UserError (one line) when
     neither can tell: the scheduler no longer knows a job the run dir shows unfinished, or the
-    job is a process on another host."""
-    statuses = status.read_statuses(run.path)
+    job is a process on another host. Its ranks are listed one by one (``every_rank``; by
+    default up to ``LISTED_RANKS``), else by state from the job's watch."""
     attempt = status.read_attempt(run.path)
-    ranks = _rank_states(run, statuses)
-    n_done = sum(r.state == "done" for r in ranks)
+    every_rank = run.ranks <= LISTED_RANKS if every_rank is None else every_rank
+    if every_rank:
+        statuses = status.read_statuses(run.path)
+        seen = summarize(statuses, run.ranks, attempt.get("attempt", 0), float("inf"), float("inf"))
+        ranks = _rank_states(run, statuses)
+    else:
+        seen = JobWatch(run.path, run.ranks, float("inf"), float("inf")).read(attempt.get("attempt", 0))
+        ranks = _rank_groups(run, seen)
     result = run.result()
 
     def state(name: str, detail: str, scheduler: str) -> JobState:
@@ -195,7 +208,7 @@ def job_state(run: Run) -> JobState:
         return JobState(name, detail, scheduler, ranks, attempt.get("attempt", 0))
 
     # What the run dir alone tells: a finished job needs no scheduler (and may be gone from it).
-    ended = _ended(run, result if n_done == len(ranks) else None)
+    ended = _ended(run, result if seen.count("done") == run.ranks else None, seen)
     if ended is not None:
         return state(*ended, "")
 
@@ -207,18 +220,18 @@ def job_state(run: Run) -> JobState:
     sched = cluster.scheduled(run.job_id)
     if sched.state == "unknown":
         raise UserError(f"{run.path}: {sched.detail}; the run dir shows it unfinished "
-                        f"({_count(ranks)}), so its end is not known")
+                        f"({_count(seen, run.ranks)}), so its end is not known")
     if sched.state == "queued":
         if attempt.get("attempt", 0):
             return state("requeued", f"restart {attempt['attempt']} waits in the queue "
                                      f"({attempt.get('reason', 'requeued')})", sched.detail)
         return state("queued", "waiting for resources", sched.detail)
     if sched.state == "running":
-        progress = status.read_progress(run.path)
-        if progress and statuses:
+        progress = seen.progress or (read_watch(run.path) or Watch()).progress
+        if progress and seen.present:
             detail = progress_line(progress, "", run.submitted, time.time())
         else:
-            detail = _count(ranks)
+            detail = _count(seen, run.ranks)
         if attempt.get("attempt", 0):
             detail += f" (restart {attempt['attempt']}: {attempt.get('reason', 'requeued')})"
         return state("running", detail, sched.detail)
@@ -226,11 +239,11 @@ def job_state(run: Run) -> JobState:
         return state("cancelled", f"cancelled outside xlaunch ({sched.detail})", sched.detail)
     # Ended without a result and without a rank that says why.
     why = never_started(run.config(), run.path) or \
-        f"the job ended ({sched.detail}) without result.json ({_count(ranks)})"
+        f"the job ended ({sched.detail}) without result.json ({_count(seen, run.ranks)})"
     return state("failed", why, sched.detail)
 
 
-def _ended(run: Run, result: Any) -> tuple[str, str] | None:
+def _ended(run: Run, result: Any, seen: Watch) -> tuple[str, str] | None:
     """(state, detail) of a job its run dir shows ended (``result``: result.json, where every
     rank is done), or None."""
     if result is not None:
@@ -238,23 +251,9 @@ def _ended(run: Run, result: Any) -> tuple[str, str] | None:
     cancelled = status.read_cancelled(run.path)
     if cancelled:
         return "cancelled", f"cancelled {_ago(cancelled.get('time', 0.0))} by {cancelled.get('by', '?')}"
-    failure = status.refusal(run.path) or _failure(run.path)
-    if failure:
-        return "failed", failure
+    if seen.verdict:  # a rank failed: which first, and whether on bad input (every rank's file, once)
+        return "failed", status.refusal(run.path) or seen.verdict
     return None
-
-
-def _failure(run_dir: Path) -> str:
-    """The first rank failure the status files show (a failed rank, or one that died without
-    reporting); a rank stopped because of a peer names that peer."""
-    reason = status.peer_failure(run_dir, float("inf"), float("inf"))
-    if reason:
-        return reason
-    stopped = [st for st, _ in status.read_statuses(run_dir).values() if st.state == "stopped"]
-    if stopped:
-        st = min(stopped, key=lambda s: s.time)
-        return f"rank {st.rank} stopped on {st.host}: {st.message}"
-    return ""
 
 
 def _rank_states(run: Run, statuses: dict) -> list[RankState]:
@@ -269,10 +268,17 @@ def _rank_states(run: Run, statuses: dict) -> list[RankState]:
     return out
 
 
-def _count(ranks: list[RankState]) -> str:
-    started = sum(r.state != "not started" for r in ranks)
-    joined = sum(r.state in ("joined", "done") for r in ranks)
-    return f"{started} of {len(ranks)} ranks started, {joined} joined"
+def _rank_groups(run: Run, seen: Watch) -> list[RankState]:
+    """The ranks by state, as the job's watch has them (the first rank of each group stands for it)."""
+    out = [RankState(status.parse_ranges(ranks)[0], state, ranks=ranks) for state, ranks in seen.states.items()]
+    missing = sorted(set(range(run.ranks)) - seen.present)
+    if missing:
+        out.append(RankState(missing[0], "not started", ranks=status.rank_ranges(missing)))
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _count(seen: Watch, n: int) -> str:
+    return f"{len(seen.present)} of {n} ranks started, {seen.count('joined', 'done')} joined"
 
 
 def _ago(t: float) -> str:
@@ -290,8 +296,8 @@ def stacks(run: Run, timeout_s: float = 15.0) -> dict[int, dict]:
     if st.state != "running":
         raise UserError(f"{run.path}: job {run.job_id} is not running ({st.state}" +
                         (f": {st.detail}" if st.detail else "") + "); only a running job's ranks can answer")
-    live = [r.rank for r in st.ranks if r.state == "joined"]
-    answers = run.cluster().stacks(len(live) or run.ranks, timeout_s)
+    live = sum(len(status.parse_ranges(r.ranks)) if r.ranks else 1 for r in st.ranks if r.state == "joined")
+    answers = run.cluster().stacks(live or run.ranks, timeout_s)
     if not answers:
         raise UserError(f"{run.path}: no rank answered within {timeout_s:g} s (a rank answers once it has joined "
                         "jax.distributed; see xlaunch status)")
@@ -372,6 +378,8 @@ def log_lines(run: Run, rank: int | None = None, follow: bool = False, poll_s: f
         raise UserError(f"--rank {rank}: job {run.job_id} has ranks 0 to {run.ranks - 1}")
     ranks = [rank] if rank is not None else range(run.ranks)
     tails = [_Tail(status.rank_log(run.path, r), r) for r in ranks]
+    # Each poll opens every followed log: at most about a thousand a second on the file system.
+    poll_s = max(poll_s, len(tails) / 1000)
     checked, finished = 0.0, not follow
     while True:
         if follow and time.monotonic() - checked > state_every_s:

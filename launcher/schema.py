@@ -35,6 +35,7 @@ from launcher.modes.checks import Job
 from launcher.clusters.base import Cluster, backends
 from launcher.errors import UserError
 from launcher.runtime.status import HEARTBEAT_S
+from launcher.runtime.watch import check_size
 from launcher.models.configs import SCHEMAS, check as check_model
 from launcher.modes import MODES, find
 
@@ -278,6 +279,9 @@ def validate(cfg: DictConfig) -> None:
                 f"cluster.tasks_per_node={c.tasks_per_node}: make gpus_per_node a multiple of tasks_per_node"
             )
     _validate_launcher(lc)
+    too_many = check_size(c.nodes * c.tasks_per_node, lc.peer_timeout_s)
+    if too_many:
+        raise UserError(too_many)
     if job_of(cfg).files_here:
         _check_writable("launcher.compile_cache_dir", lc.compile_cache_dir)
     if lc.fault:

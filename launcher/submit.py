@@ -20,6 +20,7 @@ from launcher.containers import WRAPPER_NAME
 from launcher.errors import UserError
 from launcher.runtime import requeue, status
 from launcher.runtime.task import Task
+from launcher.runtime.watch import JobWatch, Watch
 
 JOB_FILE = "job.json"  # the submitted job's record in its run dir
 
@@ -33,6 +34,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg))
+    cluster.check_run_dir()
     executor = cluster.executor()
     text = cluster.submission_text(executor)
     saved = run_dir / cluster.submission_name
@@ -47,7 +49,8 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
     # A reused run dir must not show the last run's ranks to this run's watchers.
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
-    submitted = {"job": executor.submit(Task(cfg, run_dir, cluster.coordinator_port)), "restarts": 0}
+    submitted = {"job": executor.submit(Task(cfg, run_dir, cluster.coordinator_port, cluster.shares_filesystem)),
+                 "restarts": 0}
     # From here the launcher owns a job: stopped at any point until the job is left to run on
     # its own (launcher.wait=false) or has ended, it stops the job (a stop a moment after the
     # "submitted" line, as a test's or a script's is, included), and the run dir keeps what was
@@ -74,7 +77,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
             why = f"restarted after: {reason.splitlines()[0][:200]}"
             status.write_attempt(run_dir, attempt, why)  # the failed attempt's ranks are not this one's
             shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
-            task = Task(cfg, run_dir, cluster.coordinator_port)
+            task = Task(cfg, run_dir, cluster.coordinator_port, cluster.shares_filesystem)
             task.attempt, task.restart_reason = attempt, why
             cluster.prepare_restart(executor)
             submitted["job"] = executor.submit(task)
@@ -102,12 +105,13 @@ def coordinator_port(cfg: DictConfig) -> int:
 
 def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
          restart: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """Polls the job and the ranks' status files until the job ends; fails fast on a bad rank.
-    A job that fails or hangs is started again by ``restart`` (the next job, or None when no
-    restart is left: launcher.max_restarts)."""
+    """Polls the job and its watch (``runtime/watch.py``: one file a poll, whatever the job's
+    size) until the job ends; fails fast on a bad rank. A job that fails or hangs is started
+    again by ``restart`` (the next job, or None when no restart is left: launcher.max_restarts)."""
     lc = cfg.launcher
     n = expected_ranks(cfg)
     watch = {"first_seen": None, "attempt": 0, "clock": status.StallClock()}
+    ranks = JobWatch(run_dir, n, lc.peer_timeout_s, lc.init_timeout_s)
 
     def again(reason: str) -> Any:
         """The restarted job, or None: bad input is not retried (it would fail the same way)."""
@@ -122,10 +126,20 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                       f"resuming from {run_dir}")
         return nxt
 
+    # The ranks' watch changes once a beat: it is read twice a beat, and the attempt and a
+    # cancellation (rare) once a beat and whenever the job seems to fail, whatever the poll.
+    due = {"watch": 0.0, "rare": 0.0}
     with _ProgressView(job.job_id, lc.progress_every_s) as view:
         while True:
+            now = time.monotonic()
+            if now < due["watch"] and not cluster.ended(job):
+                time.sleep(lc.poll_interval_s)
+                continue
+            rare = now >= due["rare"]
+            due["watch"] = now + max(lc.poll_interval_s, status.HEARTBEAT_S / 2)
+            due["rare"] = now + status.HEARTBEAT_S if rare else due["rare"]
             awake_since = watch["clock"].tick()
-            requeued = status.read_attempt(run_dir)
+            requeued = status.read_attempt(run_dir) if rare else {"attempt": watch["attempt"]}
             if requeued.get("attempt", 0) != watch["attempt"]:
                 # SLURM requeued the job (runtime/requeue.py): the last attempt's ranks ended on
                 # purpose, and the time it waits in the queue again does not count.
@@ -133,24 +147,18 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 key, limit = requeue.limit_of(cfg)
                 view.note(f"job {job.job_id} requeued ({requeued.get('reason', '')}): restart {watch['attempt']} of "
                           f"at most {key}={limit}; it resumes when it runs again")
-            statuses = status.read_statuses(run_dir)
-            if statuses and watch["first_seen"] is None:
+            seen = ranks.read(watch["attempt"], awake_since)
+            if seen.present and watch["first_seen"] is None:
                 watch["first_seen"] = time.time()  # the job is running: queueing time does not count
-            reason = _failing(run_dir, lc, n, statuses, watch["first_seen"], awake_since)
-            cancelled = status.read_cancelled(run_dir)
+            reason = _failing(lc, n, seen, watch["first_seen"], awake_since)
+            cancelled = status.read_cancelled(run_dir) if reason or rare else None
             if cancelled:  # `xlaunch cancel` from another shell: the ranks' ends are its doing
                 raise JobFailed(f"job {job.job_id} was cancelled ({cancelled.get('by', 'xlaunch cancel')}); "
                                 f"what it wrote is in {run_dir}")
             if reason:
-                if reason.startswith("the job hung"):  # each rank says so itself, a moment apart: let them
-                    status.wait_until(lambda: all(st.state != "joined" for st, _ in status.read_statuses(run_dir).values()), 5)
-                elif status.died_silently(reason):
-                    # Seen dead here first; the backend that ran it may say how it ended ("killed by
-                    # signal 9 on Ray node ..."), a poll or two later: a moment for its word.
-                    status.wait_until(lambda: any(st.state == "failed" for st, _ in status.read_statuses(run_dir).values()),
-                                      2 * lc.poll_interval_s + 1)
-                    reason = _failing(run_dir, lc, n, status.read_statuses(run_dir), watch["first_seen"],
-                                      awake_since) or reason
+                reason = _settled(reason, lambda woke=awake_since: _failing(lc, n, ranks.scan(watch["attempt"], woke),
+                                                                            watch["first_seen"], woke),
+                                  lambda: ranks.read(watch["attempt"], fallback=False), lc.poll_interval_s)
                 cluster.cancel(job)
                 nxt = again(reason)
                 if nxt is not None:
@@ -158,7 +166,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                     continue
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
-            view.update(status.read_progress(run_dir), _phase(statuses, n, watch["attempt"]))
+            view.update(seen.progress or None, _phase(seen, n, watch["attempt"]))
             if cluster.ended(job):
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
                 reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
@@ -170,16 +178,33 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
     return _result(job, cfg, run_dir)
 
 
-def _failing(run_dir: Path, lc: DictConfig, n: int, statuses: dict, first_seen: float | None,
-             awake_since: float) -> str:
+def _settled(reason: str, failing: Callable[[], str], published: Callable[[], Watch | None], poll_s: float) -> str:
+    """The failure's last word, a moment after it is first seen (``failing``: every rank's file
+    read again): a hang once every rank has said it (they say so a moment apart); a rank found
+    dead once its backend has had a moment to say how it ended ("killed by signal 9 on Ray node
+    ..."); a rank that lost its connection to a peer once the dead peer had a moment to be found."""
+    if reason.startswith("the job hung"):
+        status.wait_until(lambda: (lambda w: w is None or w.ending or not w.count("joined"))(published()), 5, 0.25)
+        return reason
+
+    def unsettled(why: str) -> bool:
+        return status.died_silently(why) or ("; then " not in why and status.lost_peer(why))
+
+    deadline = time.monotonic() + 2 * poll_s + 1 + 2 * status.HEARTBEAT_S
+    while unsettled(reason) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        reason = failing() or reason
+    return reason
+
+
+def _failing(lc: DictConfig, n: int, seen: Watch, first_seen: float | None, awake_since: float) -> str:
     """Why the running job cannot go on ("" if it can): a rank failed, went silent, hung, or
     never started within launcher.init_timeout_s of the first."""
-    reason = status.peer_failure(run_dir, lc.peer_timeout_s, lc.init_timeout_s, awake_since=awake_since,
-                                 statuses=statuses)
+    reason = seen.verdict
     if not reason and first_seen is not None and time.time() - max(first_seen, awake_since) > lc.init_timeout_s + 5:
-        missing = sorted(set(range(n)) - set(statuses))
+        missing = sorted(set(range(n)) - seen.present)
         if missing:
-            reason = (f"rank(s) {', '.join(map(str, missing))} never started within "
+            reason = (f"{status.ranks_text(missing)} never started within "
                       f"launcher.init_timeout_s={lc.init_timeout_s} s of the first rank")
     return reason
 
@@ -217,7 +242,7 @@ def never_started(cfg: DictConfig, run_dir: Path) -> str:
     """Why no rank ever started ("" if one did): the first error its command printed before
     xlaunch's task could open the rank's log, read from submitit's task output. In a container
     that is almost always the runtime failing to start the image."""
-    if status.read_statuses(run_dir):
+    if status.any_status(run_dir):
         return ""
     outputs = sorted((Path(run_dir) / "submitit").glob("*_log.err")) + \
         sorted((Path(run_dir) / "submitit").glob("*_log.out"))
@@ -251,11 +276,14 @@ def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
         return reason + f"\n(each rank's stacks, every thread's, are in its log: {status.rank_log(run_dir, 0).parent}/)"
     m = re.search(r"rank (\d+)", reason)
     named = int(m.group(1)) if m else None
-    # How the other ranks ended: a rank the watchdog stopped says which peer it gave up on.
-    others = [f"rank {r}: {st.state}" + (f" ({st.message})" if st.message else "")
-              for r, (st, _) in sorted(status.read_statuses(run_dir).items()) if r != named and st.state != "done"]
-    if others:
-        reason += "\nthe other ranks: " + "; ".join(others)
+    # How the other ranks ended (read once, at the job's end): a rank the watchdog stopped says
+    # which peer it gave up on. Ranks that ended alike are one clause, however many they are.
+    alike: dict[str, list[int]] = {}
+    for r, (st, _) in sorted(status.read_statuses(run_dir).items()):
+        if r != named and st.state != "done":
+            alike.setdefault(st.state + (f" ({st.message})" if st.message else ""), []).append(r)
+    if alike:
+        reason += "\nthe other ranks: " + "; ".join(f"{status.ranks_text(rs)}: {how}" for how, rs in alike.items())
     log = status.rank_log(run_dir, named) if named is not None else None
     if log is None or not log.exists():
         return reason
@@ -263,14 +291,15 @@ def _with_log_tail(reason: str, run_dir: Path, lines: int = 15) -> str:
     return reason + f"\n--- last lines of {log} ---\n" + "\n".join(tail)
 
 
-def _phase(statuses: dict, n: int, attempt: int) -> str:
+def _phase(seen: Watch, n: int, attempt: int) -> str:
     """Where the job is before rank 0 publishes progress, in a few words."""
     restart = f" (restart {attempt})" if attempt else ""
-    if not statuses:
+    started = len(seen.present)
+    if not started:
         return f"submitted, no rank started yet{restart}"
-    joined = sum(st.state in ("joined", "done") for st, _ in statuses.values())
+    joined = seen.count("joined", "done")
     if joined < n:
-        return f"{len(statuses)} of {n} ranks started, {joined} joined{restart}"
+        return f"{started} of {n} ranks started, {joined} joined{restart}"
     return f"running on {n} ranks{restart}"
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.launch import REPO, read_result, run_cli
+from launcher.runtime.watch import RankReporter
 from launcher.runtime import status
 import signal
 import os
@@ -119,10 +120,10 @@ def test_a_rank_that_aborted_is_named_before_the_peer_that_lost_its_connection(t
 
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
-    peer = status.RankReporter(tmp_path, 0, 2)
+    peer = RankReporter(tmp_path, 0, 2)
     peer.set("failed", "XlaRuntimeError: FAILED_PRECONDITION: Gloo AllGather failed: [pair.cc:525] Read error "
                        "[127.0.0.1]:44463: Connection reset by peer")
-    aborted = status.RankReporter(tmp_path, 1, 2)
+    aborted = RankReporter(tmp_path, 1, 2)
     aborted.status.pid = dead
     aborted.set("joined")
     reason = status.peer_failure(tmp_path, 15, 60)
@@ -137,7 +138,7 @@ def test_a_heartbeat_written_as_the_rank_fails_does_not_undo_its_failure(tmp_pat
     when the rank logs its error): a beat read before ``set("failed")`` and written after it
     would leave "joined" on file, and the crashed rank would be taken for one that died without
     a word. The beat here is held between its read and its write while the rank fails."""
-    reporter = status.RankReporter(tmp_path, 1, 2)
+    reporter = RankReporter(tmp_path, 1, 2)
     reporter.set("joined")
     write, in_beat = status._write_json, threading.Event()
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from launcher.runtime.watch import RankReporter
 from launcher.runtime import requeue, status
 from launcher.runtime.task import Task
 from tests.launch import REPO, read_result, run_cli
@@ -83,7 +84,7 @@ def test_a_run_ended_by_the_requeue_is_told_from_a_failure():
 def test_the_ranks_of_a_requeued_attempt_are_not_read_as_failures(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    old = status.RankReporter(tmp_path, 0, 2, attempt=0)
+    old = RankReporter(tmp_path, 0, 2, attempt=0)
     old.set("joined")
     old.status.pid = int(dead)  # it was killed when SLURM requeued the job
     old.set("joined")
@@ -92,7 +93,7 @@ def test_the_ranks_of_a_requeued_attempt_are_not_read_as_failures(tmp_path):
     assert status.peer_failure(tmp_path, 15, 60) == "" and status.read_statuses(tmp_path) == {}
     status.write_attempt(tmp_path, 0, "late writer")  # never back to an earlier attempt
     assert status.read_attempt(tmp_path)["attempt"] == 1
-    status.RankReporter(tmp_path, 1, 2, attempt=1).set("joined")
+    RankReporter(tmp_path, 1, 2, attempt=1).set("joined")
     assert list(status.read_statuses(tmp_path)) == [1]
 
 

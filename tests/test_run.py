@@ -28,7 +28,8 @@ import pytest
 
 from launcher.clusters import _code
 from launcher.clusters.base import free_port
-from launcher.runtime import stop
+from launcher.runtime import status, stop
+from launcher.runtime.watch import RankReporter
 from tests.launch import REPO, read_result, run_cli
 from tests.test_requeue import RESTART_LINE, finish, launch, preempt_on_slurm, wait_for
 import logging
@@ -111,7 +112,8 @@ def test_the_code_a_pod_gets_is_what_git_keeps_or_what_include_names(tmp_path):
 def test_a_stop_request_reaches_the_program_then_the_job_is_handed_over_even_if_it_never_asks(tmp_path):
     """StopRequests in this process, with a stand-in for submitit's handler (which the task finds
     installed): signalled, told, handed over; a program that never asks is handed over after the
-    grace period; a request an earlier run left is not this run's; a peer's request is heard."""
+    grace period; a request an earlier run left is not this run's; a peer's request is heard,
+    passed on by the job's watcher (a real one: rank 0 of a job of one)."""
     handed_over, ended = [], []
 
     def submitit_handler(signum, frame):
@@ -119,33 +121,51 @@ def test_a_stop_request_reaches_the_program_then_the_job_is_handed_over_even_if_
         raise SystemExit(-1)  # what submitit does once it has requeued the job
 
     previous = signal.signal(signal.SIGUSR2, submitit_handler)
-    try:
+    reporters = []
 
+    def watched(attempt):
+        reporter = RankReporter(tmp_path, 0, 1, attempt=attempt, node_root=tmp_path / "node")
+        reporter.set("joined")
+        reporter.start(15, 60, on_peer_failure=lambda why: None)
+        reporters.append(reporter)
+        return reporter.listen
+
+    try:
         log_ = logging.getLogger("test-stop")
         stops = stop.StopRequests(tmp_path, 0, 1, attempt=0, grace_s=30, log=log_, forced_end=ended.append)
-        stops.install()
+        stops.install(watched(0))
         assert not stops.should_stop()
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert stops.should_stop() and json.loads(stop.stop_file(tmp_path).read_text())["attempt"] == 0
+        assert stops.should_stop() and json.loads(status.stop_file(tmp_path).read_text())["attempt"] == 0
         with pytest.raises(SystemExit):
             stops.after_program()  # the program returned after saving: rank 0 hands over at once
         assert handed_over == ["MainThread"] and ended == []
+        reporters.pop().stop()
 
         # Another rank was signalled (its file), this one was not; the program never asks.
-        stop.stop_file(tmp_path).write_text(json.dumps({"attempt": 1, "why": "SIGUSR2 on rank 1"}))
+        status.write_attempt(tmp_path, 1, "requeued")
+        status.stop_file(tmp_path).write_text(json.dumps({"attempt": 1, "why": "SIGUSR2 on rank 1"}))
         late = stop.StopRequests(tmp_path, 0, 1, attempt=1, grace_s=0.2, log=log_, forced_end=ended.append)
-        old = stop.StopRequests(tmp_path, 0, 1, attempt=2, grace_s=0.2, log=log_, forced_end=ended.append)
-        for requests in (late, old):  # attempt 2 does not take attempt 1's request for its own
-            signal.signal(signal.SIGUSR2, submitit_handler)
-            requests.install()
-        deadline = time.monotonic() + 10
+        signal.signal(signal.SIGUSR2, submitit_handler)
+        late.install(watched(1))
+        deadline = time.monotonic() + 15
         while not ended and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert ended == [True] and handed_over[-1] != "MainThread"  # from the grace timer's thread
+        assert late.requested.is_set() and ended == [True] and handed_over[-1] != "MainThread"  # the grace timer's
+        reporters.pop().stop()
+
+        # Attempt 2 does not take attempt 1's request for its own.
+        status.write_attempt(tmp_path, 2, "requeued")
+        old = stop.StopRequests(tmp_path, 0, 1, attempt=2, grace_s=0.2, log=log_, forced_end=ended.append)
+        signal.signal(signal.SIGUSR2, submitit_handler)
+        old.install(watched(2))
+        time.sleep(2.5 * status.HEARTBEAT_S)
         assert not old.requested.is_set()
         old.close()
     finally:
         signal.signal(signal.SIGUSR2, previous)
+        for reporter in reporters:
+            reporter.stop()
 
 
 # --- local processes ---------------------------------------------------------------------------

@@ -144,6 +144,25 @@ class Cluster:
         """Ends a job that can no longer succeed."""
         job.cancel(check=False)
 
+    def other_hosts(self) -> list[str] | None:
+        """The hosts other than this one that the job's ranks may run on, where that is known
+        before submission (None: it is not). Here: none, every rank runs on this host."""
+        return []
+
+    def check_run_dir(self) -> None:
+        """A run dir that only this host sees cannot serve ranks on other hosts (their status
+        files, logs and result would never reach the launcher): refused before submission, where
+        both are known (``other_hosts``, ``node_local_filesystem``)."""
+        if not self.shares_filesystem:  # its ranks work in copies of the run dir (TPU)
+            return
+        others = self.other_hosts()
+        local = node_local_filesystem(self.run_dir) if others else ""
+        if local:
+            shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+            raise UserError(f"the run dir {self.run_dir} is on {local}, which only this host sees, but "
+                            f"cluster={self.cfg.cluster.name} may run ranks on {shown}: put it on a file system "
+                            f"every node mounts (hydra.run.dir=/path/on/shared/fs/...; on LUMI, /scratch/<project>)")
+
     def prepare_restart(self, executor: submitit.Executor) -> None:
         """Called before the job is submitted again (launcher.max_restarts). Here: nothing."""
 
@@ -210,6 +229,24 @@ def job_process_alive(pid: int, run_dir: Path) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X") and str(run_dir) in cmdline
+
+
+# File systems that belong to one machine: a run dir on one is seen by no other host.
+_NODE_LOCAL = {"tmpfs", "ramfs", "devtmpfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "zfs",
+               "vfat", "exfat"}
+
+
+def node_local_filesystem(path: Path) -> str:
+    """The type and mount point of the file system ``path`` is on when it belongs to this machine
+    alone (``"tmpfs at /tmp"``), else "" (a network file system, or not known)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return ""
+    target = str(Path(path).resolve())
+    best = max((m for m in mounts if target == m[0] or target.startswith(m[0].rstrip("/") + "/")),
+               key=lambda m: len(m[0]), default=None)
+    return f"{best[1]} at {best[0]}" if best and best[1] in _NODE_LOCAL else ""
 
 
 def free_port() -> int:

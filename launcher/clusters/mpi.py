@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import sys
 import typing as tp
 from dataclasses import dataclass, field
@@ -64,6 +65,11 @@ class MpiCluster(Cluster):
                              hosts=list(c.hosts), mpirun_args=list(c.mpirun_args), setup=self.setup_lines(),
                              env_names=list(c.env))
         return ex
+
+    def other_hosts(self) -> list[str]:
+        """cluster.hosts that are not this one."""
+        here = {socket.gethostname(), socket.gethostname().split(".")[0], "localhost", "127.0.0.1"}
+        return [h for h in self.cfg.cluster.hosts if h not in here]
 
     def submission_text(self, executor: "MpiExecutor") -> str:
         return executor._make_submission_file_text(executor._submitit_command_str, uid="")

@@ -86,6 +86,10 @@ class RayCluster(Cluster):
     runs_this_python = False  # the Ray workers' python, on the nodes
     rank_env = ExplicitEnv
 
+    def other_hosts(self) -> None:
+        """Not known before the driver has connected: Ray places the ranks."""
+        return None
+
     def executor(self) -> "RayExecutor":
         c, lc = self.cfg.cluster, self.cfg.launcher
         ex = RayExecutor(self.folder, python=sys.executable, max_num_timeout=self.max_requeues())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -109,6 +110,21 @@ class SlurmCluster(Cluster):
             args.append(f"--cpu-bind={one_line('cluster.cpu_bind', c.cpu_bind)}")
         args += [one_line("cluster.srun_args", a) for a in c.srun_args]
         return args
+
+    def other_hosts(self) -> list[str] | None:
+        """The partition's nodes that are not this host (sinfo's node hostnames), or None where
+        SLURM cannot be asked (a dry run on a laptop)."""
+        if shutil.which("sinfo") is None:
+            return None
+        partition = self.cfg.cluster.partition
+        argv = ["sinfo", "-h", "-N", "-o", "%n", *(["-p", partition] if partition else [])]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        here = {socket.gethostname(), socket.gethostname().split(".")[0], "localhost"}
+        hosts = sorted(set(proc.stdout.split()) - here) if proc.returncode == 0 else None
+        return hosts
 
     def submission_text(self, executor: "SlurmExecutor") -> str:
         # The uid only names submitit's temporary copy of the file; the text does not use it.

@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import BAD_INPUT, UserError
 from launcher.runtime.ranks import RankInfo
-from launcher.runtime.status import write_progress
 
 
 @dataclass
@@ -81,7 +80,7 @@ class TaskContext:
     def progress(self, total: int, description: str) -> Iterator["_Progress"]:
         """Progress over ``total`` units of work, with ETA.
 
-        Rank 0 publishes it to the run dir, where the waiting launcher draws a live rich bar on
+        Rank 0 publishes it in the job's watch, where the waiting launcher draws a live rich bar on
         the user's terminal (or, with none, prints a plain line every launcher.progress_every_s),
         and logs a plain line every tenth of the way (a log is no terminal).
         Other ranks get a silent counter.
@@ -108,8 +107,8 @@ class _Progress:
             self.ctx.reporter.progressed()  # every rank: what launcher.hang_timeout_s watches
         if not self.ctx.is_main:
             return
-
-        write_progress(self.ctx.run_dir, self.description, self.completed, self.total, self.started)
+        if self.ctx.reporter is not None:  # the job's watch carries it to the launcher (runtime/watch.py)
+            self.ctx.reporter.report_progress(self.description, self.completed, self.total, self.started)
         tenth = int(10 * self.completed / self.total)
         if tenth != self._logged_tenth or force_log:
             self._logged_tenth = tenth

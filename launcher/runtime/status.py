@@ -16,6 +16,7 @@ requeued, not because they failed) are not read as the job's.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import socket
@@ -24,18 +25,25 @@ import sysconfig
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 STATUS_DIR = ".xlaunch"
-HEARTBEAT_S = 1.0
+# How often every rank touches its status file and reads the job's watch (launcher/runtime/watch.py):
+# each beat is two calls on the run dir's file system per rank, whatever the job's size.
+HEARTBEAT_S = 2.0
 ATTEMPT_FILE = "attempt.json"
 CANCELLED_FILE = "cancelled.json"  # written by `xlaunch cancel` (launcher/jobs.py)
+STOP_FILE = "stop.json"  # a stop request for a user's program (launcher/runtime/stop.py)
 
 
 def status_dir(run_dir: Path) -> Path:
     return Path(run_dir) / STATUS_DIR / "ranks"
+
+
+def stop_file(run_dir: Path) -> Path:
+    return Path(run_dir) / STATUS_DIR / STOP_FILE
 
 
 def rank_log(run_dir: Path, rank: int) -> Path:
@@ -58,6 +66,9 @@ class RankStatus:
     bad_input: bool = False  # failed on bad input (the message says what to fix), not a fault
     attempt: int = 0  # 0 for the job's first run, n after its n-th requeue
     progress: float = 0.0  # when this rank last made progress (a step, a combination, a log line)
+    # Found dead without a word of its own (by its host's watch, runtime/watch.py): the state is
+    # "failed", and a backend that saw how it ended (Ray's driver) may still say so.
+    died: bool = False
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -101,130 +112,59 @@ def read_cancelled(run_dir: Path) -> dict | None:
         return None
 
 
-def mark_failed(run_dir: Path, rank: int, message: str, host: str = "") -> None:
+def mark_failed(run_dir: Path, rank: int, message: str, host: str = "", died: bool = False) -> None:
     """Records, for a rank that could not (it was killed, its node was lost), that it failed:
-    written by whatever started it and saw it end (the Ray driver). A rank that already ended
-    (done, failed, stopped) keeps its own word."""
+    written by whatever saw it end (the Ray driver; ``died``: its host's watch, which saw only
+    that its process is gone). A rank that already ended (done, failed, stopped) keeps its own
+    word; a backend's word replaces a mere "died"."""
     path = status_dir(run_dir) / f"rank{rank}.json"
     try:
         st = json.loads(path.read_text())
     except (OSError, ValueError):
         st = {"rank": rank, "pid": 0, "host": host, "log": str(rank_log(run_dir, rank)),
               "attempt": read_attempt(run_dir).get("attempt", 0)}
-    if st.get("state") in ("done", "failed", "stopped", "requeued"):
+    if st.get("state") in ("done", "failed", "stopped", "requeued", "hung") and not (st.get("died") and not died):
         return
-    st.update(state="failed", message=message, time=time.time())
+    st.update(state="failed", message=message, time=time.time(), died=died)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_json(path, st)
 
 
+def read_status(path: Path) -> tuple[bytes, float]:
+    """A status file's bytes and its modification time (its last heartbeat): one call on the run
+    dir's file system (the open; the time comes from the open file)."""
+    with open(path, "rb") as f:
+        return f.read(), os.fstat(f.fileno()).st_mtime
+
+
 def read_statuses(run_dir: Path) -> dict[int, tuple[RankStatus, float]]:
     """Each rank's last status in the job's current attempt and the age in seconds of its last
-    heartbeat. A status an earlier attempt left (its ranks ended when the job was requeued) is
-    not the job's: that rank has not started again yet."""
+    heartbeat: every rank's file, so for what is read once (a job's end, ``xlaunch status`` of
+    a small job) or by the launcher before the job's watcher publishes (``watch.JobWatch``).
+    A status an earlier attempt left (its ranks ended when the job was requeued) is not the
+    job's: that rank has not started again yet."""
     out = {}
     d = status_dir(run_dir)
     now = time.time()
     attempt = read_attempt(run_dir).get("attempt", 0)
     for p in d.glob("rank*.json") if d.exists() else ():
         try:
-            st = RankStatus(**json.loads(p.read_text()))
+            data, mtime = read_status(p)
+            st = RankStatus(**json.loads(data))
             if st.attempt >= attempt:
-                out[st.rank] = (st, now - p.stat().st_mtime)
+                out[st.rank] = (st, now - mtime)
         except (OSError, ValueError, TypeError):
             continue  # replaced between glob and read: next poll sees it
     return out
 
 
-class RankReporter:
-    """Writes this rank's status and heartbeats; watches peers once started."""
-
-    def __init__(self, run_dir: Path, rank: int, num_ranks: int, attempt: int = 0):
-        self.run_dir, self.rank, self.num_ranks = Path(run_dir), rank, num_ranks
-        status_dir(run_dir).mkdir(parents=True, exist_ok=True)
-        self.path = status_dir(run_dir) / f"rank{rank}.json"
-        self.status = RankStatus(rank, "starting", os.getpid(), socket.gethostname(),
-                                 str(rank_log(run_dir, rank)), pidns=_pid_namespace(), attempt=attempt)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        # The heartbeat thread writes this status too: a beat read before the main thread's
-        # "failed" and written after it would put "joined" back (seen in CI: the crashed rank then
-        # read as one that died without a word, and its peer's abort was blamed).
-        self._writing = threading.Lock()
-        self.set("starting")
-
-    def set(self, state: str, message: str = "", bad_input: bool = False) -> None:
-        with self._writing:
-            self.status.state, self.status.message, self.status.time = state, message, time.time()
-            self.status.bad_input = bad_input
-            self.status.progress = max(self.status.progress, self.status.time)
-            _write_json(self.path, asdict(self.status))
-
-    def progressed(self, when: float | None = None) -> None:
-        """This rank made progress (a step, a profiled combination, a line in its log): written at
-        most once a second, since steps can be much more frequent."""
-        now = time.time() if when is None else when
-        with self._writing:
-            due = now - self.status.progress >= HEARTBEAT_S
-            self.status.progress = max(self.status.progress, now)
-            if due:
-                _write_json(self.path, asdict(self.status))
-
-    def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None],
-              hang_timeout_s: float = float("inf"), on_hang: Callable[[str], None] | None = None) -> None:
-        """Heartbeats every second from a thread; on each, the peers are watched (a failed or
-        silent one calls ``on_peer_failure``), a stack dump asked for (``xlaunch stacks``) is
-        written, and a job where no rank progressed for ``hang_timeout_s`` dumps its stacks on
-        every rank, then calls ``on_hang`` with where each rank is."""
-        log = rank_log(self.run_dir, self.rank)
-
-        def loop() -> None:
-            clock = StallClock()
-            answered = read_stacks_request(self.run_dir)
-            while not self._stop.wait(HEARTBEAT_S):
-                awake_since = clock.tick()
-                try:
-                    os.utime(self.path)
-                    self.progressed(log.stat().st_mtime)  # a program that prints is making progress
-                except OSError:
-                    pass
-                if read_attempt(self.run_dir).get("attempt", 0) > self.status.attempt:
-                    # This attempt is being requeued: its ranks end as SLURM stops them, and
-                    # ending one first would fail the job step before the requeue is through.
-                    return
-                statuses = read_statuses(self.run_dir)  # read once a beat: on a shared file system, N files
-                # A peer found the job hung and dumped its stacks: so does this rank, at once.
-                hang = on_hang is not None and read_stacks(self.run_dir, HANG_REQUEST)
-                quiet = hung_for(statuses, awake_since)
-                if hang or (on_hang is not None and quiet > hang_timeout_s):
-                    dump_stacks(self.run_dir, self.rank, HANG_REQUEST)
-                    stacks = wait_for_stacks(self.run_dir, HANG_REQUEST, self.num_ranks, timeout_s=10)
-                    quiet = max(quiet, hang_timeout_s)
-                    message = (f"no rank progressed for {quiet:.0f} s (launcher.hang_timeout_s={hang_timeout_s:g}): "
-                               f"{where_ranks_are(stacks, self.num_ranks)}")
-                    # Said by every rank before any ends: a rank's end ends its peers' JAX (the
-                    # coordination service aborts them), and the coordinator's, rank 0's, goes last.
-                    self.set("hung", message)
-                    wait_until(lambda: all(st.state != "joined" for st, _ in read_statuses(self.run_dir).values()), 5)
-                    if self.rank == 0:
-                        time.sleep(0.5)
-                    on_hang(message)
-                    return
-                reason = peer_failure(self.run_dir, peer_timeout_s, init_timeout_s, exclude=self.rank,
-                                      awake_since=awake_since, statuses=statuses)
-                if reason:
-                    on_peer_failure(reason)
-                    return
-                asked = read_stacks_request(self.run_dir)
-                if asked > answered:
-                    answered = asked
-                    dump_stacks(self.run_dir, self.rank, asked)
-
-        self._thread = threading.Thread(target=loop, name="xlaunch-heartbeat", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
+def any_status(run_dir: Path) -> bool:
+    """Whether any rank has written its status (one listing, not a read of every file)."""
+    try:
+        with os.scandir(status_dir(run_dir)) as it:
+            return any(e.name.startswith("rank") for e in it)
+    except OSError:
+        return False
 
 
 # --- where each rank is: stack dumps --------------------------------------------------------------
@@ -236,7 +176,8 @@ HANG_REQUEST = -1.0  # the request id of the dump a hang makes (an `xlaunch stac
 
 def request_stacks(run_dir: Path) -> float:
     """Asks every running rank of the job for its stacks (``xlaunch stacks``); returns the
-    request's id, which each rank's answer carries."""
+    request's id, which each rank's answer carries. The job's watcher passes it on
+    (``runtime/watch.py``)."""
     d = Path(run_dir) / STATUS_DIR
     d.mkdir(parents=True, exist_ok=True)
     asked = time.time()
@@ -251,26 +192,34 @@ def read_stacks_request(run_dir: Path) -> float:
         return 0.0
 
 
+def stacks_folder(run_dir: Path, request: float) -> Path:
+    """Where the answers to one request go: a folder each, so that counting them is one listing."""
+    name = "hang" if request == HANG_REQUEST else f"{request:.6f}"
+    return Path(run_dir) / STATUS_DIR / STACKS_DIR / name
+
+
 def dump_stacks(run_dir: Path, rank: int, request: float) -> None:
     """This process's Python stacks, every thread's: in full into its log (stderr is the log),
-    and where its main thread is into ``.xlaunch/stacks/rank<N>.json``. Run from the heartbeat
-    thread: the main thread may be blocked inside XLA (which releases the GIL while it waits)."""
+    and where its main thread is into ``.xlaunch/stacks/<request>/rank<N>.json``. Run from the
+    heartbeat thread: the main thread may be blocked inside XLA (which releases the GIL while
+    it waits)."""
     sys.stderr.write(f"=== xlaunch: the stacks of rank {rank}'s threads, "
                      f"{'no rank progressing' if request == HANG_REQUEST else 'as asked (xlaunch stacks)'} ===\n")
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     frame = sys._current_frames().get(threading.main_thread().ident)
     stack = [(f.filename, f.lineno, f.name, f.line or "") for f in traceback.extract_stack(frame)] if frame else []
-    d = Path(run_dir) / STATUS_DIR / STACKS_DIR
+    d = stacks_folder(run_dir, request)
     d.mkdir(parents=True, exist_ok=True)
     _write_json(d / f"rank{rank}.json", {"rank": rank, "request": request, "time": time.time(),
                                          "where": _where(stack), "stack": stack})
 
 
 def read_stacks(run_dir: Path, request: float, here: bool = False) -> dict[int, dict]:
-    """The ranks' answers to ``request``, by rank (``here``: ``run_dir`` is the folder of answers itself)."""
+    """The ranks' answers to ``request``, by rank (``here``: ``run_dir`` is a folder of answers
+    itself, searched at any depth: a TPU worker's copy)."""
     out = {}
-    folder = Path(run_dir) if here else Path(run_dir) / STATUS_DIR / STACKS_DIR
+    folder = Path(run_dir) if here else stacks_folder(run_dir, request)
     for p in folder.glob("**/rank*.json" if here else "rank*.json"):
         try:
             d = json.loads(p.read_text())
@@ -279,6 +228,14 @@ def read_stacks(run_dir: Path, request: float, here: bool = False) -> dict[int, 
         if d.get("request") == request:
             out[d["rank"]] = d
     return out
+
+
+def count_stacks(run_dir: Path, request: float) -> int:
+    """How many ranks have answered ``request`` (one listing)."""
+    try:
+        return sum(1 for name in os.listdir(stacks_folder(run_dir, request)) if name.startswith("rank"))
+    except OSError:
+        return 0
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
@@ -292,26 +249,49 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: floa
 
 
 def wait_for_stacks(run_dir: Path, request: float, num_ranks: int, timeout_s: float) -> dict[int, dict]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stacks = read_stacks(run_dir, request)
-        if len(stacks) >= num_ranks or time.monotonic() > deadline:
-            return stacks
-        time.sleep(0.2)
+    """The answers to ``request`` once ``num_ranks`` have answered or ``timeout_s`` has passed:
+    the answers are counted by a listing while they come, and read once."""
+    wait_until(lambda: count_stacks(run_dir, request) >= num_ranks, timeout_s, 0.2)
+    return read_stacks(run_dir, request)
 
 
 def where_ranks_are(stacks: dict[int, dict], num_ranks: int) -> str:
     """One clause per place, ranks at the same place together: ``ranks 0,2 at train.py:41 in
     step (total = psum(x)); rank 1 at loader.py:12 in next (...)``; ranks that did not answer
-    last."""
+    last. Runs of ranks are written as ranges (``ranks 0-4095``)."""
     places: dict[str, list[int]] = {}
     for rank, d in sorted(stacks.items()):
         places.setdefault(d["where"], []).append(rank)
-    parts = [f"{'ranks' if len(rs) > 1 else 'rank'} {','.join(map(str, rs))} {where}" for where, rs in places.items()]
+    parts = [f"{ranks_text(rs)} {where}" for where, rs in places.items()]
     silent = sorted(set(range(num_ranks)) - set(stacks))
     if silent:
-        parts.append(f"{'ranks' if len(silent) > 1 else 'rank'} {','.join(map(str, silent))} did not answer")
+        parts.append(f"{ranks_text(silent)} did not answer")
     return "; ".join(parts)
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``0-3,5,7-9``: a set of ranks in a few characters however many there are."""
+    out: list[str] = []
+    for r in sorted(set(ranks)):
+        if out and out[-1][1] == r - 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    return f"{'ranks' if len(ranks) > 1 else 'rank'} {rank_ranges(ranks)}"
+
+
+def parse_ranges(text: str) -> list[int]:
+    """The ranks ``rank_ranges`` wrote."""
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
 
 
 def _where(stack: list) -> str:
@@ -319,20 +299,23 @@ def _where(stack: list) -> str:
     an installed package's or xlaunch's), else the innermost of xlaunch's, else the innermost."""
     if not stack:
         return "(no Python frame)"
-    ours = str(Path(__file__).resolve().parents[1])
-
-    def kind(filename: str) -> int:
-        path = str(Path(filename).resolve()) if filename and not filename.startswith("<") else filename
-        if "site-packages" in path or "dist-packages" in path or path.startswith(_STDLIB) or path.startswith("<"):
-            return 0
-        return 1 if path.startswith(ours) else 2
-
-    frame = max(reversed(stack), key=lambda f: kind(f[0]))  # innermost among the best kind
+    frame = max(reversed(stack), key=lambda f: _code_kind(f[0]))  # innermost among the best kind
     filename, line, name, text = frame
     code = text.split("  #")[0].strip()  # the statement, without an inline comment
     return f"at {Path(filename).name}:{line} in {name}" + (f" ({code})" if code else "")
 
 
+@functools.lru_cache(maxsize=4096)
+def _code_kind(filename: str) -> int:
+    """0: Python's or an installed package's code; 1: xlaunch's; 2: the user's. (Cached: a path
+    is resolved once per process, not once per frame of every dump.)"""
+    path = str(Path(filename).resolve()) if filename and not filename.startswith("<") else filename
+    if "site-packages" in path or "dist-packages" in path or path.startswith(_STDLIB) or path.startswith("<"):
+        return 0
+    return 1 if path.startswith(_OURS) else 2
+
+
+_OURS = str(Path(__file__).resolve().parents[1])
 _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 
@@ -387,10 +370,11 @@ def peer_failure(run_dir: Path, peer_timeout_s: float, init_timeout_s: float, ex
     hung = [st for _, (st, _) in sorted(statuses.items()) if st.state == "hung"]
     if hung:  # every rank says the same: where each one was
         return f"the job hung: {hung[0].message}"
-    failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed")
+    failed = sorted((st.time, r) for r, (st, _) in statuses.items() if st.state == "failed" and not st.died)
     here = (socket.gethostname(), _pid_namespace())
     dead = [st for r, (st, _) in sorted(statuses.items())
-            if st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not pid_alive(st.pid)]
+            if (st.state == "failed" and st.died) or
+            (st.state in ("starting", "joining", "joined") and (st.host, st.pidns) == here and not pid_alive(st.pid))]
     if failed:
         st = statuses[failed[0][1]][0]
         reason = f"rank {st.rank} failed on {st.host}: {st.message} (log: {st.log})"
@@ -449,28 +433,19 @@ def _pid_namespace() -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (it may be another's: see
+    """Whether a process ``pid`` runs on this host (it may be another's: see
     ``clusters.base.job_process_alive``). Only meaningful on the rank's own host; elsewhere the
-    heartbeat's age decides."""
+    heartbeat's age decides. A zombie (killed, not yet reaped by its parent) has ended."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    return True
-
-
-def write_progress(run_dir: Path, description: str, completed: float, total: float, started: float = 0.0) -> None:
-    """Rank 0's progress over the current piece of work (``started``: when it began, epoch s)."""
-    d = Path(run_dir) / STATUS_DIR
-    d.mkdir(parents=True, exist_ok=True)
-    _write_json(d / "progress.json", {"description": description, "completed": completed, "total": total,
-                                      "started": started, "time": time.time()})
-
-
-def read_progress(run_dir: Path) -> dict | None:
     try:
-        return json.loads((Path(run_dir) / STATUS_DIR / "progress.json").read_text())
-    except (OSError, ValueError):
-        return None
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return not os.path.exists("/proc/self/stat")  # gone since the kill; without /proc, the pid alone
+    except (OSError, IndexError):
+        return True

@@ -9,8 +9,9 @@ compute it (``launcher/runtime/requeue.py``). A user's program saves when it is 
 every rank, so while it runs the signal is handled here instead:
 
 1. A rank that gets the signal records the request in the run dir (``.xlaunch/stop.json``);
-   every rank watches for that file, so each learns of the request within a second, also where
-   the scheduler signalled only some of them.
+   the job's watcher passes it on in the job's watch, which every rank reads once a beat
+   (``launcher/runtime/watch.py``), so each learns of the request within a few seconds, also
+   where the scheduler signalled only some of them.
 2. ``launcher.context().should_stop()`` tells the program. The processes agree on the answer
    (one small host exchange, ``launcher/runtime/hosts.py``), so every process stops after the
    same step, and none is left waiting in a collective for a peer that has stopped.
@@ -44,13 +45,9 @@ from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import UncompletedJobError
 
 from launcher.runtime import hosts, status
+from launcher.runtime.watch import Watch
 
-STOP_FILE = "stop.json"
 POLL_S = 0.5
-
-
-def stop_file(run_dir: Path) -> Path:
-    return Path(run_dir) / status.STATUS_DIR / STOP_FILE
 
 
 class StopRequests:
@@ -74,26 +71,22 @@ class StopRequests:
         self._timer: threading.Timer | None = None
 
     # -- set-up ---------------------------------------------------------------------------------
-    def install(self) -> None:
-        """Takes over submitit's signal (main thread only) and starts watching the run dir."""
+    def install(self, listen: Callable[[Callable[[Watch], None]], None]) -> None:
+        """Takes over submitit's signal (main thread only) and hears of a peer's request through
+        ``listen`` (the rank reporter's: every watch of the job it reads)."""
         self._signum = JobEnvironment._usr_sig()
         previous = signal.getsignal(self._signum)
         self._submitit = previous if callable(previous) else None
         signal.signal(self._signum, self._on_signal)
-        threading.Thread(target=self._watch, name="xlaunch-stop-watch", daemon=True).start()
+        listen(self._heard)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._note(f"{signal.Signals(signum).name} on rank {self.rank}", publish=True)
 
-    def _watch(self) -> None:
-        path = stop_file(self.run_dir)
-        while not self._closed.wait(POLL_S) and not self.requested.is_set():
-            try:
-                seen = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if seen.get("attempt") == self.attempt:  # a file an earlier run left means nothing now
-                self._note(seen.get("why", "asked"), publish=False)
+    def _heard(self, watch: Watch) -> None:
+        # A request an earlier run left means nothing now.
+        if watch.stop.get("attempt") == self.attempt and not self.requested.is_set():
+            self._note(watch.stop.get("why", "asked"), publish=False)
 
     def _note(self, why: str, publish: bool) -> None:
         with self._lock:
@@ -101,7 +94,7 @@ class StopRequests:
                 return
             self.requested.set()
         if publish:
-            path = stop_file(self.run_dir)
+            path = status.stop_file(self.run_dir)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"attempt": self.attempt, "why": why, "time": time.time()}))

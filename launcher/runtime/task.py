@@ -29,16 +29,20 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from launcher import jaxcompat, modes
 from launcher.errors import BAD_INPUT
 from launcher.runtime import devices, ranks, requeue, status, timing
+from launcher.runtime.watch import ENDED, RankReporter
 from launcher.runtime.context import TaskContext
 
 
 class Task(Checkpointable):
-    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int):
+    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int, shared_run_dir: bool = True):
         # A plain container pickles without the schema classes' import paths mattering.
         self.cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         self.run_dir = str(run_dir)
         # Decided once, at submission (launcher.submit.coordinator_port): every rank gets the same.
         self.coordinator_port = coordinator_port
+        # Whether the ranks share one run dir (else each has a copy, as TPU workers do, and each
+        # watches its own: launcher/runtime/watch.py).
+        self.shared_run_dir = shared_run_dir
         self.attempt = 0  # how many times the job was requeued or restarted before this run
         self.restart_reason = ""  # why the launcher restarted the job (launcher.max_restarts)
         self._running: dict[str, Any] = {}  # this run's config, log and attempt, for checkpoint()
@@ -84,15 +88,18 @@ class Task(Checkpointable):
         attempt, reason = requeue.attempt_of(self.attempt)
         reason = getattr(self, "restart_reason", "") or reason
         status.write_attempt(run_dir, attempt, reason)
-        reporter = status.RankReporter(run_dir, rank.process_id, rank.num_processes, attempt)
+        watches = None if self.shared_run_dir else [rank.process_id]
+        reporter = RankReporter(run_dir, rank.process_id, rank.num_processes, attempt, watches=watches)
         clock = timing.AttemptClock(run_dir, attempt, write=rank.process_id == 0)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
+        reporter.follow_log(sys.stderr.fileno())  # the log, now: a rank that writes to it is making progress
         self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock}
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
-            reporter.set("stopped", "interrupted")
+            if reporter.status.state not in ENDED:  # a rank that said how it ended (hung, say) keeps its word
+                reporter.set("stopped", "interrupted")
             clock.end("stopped", self._running.get("compile", {}).get("s"))
             raise
         except BaseException as e:  # noqa: BLE001 - every way out must be reported to the peers
@@ -160,7 +167,7 @@ class Task(Checkpointable):
         else:
             _compilation_cache(cfg, run_dir, log)
 
-    def _start_distributed(self, cfg, rank: ranks.RankInfo, reporter: status.RankReporter,
+    def _start_distributed(self, cfg, rank: ranks.RankInfo, reporter: RankReporter,
                            log: logging.Logger) -> Any:
         """JAX imported, its CPU devices set, ``jax.distributed.initialize`` with explicit
         arguments, and the heartbeat started; returns the jax module."""
@@ -291,7 +298,7 @@ def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str, restart: str
     return log
 
 
-def _abort(log: logging.Logger, reporter: status.RankReporter, why: str, state: str = "stopped") -> None:
+def _abort(log: logging.Logger, reporter: RankReporter, why: str, state: str = "stopped") -> None:
     # Called from the heartbeat thread: the main thread may be stuck inside a collective that
     # will never complete, so leave at once rather than raise.
     log.error("ending this rank because %s", why)

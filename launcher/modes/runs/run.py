@@ -37,7 +37,7 @@ def run(ctx: TaskContext) -> dict:
     checkpoints.mkdir(parents=True, exist_ok=True)
     stops = stop.StopRequests(ctx.run_dir, ctx.rank.process_id, ctx.rank.num_processes, ctx.attempt,
                               cfg.stop_grace_s, ctx.log, forced_end=lambda requeued: _forced_end(ctx, requeued))
-    stops.install()
+    stops.install(ctx.reporter.listen)
     api._install(api.Context(run_dir=ctx.run_dir, rank=ctx.rank.process_id, num_processes=ctx.rank.num_processes,
                              restart=ctx.attempt, checkpoint_dir=checkpoints, launched=True,
                              _should_stop=stops.should_stop,

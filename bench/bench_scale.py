@@ -1,0 +1,347 @@
+"""What watching a job costs as it grows: the launcher's own traffic on the run dir's file system,
+its CPU, and how fast it names a killed rank, a failed rank and a hung job, at N ranks.
+
+    python bench/bench_scale.py [--ranks 8,64,512,4096] [--window 20] [--strace] [--out FILE]
+    python bench/bench_scale.py --real 8,16,32 [--slurm]      # real jobs: submission to every rank joined
+
+Each rank is the launcher's real code (``launcher/runtime/watch.py``: its ``RankReporter``, the
+watcher on rank 0, each host's ``NodeWatch``), run without JAX: real processes of one rank each
+up to 64 ranks, beyond that threads, ``--threads`` a process (the results say which). One more
+rank, the victim, is always a process of its own: it is killed (SIGKILL), or fails (its status
+says so), or stops progressing with the others (a hang, ``launcher.hang_timeout_s=10``). The
+waiting launcher's side is the real ``JobWatch``, read as ``launcher/submit.py`` reads it.
+
+Counted, never estimated: every call naming a path in the run dir, from Python's audit hooks in
+every process (open, os.utime, os.rename, os.listdir, os.scandir, os.mkdir, ...), and with
+``--strace`` also from the system calls (``strace -f --seccomp-bpf -e trace=%file``, which sees
+stat calls too) where the machine keeps up. Per N: calls per rank per second over a steady
+``--window`` (the ranks joined and stepping, the launcher polling), the processes' CPU per rank,
+and the seconds from the event to the launcher's reading naming it. Written to
+``bench/results/bench_scale.json``.
+
+``--real`` starts ``mode=run`` jobs of one CPU device a rank on ``cluster=local`` (and the tests'
+SLURM with ``--slurm``): submission to every rank joined (from the ranks' status files), then a
+rank killed and the time until the launcher names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from launcher.runtime import status  # noqa: E402  (the repository's, not an installed copy)
+from launcher.runtime.watch import JobWatch, RankReporter, read_watch  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "bench_scale.json"
+EVENTS = ("open", "os.utime", "os.rename", "os.replace", "os.listdir", "os.scandir", "os.mkdir", "os.remove",
+          "os.unlink", "os.rmdir", "os.truncate", "os.chmod")
+PEER_TIMEOUT_S, INIT_TIMEOUT_S, HANG_S = 15.0, 60.0, 10.0
+
+
+# --- counting -----------------------------------------------------------------------------------
+
+class Counter:
+    """Audit-hook counts of calls naming a path under ``root``, between ``start`` and ``end``."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.start, self.end = root, float("inf"), float("inf")
+        self.counts: dict[str, int] = {}
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if event not in EVENTS or not args:
+            return
+        path = args[0]
+        if isinstance(path, (str, bytes, os.PathLike)) and str(os.fsdecode(path)).startswith(self.root):
+            now = time.time()
+            if self.start <= now < self.end:
+                self.counts[event] = self.counts.get(event, 0) + 1
+
+
+# --- the simulated ranks ------------------------------------------------------------------------
+
+def worker(spec: dict) -> None:
+    """Runs ``spec["ranks"]`` of a job as threads of this process (one rank: the process itself),
+    each the launcher's real reporter; writes what it saw to ``spec["out"]``."""
+    threading.stack_size(512 * 1024)
+    if len(spec["ranks"]) > 1:
+        # A rank simulated by a thread is a process of one thread: its stack dump (a hang, `xlaunch
+        # stacks`) is of its own thread, not of the process's every simulated rank (which makes
+        # the dumps of T ranks T² threads' long, an artefact of the simulation).
+        dump = faulthandler.dump_traceback
+        faulthandler.dump_traceback = lambda file=sys.stderr, all_threads=True: dump(file, all_threads=False)
+    counter = Counter(spec["run_dir"])
+    counter.start, counter.end = spec["window"]
+    ended: dict[int, list] = {}
+    lock = threading.Lock()
+
+    def on_end(rank: int, kind: str):
+        def record(why: str) -> None:
+            with lock:
+                ended.setdefault(rank, [time.time(), kind, why[:300]])
+        return record
+
+    reporters = [RankReporter(spec["run_dir"], r, spec["num_ranks"], node_root=Path(spec["node_root"]))
+                 for r in spec["ranks"]]
+    while time.time() < spec["join_at"]:
+        time.sleep(0.05)
+    for rep in reporters:
+        rep.set("joined")
+        rep.start(PEER_TIMEOUT_S, INIT_TIMEOUT_S, on_peer_failure=on_end(rep.rank, "failure"),
+                  hang_timeout_s=spec["hang_timeout_s"], on_hang=on_end(rep.rank, "hang"))
+    cpu: dict[str, float] = {}
+    fail_at = spec.get("fail_at")
+    while time.time() < spec["end_at"] and len(ended) < len(reporters):
+        now = time.time()
+        if now < spec["progress_until"]:
+            for rep in reporters:  # a training step on every rank, once a second
+                rep.progressed()
+        for key, at in (("start", spec["window"][0]), ("end", spec["window"][1])):
+            if key not in cpu and now >= at:
+                u = resource.getrusage(resource.RUSAGE_SELF)
+                cpu[key] = u.ru_utime + u.ru_stime
+        if fail_at is not None and now >= fail_at:
+            reporters[0].set("failed", "RuntimeError: injected failure (bench_scale)")
+            fail_at = None
+        time.sleep(1.0)
+    Path(spec["out"]).write_text(json.dumps({
+        "ranks": spec["ranks"], "counts": counter.counts, "cpu_s": cpu.get("end", 0.0) - cpu.get("start", 0.0)
+        if "end" in cpu else None, "ended": ended}))
+    os._exit(0)  # the threads of ranks still following need no orderly end
+
+
+def _spawn(specs: list[dict], strace: Path | None) -> list[subprocess.Popen]:
+    procs = []
+    for i, spec in enumerate(specs):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+        if strace is not None:
+            cmd = ["strace", "-f", "-qq", "-ttt", "--seccomp-bpf", "-e", "trace=%file", "-o", f"{strace}.{i}", *cmd]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
+
+
+def layout(n: int, threads: int) -> list[list[int]]:
+    """Ranks 0..n-2 over processes (one each up to 64 ranks, else ``threads`` a process); rank
+    n-1, the victim, alone."""
+    body = list(range(n - 1))
+    per = 1 if n <= 64 else threads
+    return [body[i:i + per] for i in range(0, len(body), per)] + [[n - 1]]
+
+
+def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir: Path) -> dict:
+    """One job of ``n`` ranks: steady for ``window`` s, then its victim killed, failed, or every
+    rank stopping (a hang); the launcher's reading times the naming."""
+    run_dir = workdir / f"{kind}-{n}" / "run"
+    node_root = workdir / f"{kind}-{n}" / "node"
+    run_dir.mkdir(parents=True)
+    node_root.mkdir()
+    groups = layout(n, threads)
+    start_s = 3.0 + len(groups) * 0.15 + n / 1500  # interpreters and threads up before the join
+    t0 = time.time()
+    join_at = t0 + start_s
+    win = (join_at + 6.0, join_at + 6.0 + window) if kind == "kill" else (float("inf"), float("inf"))
+    event_at = (win[1] if kind == "kill" else join_at + 8.0)
+    hang_timeout = HANG_S if kind == "hang" else 1800.0
+    specs = []
+    for i, ranks in enumerate(groups):
+        victim = ranks == [n - 1]
+        specs.append({"run_dir": str(run_dir), "num_ranks": n, "ranks": ranks, "node_root": str(node_root),
+                      "join_at": join_at, "window": list(win), "hang_timeout_s": hang_timeout,
+                      "progress_until": event_at if kind == "hang" else float("inf"),
+                      "fail_at": event_at if (victim and kind == "fail") else None,
+                      "end_at": event_at + (HANG_S + 60 if kind == "hang" else 40),
+                      "out": str(workdir / f"{kind}-{n}" / f"worker{i}.json")})
+    trace = workdir / f"{kind}-{n}" / "strace" if strace else None
+    procs = _spawn(specs, trace)
+    counter = Counter(str(run_dir))  # the waiting launcher's own calls (this process)
+    counter.start, counter.end = win
+    seen = JobWatch(run_dir, n, PEER_TIMEOUT_S, INIT_TIMEOUT_S)
+    named, verdict, killed = None, "", False
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    while time.time() < event_at + HANG_S + 45:
+        now = time.time()
+        if kind == "kill" and now >= event_at and not killed:
+            killed = True  # the victim's own process (under --strace, strace's child), by the pid it reported
+            os.kill(json.loads((status.status_dir(run_dir) / f"rank{n - 1}.json").read_text())["pid"], signal.SIGKILL)
+        for p in procs:
+            p.poll()  # reaped as a job's parent reaps its ranks: a zombie's pid still answers
+        w = seen.read(0)
+        want = "the job hung" if kind == "hang" else f"rank {n - 1} "
+        if now >= event_at and w.verdict and want in w.verdict:
+            named, verdict = now - event_at, w.verdict
+            break
+        time.sleep(0.25 if now >= event_at else 0.5)  # the launcher's poll
+    for p in procs:
+        try:
+            p.wait(timeout=HANG_S + 60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    reports = [json.loads(Path(s["out"]).read_text()) for s in specs if Path(s["out"]).exists()]
+    out = {"kind": kind, "ranks": n, "processes": len(groups),
+           "threads_per_process": max(len(g) for g in groups), "named_after_s": named, "verdict": verdict[:300],
+           "ranks_ended_by_watch": sum(len(r["ended"]) for r in reports),
+           "launcher_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "launcher_rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024}
+    if kind == "kill":
+        calls: dict[str, int] = dict(counter.counts)
+        for r in reports:
+            for k, v in r["counts"].items():
+                calls[k] = calls.get(k, 0) + v
+        total = sum(calls.values())
+        cpu = [r["cpu_s"] for r in reports if r["cpu_s"] is not None]
+        out.update(window_s=window, calls=calls, calls_total=total,
+                   calls_per_rank_per_s=total / n / window,
+                   launcher_calls_per_s=sum(counter.counts.values()) / window,
+                   heartbeats_per_rank_per_s=calls.get("os.utime", 0) / n / window,
+                   cpu_ms_per_rank_per_s=1000 * sum(cpu) / n / window, cpu_reports=len(cpu))
+        if trace is not None:
+            out["strace"] = _strace_counts(trace, str(run_dir), win, n)
+    shutil.rmtree(run_dir.parent, ignore_errors=True)
+    return out
+
+
+def _strace_counts(trace: Path, run_dir: str, window: tuple, n: int) -> dict:
+    """Calls naming the run dir in the window, from every traced process's system calls."""
+    by_call: dict[str, int] = {}
+    for f in trace.parent.glob(trace.name + ".*"):
+        for line in f.read_text(errors="replace").splitlines():
+            parts = line.split(None, 2)
+            if len(parts) < 3 or run_dir not in parts[2]:
+                continue
+            try:
+                t = float(parts[1])
+            except ValueError:
+                continue
+            if window[0] <= t < window[1]:
+                call = parts[2].split("(", 1)[0]
+                by_call[call] = by_call.get(call, 0) + 1
+    total = sum(by_call.values())
+    return {"calls": by_call, "calls_total_ranks_only": total,
+            "calls_per_rank_per_s_ranks_only": total / n / (window[1] - window[0])}
+
+
+# --- real jobs ----------------------------------------------------------------------------------
+
+def real_job(n: int, cluster: list[str], env: dict, workdir: Path) -> dict:
+    """A mode=run job of ``n`` one-device ranks: submission to every rank joined, then one rank
+    killed and named, then the job cancelled."""
+    run = workdir / f"real-{'-'.join(cluster)}-{n}"
+    program = workdir / "sleeper.py"
+    program.write_text("import time\nfor _ in range(600):\n    time.sleep(1)\n")
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "mode=run", f"mode.script={program}",
+                             "cluster.cpu_devices_per_task=1", "launcher.init_timeout_s=600", *cluster,
+                             f"hydra.run.dir={run}"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    joined_s = killed_named_s = None
+    try:
+        deadline = t0 + 900
+        while time.time() < deadline and proc.poll() is None:
+            statuses = status.read_statuses(run)
+            if len(statuses) == n and all(st.state == "joined" for st, _ in statuses.values()):
+                joined_s = max(st.time for st, _ in statuses.values()) - t0
+                break
+            time.sleep(1)
+        if joined_s is not None:
+            st, _ = status.read_statuses(run)[n // 2]
+            killed = time.time()
+            os.kill(st.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=120)
+            line = next((x for x in err.splitlines() if f"rank {n // 2} (pid" in x), "")
+            killed_named_s = time.time() - killed if line else None
+    finally:
+        if proc.poll() is None:
+            subprocess.run([sys.executable, "-m", "launcher", "cancel", str(run)], cwd=REPO, env=env,
+                           capture_output=True, timeout=120)
+            proc.kill()
+    w = read_watch(run)
+    return {"ranks": n, "cluster": " ".join(cluster), "submission_to_all_joined_s": joined_s,
+            "killed_rank_named_s": killed_named_s, "returncode": proc.returncode,
+            "watch_states": w.states if w else None}
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--ranks", default="8,64,512,4096")
+    ap.add_argument("--threads", type=int, default=128, help="simulated ranks per process beyond 64 ranks")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds of steady state counted")
+    ap.add_argument("--strace", action="store_true", help="also count from the system calls (strace)")
+    ap.add_argument("--phases", default="kill,fail,hang")
+    ap.add_argument("--real", default="", help="real mode=run jobs of these rank counts (e.g. 8,16,32)")
+    ap.add_argument("--slurm", action="store_true", help="with --real: on the tests' SLURM too")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    if args.strace and not shutil.which("strace"):
+        sys.exit("--strace: strace is not installed (apt-get install strace)")
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "host": platform.node(),
+                          "heartbeat_s": status.HEARTBEAT_S}
+    workdir = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    try:
+        if args.ranks:
+            rows = []
+            for n in (int(x) for x in args.ranks.split(",")):
+                for kind in args.phases.split(","):
+                    row = phase(n, kind, args.threads, args.window, args.strace and kind == "kill", workdir)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            results["simulated"] = rows
+            results["simulated_when"] = time.strftime("%Y-%m-%d %H:%M")
+        if args.real:
+            results["real"] = [real_job(n, ["cluster=local", f"cluster.tasks_per_node={n}"], dict(os.environ), workdir)
+                               for n in (int(x) for x in args.real.split(","))]
+            if args.slurm:
+                results["real"] += _slurm_jobs([int(x) for x in args.real.split(",")], workdir)
+            for row in results["real"]:
+                print(json.dumps(row), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    summary = [(r["ranks"], r["kind"], r.get("calls_per_rank_per_s"), r.get("cpu_ms_per_rank_per_s"),
+                r["named_after_s"]) for r in results.get("simulated", [])]
+    for row in summary:
+        print(*row)
+    print(f"wrote {args.out}")
+
+
+def _slurm_jobs(counts: list[int], workdir: Path) -> list[dict]:
+    """The same real jobs on the tests' SLURM (two pretend nodes, each declared with enough CPUs)."""
+    from tests.clusterkit.slurm import LocalSlurm
+
+    out = []
+    root = Path(tempfile.mkdtemp(prefix="xlaunch-slurm-", dir="/tmp"))  # munged: every folder above searchable
+    root.chmod(0o755)
+    slurm = LocalSlurm(root, cpus_per_node=max(counts) // 2).start()
+    try:
+        for n in counts:
+            out.append(real_job(n, ["cluster=slurm", "cluster.nodes=2", f"cluster.tasks_per_node={n // 2}"],
+                                {**os.environ, **slurm.env}, workdir))
+    finally:
+        slurm.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

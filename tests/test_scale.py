@@ -1,0 +1,107 @@
+"""More ranks than the rest of the suite starts (the heavy stage, ``pytest -m heavy``): real jobs
+of 32 one-device ranks on the embedded default and on the tests' SLURM, launched, every rank
+joined, one killed and named, the rest stopped; and the run dir's traffic counted with strace on
+real jobs of 4 and 12 ranks, the same per rank. The counts at up to 4,096 ranks:
+bench/bench_scale.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.runtime import status
+from tests.clusterkit.slurm import LocalSlurm
+from tests.launch import REPO
+from tests.test_launcher_local import _leftover_tasks
+
+pytestmark = pytest.mark.heavy
+SLEEPER = "import time\nfor _ in range(900):\n    time.sleep(1)\n"
+
+
+def _kill_one_of(n: int, cluster: list[str], tmp_path: Path, env: dict | None = None) -> Path:
+    """A job of ``n`` ranks sleeping: every rank joins, rank n/2 is killed, the launcher names it
+    within seconds and stops the others."""
+    program = tmp_path / "sleeper.py"
+    program.write_text(SLEEPER)
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "mode=run", f"mode.script={program}",
+                                 "cluster.cpu_devices_per_task=1", "launcher.init_timeout_s=900", *cluster,
+                                 f"hydra.run.dir={run}"], cwd=REPO, env={**os.environ, **(env or {})},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and launcher.poll() is None:
+            statuses = status.read_statuses(run)
+            if len(statuses) == n and all(st.state == "joined" for st, _ in statuses.values()):
+                break
+            time.sleep(2)
+        assert launcher.poll() is None, launcher.communicate()[1]
+        joined_s = time.monotonic() - t0
+        victim = n // 2
+        pid = status.read_statuses(run)[victim][0].pid
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        _, err = launcher.communicate(timeout=180)
+        named_s = time.monotonic() - killed
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, err
+    assert re.search(rf"rank {victim} \(pid {pid}\) died on \S+ without reporting an error", err), err
+    assert named_s < 60, named_s  # named within seconds; the rest is stopping 31 processes on 2 cores
+    print(f"{n} ranks {' '.join(cluster)}: all joined after {joined_s:.0f} s; killed rank named, job ended "
+          f"after {named_s:.1f} s")
+    return run
+
+
+@pytest.mark.timeout(1500)
+def test_a_job_of_32_ranks_on_local_processes(tmp_path):
+    run = _kill_one_of(32, ["cluster=local", "cluster.tasks_per_node=32"], tmp_path)
+    assert not _leftover_tasks(run)
+
+
+@pytest.mark.timeout(1500)
+def test_a_job_of_32_ranks_on_slurm(tmp_path):
+    """Two pretend nodes of 16 tasks each: the test SLURM declares 16 CPUs a node (its
+    slurmd take the declared count as it is), so the 32 tasks share this machine's 2 cores."""
+    root = Path(tempfile.mkdtemp(prefix="xlaunch-slurm-", dir="/tmp"))
+    root.chmod(0o755)
+    slurm = LocalSlurm(root, cpus_per_node=16).start()
+    try:
+        _kill_one_of(32, ["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=16"], tmp_path, slurm.env)
+    finally:
+        slurm.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _traced_calls_per_rank_s(n: int, tmp_path: Path, seconds: int = 40) -> float:
+    """A real mode=run job of ``n`` ranks sleeping ``seconds``, traced with strace: calls naming
+    its run dir (launcher and ranks together), per rank and second of the job's run."""
+    program = tmp_path / f"sleep{n}.py"
+    program.write_text(f"import time\ntime.sleep({seconds})\n")
+    run = tmp_path / f"run{n}"
+    trace = tmp_path / f"trace{n}.txt"
+    subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file", "-o", str(trace), sys.executable,
+                    "-m", "launcher", "mode=run", f"mode.script={program}", "cluster.cpu_devices_per_task=1",
+                    f"cluster.tasks_per_node={n}", f"hydra.run.dir={run}"], cwd=REPO, check=True,
+                   capture_output=True, timeout=900)
+    calls = sum(str(run) in line for line in trace.read_text(errors="replace").splitlines())
+    return calls / n / seconds
+
+
+@pytest.mark.timeout(1500)
+def test_a_traced_job_costs_the_run_dir_the_same_per_rank_at_4_and_12_ranks(tmp_path):
+    assert shutil.which("strace"), "strace is not installed: .ci/install.sh installs it (apt-get install strace)"
+    at4, at12 = _traced_calls_per_rank_s(4, tmp_path), _traced_calls_per_rank_s(12, tmp_path)
+    print(f"run-dir calls per rank per second: {at4:.2f} at 4 ranks, {at12:.2f} at 12")
+    assert at4 < 4 and at12 < 3, (at4, at12)
+    assert max(at4, at12) / min(at4, at12) < 1.5, (at4, at12)
