@@ -60,8 +60,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.sharding import pipeline
     from launcher.sharding.ilp.plan import from_blocks, ilp_plan
     from launcher.sharding.options import ProfileOptions, SearchOptions
-    from launcher.sharding.profile.quiet import counts
-    from launcher.sharding.profile.store import ProfileStore
+    from launcher.sharding.measuring.quiet import counts
+    from launcher.sharding.measuring.store import ProfileStore
     from launcher.sharding.search.dp import search
     from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 

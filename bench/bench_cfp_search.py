@@ -107,7 +107,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
 
     from launcher.sharding import pipeline
     from launcher.sharding.options import ProfileOptions, SearchOptions
-    from launcher.sharding.profile.quiet import counts
+    from launcher.sharding.measuring.quiet import counts
     from launcher.sharding.search.dp import predict, search
     from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 

@@ -6,7 +6,7 @@ The hypervisor cannot be made to steal on demand, so these tests script the stea
 import itertools
 import time
 
-from launcher.sharding.profile import quiet
+from launcher.sharding.measuring import quiet
 
 
 def test_steal_is_read_from_proc_stat():

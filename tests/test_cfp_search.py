@@ -24,7 +24,7 @@ from launcher.sharding.profile.boundaries import Boundary
 from launcher.sharding.profile.profiler import Profiles
 from launcher.sharding.profile.units import Unit, split_parts
 from launcher.sharding.search.dp import predict, search, shortlist
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import NoPlanFits
 from tests.launch import REPO, read_result, run_cli
 from launcher.sharding.analysis.core import analyze
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from launcher.sharding.profile.timing import Timer, overhead_program
+from launcher.sharding.measuring.timing import Timer, overhead_program
 from launcher.sharding.search.measure import paired_ratios
 from launcher.sharding.search.measure import Cut, race
 from launcher.sharding.search.measure import winner
@@ -437,7 +437,7 @@ from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 a = analyze(*mlp_program(), [4])
 overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
 options = ProfileOptions.exhaustive(repeats=2, warmup=1, overlap_compile=overlap)
@@ -502,7 +502,7 @@ from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
 from launcher.sharding.program import training_program
 from launcher.sharding.search.dp import predict, search
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import UserError
 from launcher.models.gpt import GPT
 

@@ -46,7 +46,7 @@ from launcher.sharding.options import (
 )
 from launcher.sharding.profile.budget import refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.dp import Candidate, SearchResult

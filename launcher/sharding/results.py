@@ -15,7 +15,7 @@ from typing import Sequence
 
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.pipeline import Answer, OnMesh, Searched
-from launcher.sharding.search.report import best_baseline
+from launcher.sharding.report import best_baseline
 
 # Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
 _SUMMED = ("profiled_configs", "measured_configs", "reused_configs", "profile_time_s", "over_budget_configs",

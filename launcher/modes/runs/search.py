@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from launcher.sharding import pipeline, results
 from launcher.sharding.algorithms.base import Hooks
 from launcher.sharding.user.api import AutoPlan, load_step
-from launcher.sharding.search.report import bar_chart, comparison_text, rows_of
+from launcher.sharding.report import bar_chart, comparison_text, rows_of
 from launcher.modes.search import algorithm_of
 from launcher.runtime import trace
 from launcher.runtime.context import TaskContext

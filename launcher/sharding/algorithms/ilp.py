@@ -30,7 +30,7 @@ class AlpaIlp(Algorithm):
 
     def plan(self, on: Sequence[Any], hooks: Hooks) -> Planned:
         from launcher.sharding.ilp.plan import ilp_over_meshes  # noqa: PLC0415 - JAX
-        from launcher.sharding.profile.store import ProfileStore  # noqa: PLC0415
+        from launcher.sharding.measuring.store import ProfileStore  # noqa: PLC0415
 
         p = self.ilp.profile
         store = ProfileStore(Path(p.store_dir).expanduser().resolve())

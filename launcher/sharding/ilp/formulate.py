@@ -45,7 +45,7 @@ from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.propagation import ELEMENTWISE, PASS_THROUGH, REDUCTIONS
 from launcher.sharding.analysis.strategies import Spec, allreduce_axes, operand_specs
 from launcher.sharding.apply import Layouts, _fits
-from launcher.sharding.ilp.costmodel import CommModel
+from launcher.sharding.measuring.costmodel import CommModel
 from launcher.sharding.ilp.operators import OperatorGraph, devices_used
 from launcher.sharding.profile.boundaries import find_boundaries
 from launcher.sharding.profile.units import Unit

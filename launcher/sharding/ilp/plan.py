@@ -26,8 +26,8 @@ from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.strategies import Strategy, notation
 from launcher.sharding.apply import AXIS_NAMES, plan_constraints, plan_json
 from launcher.sharding.ilp import NAME
-from launcher.sharding.ilp.calibrate import calibrate
-from launcher.sharding.ilp.costmodel import CommModel
+from launcher.sharding.measuring.calibrate import calibrate
+from launcher.sharding.measuring.costmodel import CommModel
 from launcher.sharding.ilp.formulate import Problem, formulate
 from launcher.sharding.ilp.operators import OperatorGraph, check_decidable, operator_graph
 from launcher.sharding.ilp.solve import Solution, require_solver, solve

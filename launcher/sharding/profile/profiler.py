@@ -45,8 +45,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from launcher.sharding.analysis.core import Analysis
-from launcher.sharding.ilp.calibrate import calibrate, calibrated
-from launcher.sharding.ilp.calibrate import programs as calibration_programs
+from launcher.sharding.measuring.calibrate import calibrate, calibrated
+from launcher.sharding.measuring.calibrate import programs as calibration_programs
 from launcher.sharding.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.sharding.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.sharding.options import ProfileOptions
@@ -58,8 +58,8 @@ from launcher.sharding.profile.programs import (
     reshard_time,
     whole_overhead_entry,
 )
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import CacheFlush, Timer
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import CacheFlush, Timer
 from launcher.sharding.profile.units import Unit, profiling_units
 from launcher.errors import UserError
 from launcher.runtime import hosts

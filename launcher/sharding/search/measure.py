@@ -32,8 +32,8 @@ from launcher import jaxcompat
 from launcher.sharding.user import step as user_step
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
-from launcher.sharding.profile.quiet import quiet
-from launcher.sharding.profile.timing import Timer, slowest_process
+from launcher.sharding.measuring.quiet import quiet
+from launcher.sharding.measuring.timing import Timer, slowest_process
 from launcher.sharding.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import Plan, builtin

@@ -51,8 +51,8 @@ from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import PlanRun
 from launcher.sharding.search.meshes import AUTO
 from launcher.sharding.profile.keys import device_signature
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.search.report import table_text
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.report import table_text
 from launcher.sharding.user.reading import combine, program_args, split, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)

@@ -30,10 +30,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
+from launcher.sharding.measuring.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
 from launcher.sharding.profile.keys import collective_model_key
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import Timer, lower_quartile, overhead_program
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import Timer, lower_quartile, overhead_program
 from launcher.runtime import compile_share, hosts
 
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
