@@ -1,4 +1,4 @@
-"""How the profile pass times programs (launcher/sharding/profile/timing.py): turns, cache flushes, store keys.
+"""How the profile pass times programs (launcher/sharding/measuring/timing.py): turns, cache flushes, store keys.
 
 In-process, on the 8 virtual CPU devices conftest.py sets up. No timing is asserted here (that is
 bench/bench_cfp_additivity.py's business): what runs, how often, and what it leaves behind."""

@@ -20,6 +20,16 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
                            mode=search mode.step's factory)
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
+    report.py              the race's comparison table and chart (any algorithm's plan beside the baselines)
+
+    measuring/             shared by every pass and both algorithms: measuring on the mesh
+      timing.py            how a program is timed (the profile, the races, the calibration)
+      quiet.py             retaking measurements the hypervisor interrupted
+      store.py             the on-disk profile store (shared by runs, safe to kill)
+      keys.py              the store keys of what depends on the mesh alone (devices, collective model)
+      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
+      calibrate.py         that model measured on the mesh, once, into the store (the ILP prices
+                           with it; CFP's profile prices resharding with it)
 
     analysis/              pass 1: what can be split, and how
       core.py              Analysis, analyze (a traced step), analyze_graph (an HLO module)
@@ -42,9 +52,6 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
       programs.py          programs timed besides segments: resharding, all-reduce latency,
                            the whole step's overhead program; gradient all-reduces per unit
       segment_program.py   a segment alone as a program, with synthetic inputs
-      store.py             the on-disk profile store (shared by runs, safe to kill)
-      timing.py            how a program is timed (shared with search/measure.py)
-      quiet.py             retaking measurements the hypervisor interrupted (shared likewise)
 
     search/                pass 3: the plan
       dp.py                dynamic programming over the segment sequence; the shortlist
@@ -54,13 +61,10 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
       measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
                            race, pick, baselines, and mode=profile's communication study
       comm.py              collectives of a compiled program (volume by kind)
-      report.py            the comparison table and chart
 
     ilp/                   the comparison: Alpa's intra-operator ILP on the same program and mesh
                            (mode.algorithm=ilp, the alpa_ilp baseline; algorithms/ilp.py)
       operators.py         Alpa's graph: a node per contraction, the other operators following one
-      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
-      calibrate.py         that model measured on the mesh, once, into the profile store
       formulate.py         node costs, edge costs, liveness memory rows
       solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
       plan.py              the steps in order; the solution as block plans or per-contraction layouts

@@ -65,7 +65,7 @@ class ProfileOptions(_Options):
     repeats: int = 10
     warmup: int = 1  # untimed runs before them
     # Every timed run after each device rewrote a buffer larger than its cache, as
-    # triton.testing.do_bench does (profile/timing.py). Off: on CPU devices it made segment
+    # triton.testing.do_bench does (measuring/timing.py). Off: on CPU devices it made segment
     # profiles over-predict the whole step as much as warm ones under-predict it
     # (bench/bench_cfp_additivity.py).
     cold_caches: bool = False

@@ -68,7 +68,7 @@ def _auto_json(plan: Any) -> str:
 
 def _comparison(ctx: TaskContext, fields: Mapping[str, Any]) -> dict:
     """``comparison.txt`` (also logged) and ``comparison.png``, made from the result's fields as
-    the console makes them (``launcher/sharding/search/report.py``); their paths, as result fields."""
+    the console makes them (``launcher/sharding/report.py``); their paths, as result fields."""
     text = comparison_text(fields)
     ctx.log.info("\n%s", text)
     ctx.write_text("comparison.txt", text)

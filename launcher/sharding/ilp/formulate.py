@@ -1,5 +1,5 @@
 """Alpa's intra-operator ILP over the operator graph (``operators.py``), priced by the calibrated
-communication model (``costmodel.py``).
+communication model (``measuring/costmodel.py``).
 
 One choice per node (a contraction and the operators that follow it): strategy ``p`` of node
 ``u`` costs ``node[u][p]`` seconds, a pair of choices of two nodes that exchange tensors costs

@@ -50,7 +50,7 @@ from launcher.sharding.options import USER_BASELINE, IlpOptions, ProfileOptions,
 from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import PlanRun
 from launcher.sharding.search.meshes import AUTO
-from launcher.sharding.profile.keys import device_signature
+from launcher.sharding.measuring.keys import device_signature
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.report import table_text
 from launcher.sharding.user.reading import combine, program_args, split, write_back
@@ -312,7 +312,7 @@ class AutoPlan:
         return out
 
     def table(self) -> str:
-        """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
+        """The comparison table (``report.py``), as mode=search writes comparison.txt."""
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
         return table_text(self._runs(), self.skipped, title=title, answer=self.row,
                           notes=[self.why] if self.why else ())
