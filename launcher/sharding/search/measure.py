@@ -11,10 +11,12 @@ interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean 
 the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
 device, from XLA's buffer assignment (``models.train.memory_stats``).
 
-A user's own step (``launcher/sharding/user/step.py``: no model protocol) runs on ``StepRunner``
-instead, with the same interface: its example arguments laid out by the plan, the state it
-returns fed back as the next step's (the data stay the example batch), each step timed alone;
-its baselines are dp, fsdp and the user's own shardings (``user_step.baseline_shardings``).
+A user's own step (no model protocol) runs on ``StepRunner`` instead, with the same interface:
+its example arguments laid out by the plan, the state it returns fed back as the next step's (the
+data stay the example batch), each step timed alone; its baselines are dp, fsdp and the user's
+own shardings. What a run asks of such a step, the program answers itself
+(``launcher/sharding/user/step.py: StepProgram``), so this module imports nothing of the user's
+folder.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding.user import step as user_step
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
 from launcher.sharding.measuring.quiet import quiet
@@ -95,7 +96,7 @@ class Runner(_SharedCompile, Trainer):
 
 class StepRunner(_SharedCompile, CompiledStep):
     """A user's step (``program.model`` None) compiled with its arguments laid out as
-    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``user_step.py``). The
+    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``StepProgram``). The
     state the step returns is fed back (and donated), so successive steps train; its outputs
     besides are replicated, its loss recorded where it has one."""
 
@@ -105,9 +106,9 @@ class StepRunner(_SharedCompile, CompiledStep):
         self.candidate: Any = None
         self.mesh_index = 0
         mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
-        outs = user_step.out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        outs = program.out_shardings(in_shardings, NamedSharding(mesh, PartitionSpec()))
         t0 = time.perf_counter()
-        self.args = user_step.materialize(program, in_shardings, seed)
+        self.args = program.materialize(in_shardings, seed)
         self._compile(lambda: jax.jit(step, in_shardings=tuple(in_shardings), out_shardings=outs,
                                       donate_argnums=program.feeds_back).lower(*self.args), since=t0)
 
@@ -115,10 +116,10 @@ class StepRunner(_SharedCompile, CompiledStep):
         t = time.perf_counter()
         out = jax.block_until_ready(self.compiled(*self.args))
         seconds = time.perf_counter() - t
-        loss = user_step.loss_of(self.program, out)
+        loss = self.program.loss_of(out)
         if loss is not None:
             self.losses.append(loss)
-        self.args = user_step.next_args(self.program, self.args, out)
+        self.args = self.program.next_args(self.args, out)
         return seconds
 
     def result(self) -> PlanRun:
@@ -140,7 +141,7 @@ def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: 
 def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner | StepRunner:
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices. A user's step: its baseline of that name
-    (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
+    (``StepProgram.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
     runner = _baseline(program, plan_name, devices, seed)
     runner.steps(1)
     return runner
@@ -148,7 +149,7 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
 
 def _baseline(program: Any, plan_name: str, devices: Sequence[Any], seed: int) -> Runner | StepRunner:
     if not program.is_model:
-        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
+        in_shardings = program.baseline_shardings(plan_name, make_mesh([len(devices)], devices))
         return StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
     return Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
 
