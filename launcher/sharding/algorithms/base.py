@@ -192,7 +192,8 @@ class Algorithm:
     @staticmethod
     def package_options() -> dict[str, object]:
         """The package's own algorithms' options with their defaults (``option_defaults``), by
-        name: mode=search's keys, besides its options of every algorithm."""
+        name: keys of mode=search (beside ``mode.algorithm_options``, which takes any
+        algorithm's), and of the answers ``autoshard`` keeps in the profile store."""
         return {name: default for a in algorithms().values() if a.__module__.startswith(f"{__package__}.")
                 for name, default in a.option_defaults.items()}
 
