@@ -1,5 +1,5 @@
 """The passes as functions of their options (``options.py``), each returning a dataclass, and
-the one orchestration of every sharding algorithm (``run_search``).
+the one orchestration of every sharding algorithm (``run_search``), which knows none of them.
 
     searched = pipeline.run_search(model, Cfp(SearchOptions()), mesh_shape="auto")   # -> Searched
     searched.answer.plan                     # plan.json: the searched plan or the fastest baseline's
@@ -8,12 +8,13 @@ the one orchestration of every sharding algorithm (``run_search``).
 mesh worth searching, ``search/meshes.py``), has the algorithm (``algorithms/``) plan it,
 races the plan beside the baselines (``race_plans``) and answers (``Answer``, docs/cfp.md): the
 searched plan or, where the final race did not measure it faster by ``verify_margin``, the
-fastest baseline's. CFP's own passes stay callable one by one, as the paper has them:
+fastest baseline's. The analysis and the profile pass stay callable one by one (mode=analysis,
+mode=profile), and CFP's search pass after them (``algorithms/cfp.py``), as the paper has them:
 
     analyzed = pipeline.analyze(model, mesh_shape=[4, 2])                       # -> Analyzed
     mesh = pipeline.make_mesh(analyzed.analysis.mesh_shape)
     profiled = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir="store"))   # -> Profiled
-    planned = pipeline.cfp_plan([pipeline.OnMesh(analyzed, mesh, profiled.profiles)], SearchOptions())
+    planned = Cfp(SearchOptions()).search([OnMesh(analyzed, mesh, profiled.profiles)], Hooks())
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
 has ``advance()`` (``None``: no progress bar); ``algorithms.base.Hooks`` carries them. The modes
@@ -32,12 +33,21 @@ from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 import jax
 from jax.sharding import Mesh
 
-from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned, plan_title
+from launcher.sharding.algorithms.base import (
+    Algorithm,
+    Analyzed,
+    Hooks,
+    OnMesh,
+    Planned,
+    algorithm_baselines,
+    builtin_baselines,
+    plan_title,
+)
 from launcher.sharding.analysis.core import Analysis, analyze_graph
 from launcher.sharding.analysis.core import analyze as analyze_step
 from launcher.sharding.analysis.hlo_text import read_hlo
-from launcher.sharding.apply import plan_json
 from launcher.sharding.apply import make_mesh as build
+from launcher.sharding.comparison import Comparison, compare
 from launcher.sharding.options import (
     BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
     USER_BASELINE,
@@ -46,30 +56,14 @@ from launcher.sharding.options import (
 )
 from launcher.sharding.profile.budget import refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
-from launcher.sharding.search.dp import Candidate, SearchResult
-from launcher.sharding.search.dp import search as dp_search
-from launcher.sharding.search.dp import shortlist
-from launcher.sharding.search.measure import (
-    Cut,
-    PlanRun,
-    agreed,
-    baseline_runners,
-    pick,
-    race,
-    verdict,
-)
+from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
 from launcher.sharding.search.measure import communication_study as study
-from launcher.sharding.search.meshes import (
-    for_each_mesh,
-    is_auto,
-    merge_shortlists,
-    mesh_shapes,
-)
+from launcher.sharding.search.meshes import for_each_mesh, is_auto, mesh_shapes
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
-from launcher.errors import NoPlanFits, UserError
+from launcher.errors import UserError
 from launcher.models.plans import Plan
 
 Log = Callable[[str], None]
@@ -86,34 +80,6 @@ def _no_progress(total: int, what: str) -> ContextManager:
 
 # --- analysis ---------------------------------------------------------------------------------
 
-@dataclass
-class Analyzed:
-    analysis: Analysis
-    program: Optional[TrainingProgram]   # None for an HLO module
-    seconds: float
-
-
-@dataclass
-class OnMesh:
-    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
-    analyzed: Analyzed
-    mesh: Mesh
-    profiles: Optional[Profiles] = None   # None until profiled (profile_meshes)
-    folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.analyzed.analysis.mesh_shape)
-
-    def files(self) -> dict[str, str]:
-        """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
-        return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
-
-    def profiles_json(self) -> dict:
-        """``profiles.json`` (in ``folder``), once profiled."""
-        return profiles_json(self.profiles, self.analyzed.analysis)
-
-
 def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     """``mesh_shape``, or 1-D over every global device when it is empty."""
     return list(mesh_shape) or [jax.device_count()]
@@ -127,7 +93,7 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
             two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
     """The analysis pass over ``model``'s whole training step (or the program itself, a
-    ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
+    ``TrainingProgram``: a user's step, ``user/step.py: step_program``), or the HLO text module
     ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
     ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
 
@@ -249,7 +215,7 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
     keep: dict[int, list[list[int]]] = {}
     program = on[0].analyzed.program if on else None
     if options.profile_top_k and program is not None and baselines:
-        names = [n for n in baselines if Algorithm.of_row(n) is None]
+        names = builtin_baselines(baselines)
         for i, plan in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
             keep.setdefault(i, []).append(plan)
     out = []
@@ -270,15 +236,6 @@ def communication_study(analyzed: Analyzed, mesh: Mesh, *, iterations: int, repe
 
 
 # --- the search: one orchestration for every algorithm -----------------------------------------
-
-@dataclass
-class CfpSearched:
-    """CFP's own figures of its plan (``cfp_plan``; ``Planned.details``)."""
-    found: SearchResult            # the DP's optimum on the picked plan's mesh
-    picked: Candidate              # the plan kept after measuring the shortlist
-    candidates: list[dict]         # a row per shortlisted plan
-    nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
-
 
 @dataclass
 class Searched:
@@ -302,30 +259,51 @@ class Searched:
 class Answer:
     """The plan handed to the user as ``plan.json``: the searched plan where the final race
     measured it faster than the fastest baseline by ``mode.verify_margin``, round by round, by
-    the slowest process's times (``measure.verdict``), else that baseline's, which may be
+    the slowest process's times (``comparison.verdict``), else that baseline's, which may be
     another algorithm's plan. The searched plan's own figures stay beside it, so the search's
-    quality is never hidden by the fallback."""
-    name: str                    # its row in the comparison: cfp, alpa_ilp, dp_tp, ...
-    searched: str                # the searched plan's row: cfp, or alpa_ilp under mode.algorithm=ilp
-    run: PlanRun                 # its run
+    quality is never hidden by the fallback. What the race measured is ``comparison``, the one
+    account of it every output reads."""
+    comparison: Comparison       # the race compared: the answer, the fastest baseline, the ratios
+    run: PlanRun                 # the answer's run
     plan: Optional[Plan]         # plan.json (None: a user step's baseline)
-    best_baseline: Optional[str]  # the fastest baseline that ran every round (None: none did)
-    searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
-    margin: float                # mode.verify_margin
-    rounds: int                  # the rounds decided on
 
     @property
-    def source(self) -> str:
-        """The algorithm whose plan it is (cfp, ilp, ...), or baseline (a built-in plan)."""
-        algorithm = Algorithm.of_row(self.name)
-        return algorithm.source if algorithm is not None else "baseline"
+    def name(self) -> str:
+        """Its row in the comparison: the searched plan's, or a baseline's (dp_tp, alpa_ilp, ...)."""
+        return self.comparison.answer
+
+    @property
+    def searched(self) -> str:
+        """The searched plan's row: its algorithm's."""
+        return self.comparison.searched
+
+    @property
+    def best_baseline(self) -> Optional[str]:
+        """The fastest baseline that ran every round (None: none did)."""
+        return self.comparison.best_baseline
+
+    @property
+    def searched_vs_best_baseline_paired(self) -> Optional[float]:
+        return self.comparison.searched_vs_best_baseline_paired
 
     @property
     def vs_best_baseline_paired(self) -> Optional[float]:
         """The answer's time over the fastest baseline's, paired (1 where it is that baseline)."""
-        if self.best_baseline is None:
-            return None
-        return 1.0 if self.name == self.best_baseline else self.searched_vs_best_baseline_paired
+        return self.comparison.vs_best_baseline_paired
+
+    @property
+    def margin(self) -> float:
+        return self.comparison.margin
+
+    @property
+    def rounds(self) -> int:
+        return self.comparison.rounds
+
+    @property
+    def source(self) -> str:
+        """The algorithm whose plan it is (its ``source``), or baseline (a built-in plan)."""
+        algorithm = Algorithm.of_row(self.name)
+        return algorithm.source if algorithm is not None else "baseline"
 
     def why(self) -> str:
         """Which plan is the answer and why, in plain words: what the race measured (the searched
@@ -345,21 +323,20 @@ class Answer:
 def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float
            ) -> Answer:
     """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
-    searched plan first, then the baselines; ``runners`` theirs): ``measure.verdict``'s pick.
+    searched plan first, then the baselines; ``runners`` theirs): ``comparison.compare``'s.
     ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
-    another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized as it ran, so
-    ``mode=train mode.plan=`` runs it on the same mesh."""
-    v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
-    i = v.answer
+    another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized
+    as it ran, so ``mode=train mode.plan=`` runs it on the same mesh."""
+    compared = compare({r.name: r.repeat_times_s for r in runs}, runs[0].name, margin)
+    i = compared.verdict.answer
     if i == 0 or Algorithm.of_row(runs[i].name) is not None:
         plan = plans(i)
-    elif not hasattr(runners[i], "plan"):  # a user step's baseline: autoshard.AutoPlan.answered lays it out
+    elif not hasattr(runners[i], "plan"):  # a user step's baseline: AutoPlan.answered lays it out
         plan = None
     else:
         mesh = runners[i].mesh
         plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
-    best = runs[v.best_baseline].name if v.best_baseline is not None else None
-    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
+    return Answer(compared, runs[i], plan)
 
 
 def with_user_baseline(options: SearchOptions, subject: Any) -> SearchOptions:
@@ -388,7 +365,7 @@ def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), lear
     planned = algorithm.plan(on, hooks)
     hooks.write(planned.files)
     others = {}
-    for row in options.algorithm_baselines:
+    for row in algorithm_baselines(options.baselines):
         if row != planned.row:
             other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
             # Its plan file beside its own: it may be the answer (the searched plan's is written
@@ -415,7 +392,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     program, where = planned.on.analyzed.program, planned.on
     runners = [planned.runner]
     more, skipped = baseline_runners(program, list(where.mesh.devices.flat), seed=seed, log=log,
-                                     names=list(options.builtin_baselines))
+                                     names=list(builtin_baselines(options.baselines)))
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
@@ -438,117 +415,3 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     chosen = answer(runners, raced, plans.get, options.verify_margin)
     log(chosen.why())
     return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})
-
-
-# --- CFP's search pass (algorithms/cfp.py plans with it) ---------------------------------------
-
-def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
-             progress: Optional[Progress] = None) -> Planned:
-    """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
-    each under the profile's memory budget, and the fastest of their shortlists measured on the
-    whole step (``choose``): the plan, with what the DP predicted."""
-    budget = options.profile.memory_budget_bytes
-    founds, reasons = for_each_mesh(
-        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
-        refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
-    meshes: list[dict] = []
-    for o, found, why in zip(on, founds, reasons, strict=True):
-        if found is None:
-            meshes.append({"mesh_shape": o.shape, "skipped": why})
-            continue
-        meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment, "search_time_s": found.search_time_s,
-                       "predicted_step_time_s": found.predicted_time_s,
-                       "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
-                       "profiled_configs": o.profiles.profiled_configs, "profile_time_s": o.profiles.seconds})
-        log("search optimum on mesh %s (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB "
-            "per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
-                                             found.predicted_time_s, found.predicted_memory_bytes / 2**30,
-                                             found.search_time_s))
-    chosen, candidates, nearest = choose(on, founds, options, log=log, progress=progress)
-    picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
-    log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
-                                                                          picked.source))
-    log("predicted step time %.6f s, memory %.6f GB per device" % (picked.predicted_time_s,
-                                                                    picked.predicted_memory_bytes / 2**30))
-    analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
-    fields = {
-        "meshes": meshes,
-        "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source},
-        "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
-        "candidates": candidates,
-        "predicted_step_time_s": picked.predicted_time_s,
-        "predicted_memory_gb": picked.predicted_memory_bytes / 2**30,
-        "profiled_configs": sum(p.profiled_configs for p in profiles),
-        "measured_configs": sum(p.measured for p in profiles),
-        "reused_configs": sum(p.reused for p in profiles),
-        "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
-        "profile_time_s": sum(p.seconds for p in profiles),
-    }
-    return Planned("cfp", "cfp", where, plan_json(analysis, picked.assignment), chosen, picked.source,
-                   picked.predicted_time_s, picked.predicted_memory_bytes, meshes, fields,
-                   details=CfpSearched(found, picked, candidates, nearest))
-
-
-
-def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,
-           log: Log = _silent, progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
-    """The plan to run: the fastest of the shortlist measured on the whole step
-    (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
-    nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
-    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``,
-    within the profile's memory budget. The fastest plan nearest a baseline is kept unless
-    another is faster by ``verify_margin`` (a fraction) in the shortlist's ``verify_repeats``
-    rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
-    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
-    plans ({name: (mesh shape, plan per block)})."""
-    progress = progress or _no_progress
-    verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines
-    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
-    budget, seed = options.profile.memory_budget_bytes, options.seed
-    live = [i for i, f in enumerate(founds) if f is not None]
-    program = on[0].analyzed.program
-    devices = list(on[0].mesh.devices.flat)
-    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
-        if verify_nearest else {}
-    nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
-    for name in baselines if verify_nearest else ():
-        if name in nearest:
-            log("plan nearest %s: %s on mesh %s" % (name, nearest[name][1], on[nearest[name][0]].shape))
-        else:
-            log("plan nearest %s: none (it does not fit the model or the meshes searched)" % name)
-    shorts = []
-    for i in live:
-        mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
-        shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
-                                max(verify_top_k, 1), budget, mine))
-    short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
-    bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
-        if len(short) > 1 else contextlib.nullcontext()
-    near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
-    incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
-    with bar as bar_value:
-        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
-                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value, drop_slower_than=options.drop_slower_than)
-    chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
-    for i, row in enumerate(rows):
-        if row["measured_step_time_s"] is not None:
-            cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""
-            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median%s)%s"
-                % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
-                   row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
-    kept = next(r for r in rows if r["chosen"])
-    for row in rows:
-        if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
-            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
-                "round by round; %s (mode.verify_margin=%g)"
-                % (row["source"], row["assignment"], row["duel_rounds"], iterations, row["duel_over_incumbent_paired"],
-                   "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
-    fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
-                  default=None)
-    if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:
-        log("kept %s (%s): %s measured %.3f of its time round by round, not the %.3f (mode.verify_margin=%g) "
-            "needed to replace a plan nearest a baseline"
-            % (kept["source"], kept["assignment"], fastest["source"], fastest["over_incumbent_paired"], 1 - margin,
-               margin))
-    return chosen, rows, {name: (on[i].shape, plan) for name, (i, plan) in nearest.items()}
