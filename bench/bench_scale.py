@@ -1,27 +1,30 @@
 """What watching a job costs as it grows: the launcher's own traffic on the run dir's file system,
 its CPU, and how fast it names a killed rank, a failed rank and a hung job, at N ranks.
 
-    python bench/bench_scale.py [--ranks 8,64,512,4096] [--window 20] [--strace] [--out FILE]
+    python bench/bench_scale.py [--ranks 8,64,512,4096] [--window 20] [--strace 512] [--out FILE]
     python bench/bench_scale.py --real 8,16,32 [--slurm]      # real jobs: submission to every rank joined
+    python bench/bench_scale.py --census 2,4,8                # what else grows: a traced mode=train job
 
 Each rank is the launcher's real code (``launcher/runtime/watch.py``: its ``RankReporter``, the
-watcher on rank 0, each host's ``NodeWatch``), run without JAX: real processes of one rank each
+watcher on rank 0, each host's ``node_watch.NodeWatch``), run without JAX: real processes of one rank each
 up to 64 ranks, beyond that threads, ``--threads`` a process (the results say which). One more
 rank, the victim, is always a process of its own: it is killed (SIGKILL), or fails (its status
 says so), or stops progressing with the others (a hang, ``launcher.hang_timeout_s=10``). The
-waiting launcher's side is the real ``JobWatch``, read as ``launcher/submit.py`` reads it.
+waiting launcher's side is the real ``JobWatch``, read as ``launcher/cli/submit.py`` reads it.
 
 Counted, never estimated: every call naming a path in the run dir, from Python's audit hooks in
 every process (open, os.utime, os.rename, os.listdir, os.scandir, os.mkdir, ...), and with
-``--strace`` also from the system calls (``strace -f --seccomp-bpf -e trace=%file``, which sees
-stat calls too) where the machine keeps up. Per N: calls per rank per second over a steady
+``--strace N`` also from the system calls (``strace -f --seccomp-bpf -e trace=%file``, which sees
+stat calls too) up to N ranks, where the machine keeps up with tracing. Per N: calls per rank per second over a steady
 ``--window`` (the ranks joined and stepping, the launcher polling), the processes' CPU per rank,
 and the seconds from the event to the launcher's reading naming it. Written to
 ``bench/results/bench_scale.json``.
 
 ``--real`` starts ``mode=run`` jobs of one CPU device a rank on ``cluster=local`` (and the tests'
 SLURM with ``--slurm``): submission to every rank joined (from the ranks' status files), then a
-rank killed and the time until the launcher names it.
+rank killed and the time until the launcher names it. ``--census`` traces real ``mode=train`` jobs
+(checkpoints, JAX's compilation cache in the run dir) and counts their run-dir calls by what they
+were for: logs, checkpoints, the compilation cache, status and watch, submitit's files, result.json.
 """
 
 from __future__ import annotations
@@ -177,7 +180,12 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
         now = time.time()
         if kind == "kill" and now >= event_at and not killed:
             killed = True  # the victim's own process (under --strace, strace's child), by the pid it reported
-            os.kill(json.loads((status.status_dir(run_dir) / f"rank{n - 1}.json").read_text())["pid"], signal.SIGKILL)
+            try:
+                os.kill(json.loads((status.status_dir(run_dir) / f"rank{n - 1}.json").read_text())["pid"],
+                        signal.SIGKILL)
+            except ProcessLookupError:  # it ended before (the job had failed already): the verdict says why
+                verdict = f"the victim had ended before it was killed; the watch said: {seen.read(0).verdict}"
+                break
         for p in procs:
             p.poll()  # reaped as a job's parent reaps its ranks: a zombie's pid still answers
         w = seen.read(0)
@@ -195,6 +203,8 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
     out = {"kind": kind, "ranks": n, "processes": len(groups),
            "threads_per_process": max(len(g) for g in groups), "named_after_s": named, "verdict": verdict[:300],
            "ranks_ended_by_watch": sum(len(r["ended"]) for r in reports),
+           # What the first rank to end was told, and when (from the event; negative: before it).
+           "first_told": min(([e[0] - event_at, e[2]] for r in reports for e in r["ended"].values()), default=None),
            "launcher_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "launcher_rss_growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024}
     if kind == "kill":
@@ -275,23 +285,65 @@ def real_job(n: int, cluster: list[str], env: dict, workdir: Path) -> dict:
             "watch_states": w.states if w else None}
 
 
+# --- what else grows with the ranks -------------------------------------------------------------
+
+CENSUS = ["mode=train", "model=gpt-tiny", "mode.steps=16", "mode.checkpoint_every=8", "cluster.cpu_devices_per_task=1",
+          "mode.plan=dp"]
+
+
+def census(n: int, workdir: Path) -> dict:
+    """A real mode=train job of ``n`` one-device ranks (checkpoints, JAX's compilation cache in
+    the run dir), traced with strace: its calls on the run dir by what they were for, per rank."""
+    run = workdir / f"census-{n}"
+    trace = workdir / f"census-{n}.strace"
+    t0 = time.time()
+    subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file,getdents64", "-o", str(trace),
+                    sys.executable, "-m", "launcher", *CENSUS, f"cluster.tasks_per_node={n}", f"hydra.run.dir={run}"],
+                   cwd=REPO, check=True, capture_output=True, timeout=1800)
+    wall = time.time() - t0
+    what = {"logs": "/logs/", "checkpoints": "/checkpoints/", "compile cache": "/jax_cache",
+            "status and watch": "/.xlaunch/", "submitit (pickles, results)": "/submitit", "result.json": "/result.json"}
+    counts = dict.fromkeys(what, 0)
+    other = 0
+    for line in trace.read_text(errors="replace").splitlines():
+        if str(run) not in line:
+            continue
+        rest = line.split(str(run), 1)[1]
+        key = next((k for k, frag in what.items() if rest.startswith(frag)), None)
+        if key is None:
+            other += 1
+        else:
+            counts[key] += 1
+    shutil.rmtree(run, ignore_errors=True)
+    trace.unlink()
+    return {"ranks": n, "wall_s": wall, "calls": {**counts, "other": other},
+            "calls_per_rank": {k: v / n for k, v in {**counts, "other": other}.items()}}
+
+
 # --- main ---------------------------------------------------------------------------------------
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--ranks", default="8,64,512,4096")
-    ap.add_argument("--threads", type=int, default=128, help="simulated ranks per process beyond 64 ranks")
+    ap.add_argument("--ranks", default=None, help="simulated jobs of these sizes (default 8,64,512,4096 unless "
+                                                  "--real or --census is given)")
+    ap.add_argument("--threads", type=int, default=64, help="simulated ranks per process beyond 64 ranks")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of steady state counted")
-    ap.add_argument("--strace", action="store_true", help="also count from the system calls (strace)")
+    ap.add_argument("--strace", type=int, default=0, metavar="N",
+                    help="also count from the system calls (strace) up to N ranks (traced threads slow down too "
+                         "much beyond a few hundred: their beats fall behind)")
     ap.add_argument("--phases", default="kill,fail,hang")
     ap.add_argument("--real", default="", help="real mode=run jobs of these rank counts (e.g. 8,16,32)")
     ap.add_argument("--slurm", action="store_true", help="with --real: on the tests' SLURM too")
+    ap.add_argument("--census", default="", help="real mode=train jobs of these rank counts traced with strace: "
+                                                   "their run-dir calls by what they were for (e.g. 2,4,8)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return
+    if args.ranks is None:
+        args.ranks = "" if args.real or args.census else "8,64,512,4096"
     if args.strace and not shutil.which("strace"):
         sys.exit("--strace: strace is not installed (apt-get install strace)")
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -303,11 +355,18 @@ def main() -> None:
             rows = []
             for n in (int(x) for x in args.ranks.split(",")):
                 for kind in args.phases.split(","):
-                    row = phase(n, kind, args.threads, args.window, args.strace and kind == "kill", workdir)
+                    row = phase(n, kind, args.threads, args.window, n <= args.strace and kind == "kill", workdir)
+                    row["when"] = time.strftime("%Y-%m-%d %H:%M")
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-            results["simulated"] = rows
-            results["simulated_when"] = time.strftime("%Y-%m-%d %H:%M")
+            # This run's rows replace those of the same size and kind; the others stay.
+            done = {(r["ranks"], r["kind"]) for r in rows}
+            kept = [r for r in results.get("simulated", []) if (r["ranks"], r["kind"]) not in done]
+            results["simulated"] = sorted(kept + rows, key=lambda r: (r["ranks"], r["kind"]))
+        if args.census:
+            results["census"] = [census(int(n), workdir) for n in args.census.split(",")]
+            for row in results["census"]:
+                print(json.dumps(row), flush=True)
         if args.real:
             results["real"] = [real_job(n, ["cluster=local", f"cluster.tasks_per_node={n}"], dict(os.environ), workdir)
                                for n in (int(x) for x in args.real.split(","))]

@@ -262,21 +262,17 @@ def abstract_mesh(sizes: dict[str, int]) -> Any:
 
 
 def auto_mesh(devices: Any, names: Sequence[str]) -> Any:
-    """``jax.sharding.Mesh(devices, names)`` whose axes are Auto on every JAX: sharding constraints
-    (the models' ``constrain``, CFP's pinned layouts) name its axes, which Explicit axes refuse
-    ("can only refer to Auto axes"). Auto is the constructor's default up to 0.10; 0.11 made an
-    AbstractMesh Explicit by default, so the type is given wherever JAX has axis types."""
-    from jax.sharding import Mesh  # noqa: PLC0415  JAX: the CLI imports this module
+    """``jax.sharding.Mesh(devices, names)`` whose axes are Auto on every JAX (the models' own
+    difference: ``models/jax_versions.py``)."""
+    from launcher.models.jax_versions import auto_mesh as models_auto_mesh  # noqa: PLC0415  JAX: the CLI imports this module
 
-    return Mesh(devices, tuple(names), **_auto_axes(len(names)))
+    return models_auto_mesh(devices, names)
 
 
 def _auto_axes(n: int) -> dict:
-    try:
-        from jax.sharding import AxisType  # noqa: PLC0415  JAX: the CLI imports this module
-    except ImportError:  # 0.4.35: no axis types, every axis is what Auto is now
-        return {}
-    return {"axis_types": (AxisType.Auto,) * n}
+    from launcher.models.jax_versions import auto_axes  # noqa: PLC0415  JAX: the CLI imports this module
+
+    return auto_axes(n)
 
 
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:

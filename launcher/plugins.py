@@ -1,5 +1,6 @@
-"""Parts registered by subclassing (cluster backends, sharding algorithms): importing every
-module of their package, and one module from outside it that a config names."""
+"""Parts found by name: registered by subclassing (cluster backends, sharding algorithms), where
+every module of their package is imported and one module from outside it that a config names;
+or named ``"module:function"`` (a mode's run, its console renderers)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pkgutil
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from launcher.errors import UserError
 
@@ -32,3 +33,9 @@ def import_all(package: ModuleType, outside: Optional[str] = None, option: str =
     except ImportError as e:
         raise UserError(f"{option}={outside}: cannot be imported ({e}); put its directory on PYTHONPATH or "
                         "install it") from None
+
+
+def function(ref: str) -> Callable[..., Any]:
+    """The function a ``"module:function"`` reference names, its module imported."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)

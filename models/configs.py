@@ -9,7 +9,7 @@ so modes and plans can read any model's shapes without special cases.
 
 Each schema's ``check`` refuses values no model can be built from (a negative batch, heads that
 do not divide the width). It runs twice with the same messages: at composition, before anything
-is submitted (``launcher/schema.py: validate``, through ``check`` below), and in the model's
+is submitted (``launcher/cli/schema.py: validate``, through ``check`` below), and in the model's
 constructor, for models built in Python.
 """
 
@@ -230,7 +230,7 @@ class CFPMoEConfig(_Experts, _Transformer):
             raise ModelError(f"model.gating={c.gating!r}: use 'dummy' (the CFP artifact's) or 'top2' (GShard's)")
 
 
-# Registered by launcher.schema as "schema_model_<key>" at the root of Hydra's repository (no group,
+# Registered by launcher.cli.schema as "schema_model_<key>" at the root of Hydra's repository (no group,
 # so never offered as an option); conf/model/<key>.yaml pulls it in with its defaults line.
 SCHEMAS = {
     "gpt": GPTConfig,

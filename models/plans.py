@@ -35,9 +35,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from launcher import jaxcompat
-
 from .errors import ModelError
+from .jax_versions import auto_mesh
 from .sharding import Rules, mesh_axes_of, spec_for
 from .step import init_state, make_optimizer
 
@@ -103,12 +102,12 @@ class Plan:
     def mesh(self, devices: Sequence[jax.Device]) -> Mesh:
         """The plan's mesh over ``devices`` (in order, outermost axis first).
 
-        Auto axes (``jaxcompat.auto_mesh``) rather than ``jax.make_mesh``'s Explicit default, so XLA
+        Auto axes (``jax_versions.auto_mesh``) rather than ``jax.make_mesh``'s Explicit default, so XLA
         propagates shardings between the points the plan pins.
         """
         sizes = self.axis_sizes(len(devices))
         grid = np.asarray(devices, dtype=object).reshape(tuple(sizes.values()))
-        return jaxcompat.auto_mesh(grid, tuple(sizes))
+        return auto_mesh(grid, tuple(sizes))
 
     def with_axis_sizes(self, **sizes: int) -> "Plan":
         """The same plan with some mesh axes resized, e.g. ``builtin("dp_tp").with_axis_sizes(model=4)``."""

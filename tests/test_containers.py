@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.containers import python_command
+from launcher.clusters.containers import python_command
 from tests.clusterkit.image import MARKER, MARKER_TEXT, PODMAN_OPTIONS
 from tests.launch import REPO, read_result, run_cli
 

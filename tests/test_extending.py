@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import console
+from launcher.cli import console
 from launcher.modes import MODES
 from launcher.sharding.algorithms.base import algorithms
 from launcher.clusters.base import backends

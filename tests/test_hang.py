@@ -112,8 +112,8 @@ def test_bad_hang_and_restart_settings_are_refused_before_submission(tmp_path, o
 def test_on_slurm_launcher_max_restarts_also_bounds_requeues(tmp_path):
     cfg = OmegaConf.create({"cluster": {"name": "slurm", "backend": "slurm", "max_requeues": 3},
                             "launcher": {"max_restarts": 1}})
-    assert requeue.why_not(cfg, tmp_path, attempt=0) == ""
-    assert "not requeued again, launcher.max_restarts=1 reached" in requeue.why_not(cfg, tmp_path, attempt=1)
+    assert requeue.why_not(cfg, tmp_path, 0, requeues=True) == ""
+    assert "not requeued again, launcher.max_restarts=1 reached" in requeue.why_not(cfg, tmp_path, 1, requeues=True)
     cfg.launcher.max_restarts = 0  # unset: cluster.max_requeues, as before
-    assert requeue.why_not(cfg, tmp_path, attempt=2) == "" and "cluster.max_requeues=3 reached" in \
-        requeue.why_not(cfg, tmp_path, attempt=3)
+    assert requeue.why_not(cfg, tmp_path, 2, requeues=True) == "" and "cluster.max_requeues=3 reached" in \
+        requeue.why_not(cfg, tmp_path, 3, requeues=True)

@@ -25,7 +25,7 @@ from launcher.models.moe import MoE, top2_gating
 from launcher.models.train import init_state, make_optimizer, make_train_step
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
-from launcher import schema
+from launcher.cli import schema
 from launcher.models import rng
 from launcher.models.plans import builtin
 from launcher.models.train import run_training

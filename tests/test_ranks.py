@@ -3,7 +3,7 @@
 import pytest
 
 from launcher.runtime import devices, ranks
-from launcher.schema import ClusterConfig
+from launcher.cli.schema import ClusterConfig
 from launcher.clusters.mpi import MpiJobEnvironment
 from launcher.clusters.tpu import TpuJobEnvironment
 

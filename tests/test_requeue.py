@@ -27,13 +27,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from launcher.clusters.base import Cluster, requeuing_backends
 from launcher.runtime.watch import RankReporter
 from launcher.runtime import requeue, status
+from launcher.runtime.context import Launch
 from launcher.runtime.task import Task
 from tests.launch import REPO, read_result, run_cli
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, SLURM, STEPS, TRAIN, uninterrupted
 import pickle
-from launcher.schema import register
+from launcher.cli.schema import register
 from hydra import compose, initialize_config_dir
 
 RESTART_LINE = "=== restart 1 (requeued after SIGUSR2) ==="
@@ -47,11 +49,14 @@ def cfg(cluster: str = "slurm", backend: str = "slurm", max_requeues: int = 3):
 
 @pytest.mark.core
 def test_only_slurm_requeues_and_at_most_max_requeues_times(tmp_path):
-    assert requeue.why_not(cfg(), tmp_path, attempt=2) == ""
-    refused = requeue.why_not(cfg(), tmp_path, attempt=3)
+    def why_not(c, attempt):  # as a task asks, with what the launcher told it of its backend
+        return requeue.why_not(c, tmp_path, attempt, Cluster.of(c.cluster).requeues, requeuing_backends())
+
+    assert why_not(cfg(), attempt=2) == ""
+    refused = why_not(cfg(), attempt=3)
     assert "cluster.max_requeues=3 reached" in refused and f"hydra.run.dir={tmp_path}" in refused
     for name, backend in (("local", "local"), ("mpi-local", "mpi"), ("tpu", "tpu")):
-        why = requeue.why_not(cfg(name, backend), tmp_path, attempt=0)
+        why = why_not(cfg(name, backend), attempt=0)
         assert f"cluster={name} cannot requeue a job (only SLURM can)" in why and "SIGUSR2" in why
 
 
@@ -105,13 +110,14 @@ def test_the_task_hands_submitit_its_next_attempt_or_says_why_not(tmp_path):
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         slurm = compose("config", ["cluster=slurm", "mode=check"])
         local = compose("config", ["cluster=local", "mode=check"])
-    task = Task(slurm, tmp_path, 12345)
+    # What the launcher hands each task (launcher/cli/submit.py): SLURM can requeue, local cannot.
+    task = Task(slurm, tmp_path, Launch(12345, "launcher.modes.runs.check:run", "check", requeues=True))
     nxt = task.checkpoint()
     assert nxt.function is not task and nxt.function.attempt == 1 and task.attempt == 0
     assert status.read_attempt(tmp_path)["reason"] == "requeued after SIGUSR2"
     again = pickle.loads(pickle.dumps(nxt.function))  # what the requeued job loads
     assert again.attempt == 1 and again._running == {} and again.cfg == task.cfg
-    assert Task(local, tmp_path / "local", 1).checkpoint() is None
+    assert Task(local, tmp_path / "local", Launch(1, "launcher.modes.runs.check:run", "check")).checkpoint() is None
 
 
 @pytest.mark.core

@@ -85,17 +85,33 @@ def test_a_job_of_32_ranks_on_slurm(tmp_path):
 
 def _traced_calls_per_rank_s(n: int, tmp_path: Path, seconds: int = 40) -> float:
     """A real mode=run job of ``n`` ranks sleeping ``seconds``, traced with strace: calls naming
-    its run dir (launcher and ranks together), per rank and second of the job's run."""
+    its run dir (launcher and ranks together), per rank and second, counted while every rank's
+    program ran (each marks its start and end outside the run dir), so that start-up, which
+    this loaded machine stretches, is not spread over the count."""
+    marks = tmp_path / f"marks{n}"
+    marks.mkdir()
     program = tmp_path / f"sleep{n}.py"
-    program.write_text(f"import time\ntime.sleep({seconds})\n")
+    program.write_text("import os, sys, time\n"
+                       f"open(os.path.join({str(marks)!r}, f'start.{{os.getpid()}}'), 'w').write(repr(time.time()))\n"
+                       f"time.sleep({seconds})\n"
+                       f"open(os.path.join({str(marks)!r}, f'end.{{os.getpid()}}'), 'w').write(repr(time.time()))\n")
     run = tmp_path / f"run{n}"
     trace = tmp_path / f"trace{n}.txt"
-    subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file", "-o", str(trace), sys.executable,
-                    "-m", "launcher", "mode=run", f"mode.script={program}", "cluster.cpu_devices_per_task=1",
-                    f"cluster.tasks_per_node={n}", f"hydra.run.dir={run}"], cwd=REPO, check=True,
-                   capture_output=True, timeout=900)
-    calls = sum(str(run) in line for line in trace.read_text(errors="replace").splitlines())
-    return calls / n / seconds
+    subprocess.run(["strace", "-f", "-qq", "-ttt", "--seccomp-bpf", "-e", "trace=%file", "-o", str(trace),
+                    sys.executable, "-m", "launcher", "mode=run", f"mode.script={program}",
+                    "cluster.cpu_devices_per_task=1", f"cluster.tasks_per_node={n}", f"hydra.run.dir={run}"],
+                   cwd=REPO, check=True, capture_output=True, timeout=900)
+    starts = [float(p.read_text()) for p in marks.glob("start.*")]
+    ends = [float(p.read_text()) for p in marks.glob("end.*")]
+    assert len(starts) == len(ends) == n
+    window = (max(starts) + 2, min(ends))  # a beat on: every rank's heartbeat running
+    assert window[1] - window[0] > seconds / 2, window
+    calls = 0
+    for line in trace.read_text(errors="replace").splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and str(run) in parts[2] and window[0] <= float(parts[1]) < window[1]:
+            calls += 1
+    return calls / n / (window[1] - window[0])
 
 
 @pytest.mark.timeout(1500)

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from submitit.core.utils import JobPaths
 
 from launcher.clusters.base import Cluster
-from launcher.schema import register
+from launcher.cli.schema import register
 from tests.launch import REPO, read_result, run_cli
 
 pytestmark = pytest.mark.core

@@ -6,13 +6,13 @@ import yaml
 
 from tests.launch import REPO, run_cli
 from hydra import compose, initialize_config_dir
-from launcher import schema
+from launcher.cli import schema
 from launcher.errors import BAD_INPUT
 from omegaconf import OmegaConf
 from launcher.sharding.algorithms.ilp import IlpOptions
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.modes import MODES as REGISTRY, find
-from launcher.schema import mode_codes
+from launcher.cli.schema import mode_codes
 
 CLUSTERS = sorted(p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml"))
 MODES = sorted(p.stem for p in (REPO / "conf" / "mode").glob("*.yaml"))

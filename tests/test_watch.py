@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.runtime import status
-from launcher.runtime.watch import JobWatch, NodeWatch, RankReporter, check_size, read_watch
+from launcher.runtime.node_watch import NodeWatch
+from launcher.runtime.watch import JobWatch, RankReporter, check_size, read_watch
 from tests.launch import run_cli
 from tests.test_operate import one_line_error
 
@@ -72,7 +73,7 @@ def test_a_killed_process_is_found_by_its_hosts_watch_and_recorded_as_died(tmp_p
     child = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; sys.path.insert(0, %r)\n"
         "from pathlib import Path\n"
-        "from launcher.runtime.watch import NodeWatch, RankReporter\n"
+        "from launcher.runtime.node_watch import NodeWatch\nfrom launcher.runtime.watch import RankReporter\n"
         "r = RankReporter(Path(%r), 1, 2); r.set('joined'); w = NodeWatch(Path(%r), 1, 0, root=Path(%r))\n"
         "print(w.leading or w.beat() or w.leading, flush=True); time.sleep(600)"
     ) % (str(Path(__file__).resolve().parents[1]), str(run), str(run), str(node))], stdout=subprocess.PIPE, text=True)

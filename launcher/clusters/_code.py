@@ -15,24 +15,23 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
 
 from launcher.errors import UserError
-from launcher.modes import code_of
-from launcher.modes.run import code_dir_of
 
 ARCHIVE = "code.tar.gz"
 MAX_BYTES = 1 << 30  # more than this is data, not code: say so rather than copy it to every worker
 
 
-def code_dir(cfg: Any) -> Optional[Path]:
-    """The code directory of a mode that runs the user's code (mode=run), else None."""
-    mode = cfg.get("mode")
-    if mode is None or code_of(mode) != "run":  # mode=run, or a preset of it
-        return None
+@dataclass(frozen=True)
+class UserCode:
+    """The user's code a job's tasks run, as its mode says (``launcher.modes.Mode.code``: mode=run):
+    where it is on this machine, and the globs of what workers that share no file system need
+    (none: every file git would keep)."""
 
-    return code_dir_of(mode)
+    dir: Path
+    include: tuple[str, ...] = ()
 
 
 def files(root: Path, include: list[str], leave_out: Path | None = None) -> list[str]:

@@ -9,7 +9,7 @@ branches on its name; adding a backend is one module and one yaml (docs/architec
 task callable is the same everywhere.
 
 A job submitted earlier is found again by its id alone (``xlaunch status|cancel``, from any
-shell; ``launcher/jobs.py``): ``scheduled`` asks where it is and ``cancel_id`` ends it. Here,
+shell; ``launcher/cli/jobs.py``): ``scheduled`` asks where it is and ``cancel_id`` ends it. Here,
 for the backends whose job is a process on the submitting host (local: submitit's controller;
 mpi and tpu: the job script), the id is that process's pid; SLURM asks its scheduler.
 """
@@ -31,8 +31,9 @@ from omegaconf import DictConfig
 from submitit.core import job_environment
 
 from launcher import clusters
+from launcher.clusters._code import UserCode
 from launcher.clusters.config import ClusterConfig
-from launcher.containers import python_command
+from launcher.clusters.containers import python_command
 from launcher.errors import UserError
 from launcher.plugins import import_all
 from launcher.runtime import ranks, status
@@ -81,15 +82,19 @@ class Cluster:
         if cls.backend:
             Cluster._registry[cls.backend] = cls
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0):
+    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0, code: UserCode | None = None):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.folder = self.run_dir / "submitit"
-        # Decided at submission by launcher.submit.coordinator_port; the Task gets the same.
+        # Decided at submission by launcher.cli.submit.coordinator_port; the Task gets the same.
         self.coordinator_port = coordinator_port
+        # The user's code the tasks run, as the job's mode says (mode=run): bound into containers,
+        # copied to workers that share no file system.
+        self.code = code
 
     @classmethod
-    def for_config(cls, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0) -> "Cluster":
-        return cls.of(cfg.cluster)(cfg, run_dir, coordinator_port)
+    def for_config(cls, cfg: DictConfig, run_dir: Path, coordinator_port: int = 0,
+                   code: UserCode | None = None) -> "Cluster":
+        return cls.of(cfg.cluster)(cfg, run_dir, coordinator_port, code)
 
     @staticmethod
     def of(cluster: Any) -> type["Cluster"]:
@@ -110,7 +115,7 @@ class Cluster:
     @classmethod
     def choose_coordinator_port(cls, cfg: DictConfig) -> int:  # noqa: ARG003 - subclasses read it
         """The jax.distributed coordinator port when ``launcher.coordinator_port`` does not say
-        (``launcher.submit.coordinator_port``). Here: a random port in 20000-39999, since rank
+        (``launcher.cli.submit.coordinator_port``). Here: a random port in 20000-39999, since rank
         0's node is not known before the job starts."""
         return random.SystemRandom().randrange(20000, 40000)
 
@@ -125,7 +130,7 @@ class Cluster:
     # -- shared pieces ------------------------------------------------------------------------
     def python(self) -> str:
         """The python command the tasks run: the host's, or one inside the configured container."""
-        return python_command(self.cfg, self.run_dir)
+        return python_command(self.cfg, self.run_dir, self.code.dir if self.code else None)
 
     def setup_lines(self) -> list[str]:
         """Shell lines run before the tasks start: cluster.env exported (quoted), then cluster.setup.
@@ -208,6 +213,11 @@ def backends(module: str | None = None) -> dict[str, type[Cluster]]:
     defined outside the package, named by its cluster yaml's ``module`` key)."""
     import_all(clusters, module, "cluster.module")
     return dict(Cluster._registry)
+
+
+def requeuing_backends() -> str:
+    """The backends that can requeue a job in its run dir, as messages name them ("SLURM")."""
+    return " and ".join(sorted(c.label() for c in backends().values() if c.requeues))
 
 
 def _env_name(name: str) -> str:

@@ -113,11 +113,10 @@ class TpuCluster(Cluster):
 
     def executor(self) -> "TpuExecutor":
         c = self.cfg.cluster
-        code = _code.code_dir(self.cfg)
-        if code is not None:
-            _code.pack(code, list(self.cfg.mode.include), self.run_dir)
+        if self.code is not None:
+            _code.pack(self.code.dir, list(self.code.include), self.run_dir)
         pod = TpuPod(c.tpu_name, self.remote_run_dir(), python=c.remote_python, gcloud=c.gcloud, zone=c.zone,
-                     project=c.project, remote_code_dir=self.remote_code_dir() if code is not None else None)
+                     project=c.project, remote_code_dir=self.remote_code_dir() if self.code is not None else None)
         ex = TpuExecutor(self.folder, pod)
         ex.update_parameters(workers=c.nodes, timeout_min=c.timeout_min, setup=self.setup_lines(),
                              recreate=self.recreate())

@@ -5,7 +5,7 @@ its checks) and its ``run(ctx) -> dict`` (what rank 0 writes into ``result.json`
 because two kinds of process read them:
 
 - ``launcher/modes/<name>.py``: the ``Config`` and the JAX-free helpers its checks use. The CLI
-  imports every one (``launcher/schema.py`` registers the schemas with Hydra and runs the checks
+  imports every one (``launcher/cli/schema.py`` registers the schemas with Hydra and runs the checks
   before submission), and a task imports this table before it has set its devices: none of these
   imports JAX or the libraries that do.
 - ``launcher/modes/runs/<name>.py``: the ``run`` and its helpers, importing JAX, ``launcher/sharding/``,
@@ -14,7 +14,7 @@ because two kinds of process read them:
   (``"launcher.modes.runs.<name>:run"``, ``Mode.load``): the one lazy import of the modes.
 
 Adding a mode is those two modules, one line here and its ``conf/mode/<name>.yaml``; its entry
-names the functions that render its result on the console (``launcher/console.py``; without
+names the functions that render its result on the console (``launcher/cli/console.py``; without
 them, a generic listing of its result). A preset is a config file only:
 ``conf/mode/cfp.yaml`` takes mode=search's schema (and with it ``code: search``, the entry that
 runs it) with lighter defaults and its own ``name``. No mode imports another: what the CFP modes
@@ -30,8 +30,8 @@ from launcher.modes import analysis, check, hlo_replay, profile, run, search, tr
 from launcher.modes.base import Mode, ModeConfig
 
 def _console(name: str) -> dict[str, str]:
-    """A mode's renderers in launcher/console.py: ``<name>_answer`` and ``<name>_line``."""
-    return {"answer": f"launcher.console:{name}_answer", "headline": f"launcher.console:{name}_line"}
+    """A mode's renderers in launcher/cli/console.py: ``<name>_answer`` and ``<name>_line``."""
+    return {"answer": f"launcher.cli.console:{name}_answer", "headline": f"launcher.cli.console:{name}_line"}
 
 
 MODES: dict[str, Mode] = {
@@ -39,7 +39,7 @@ MODES: dict[str, Mode] = {
     "check": Mode(check.Config, "launcher.modes.runs.check:run", **_console("check")),
     "hlo_replay": Mode(hlo_replay.Config, "launcher.modes.runs.hlo_replay:run", **_console("replay")),
     "profile": Mode(profile.Config, "launcher.modes.runs.profile:run", **_console("profile")),
-    "run": Mode(run.Config, "launcher.modes.runs.run:run", **_console("run")),
+    "run": Mode(run.Config, "launcher.modes.runs.run:run", **_console("run"), user_code="launcher.modes.run:user_code"),
     "search": Mode(search.Config, "launcher.modes.runs.search:run", **_console("comparison")),
     "train": Mode(train.Config, "launcher.modes.runs.train:run", **_console("train")),
 }

@@ -3,11 +3,13 @@ the table of ``launcher/modes/__init__.py``."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
+
+from launcher.plugins import function
 
 
 @dataclass
@@ -29,24 +31,27 @@ class Mode:
     # "module:function", the function run(ctx: launcher.runtime.context.TaskContext) -> result.json's
     # fields: launcher/modes/runs/<name>.py's run, loaded by the task (load) once JAX is set up.
     run: str
-    # "module:function"s of launcher/console.py turning result.json into the console's text: the
+    # "module:function"s of launcher/cli/console.py turning result.json into the console's text: the
     # lines printed when the run ends, and the one-line headline of `xlaunch runs` ("": generic).
     answer: str = ""
     headline: str = ""
 
+    # "module:function" of the mode's config module: (the user's code directory on this machine,
+    # the globs of its files workers that share no file system need) for a mode that runs the
+    # user's code (mode=run), which the backends ship or bind ("": none).
+    user_code: str = ""
+
     def renderer(self, which: str) -> Optional[Callable[[dict], str]]:
         """Its ``answer`` or ``headline`` renderer (None: it names none)."""
         ref = getattr(self, which)
-        return _function(ref) if ref else None
+        return function(ref) if ref else None
+
+    def code(self, mode: Any) -> Optional[tuple[Path, list[str]]]:
+        """The user's code its tasks run (``user_code``), for this mode config, or None."""
+        return function(self.user_code)(mode) if self.user_code else None
 
     def load(self) -> Callable[[Any], dict]:
         """The mode's ``run``. Imported here, not with the table: a run's module imports JAX and the
         libraries at its top, and the processes that read the table must not import JAX (the CLI,
         which only needs the schemas; a task, until it has set its devices: launcher/runtime/task.py)."""
-        return _function(self.run)
-
-
-def _function(ref: str) -> Callable[..., Any]:
-    """The function a ``"module:function"`` reference names, its module imported."""
-    module, _, function = ref.partition(":")
-    return getattr(importlib.import_module(module), function)
+        return function(self.run)

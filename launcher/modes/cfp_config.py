@@ -28,7 +28,7 @@ class AnalysisConfig(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``): the mesh fits the job's devices (a
+        """Before submission (``launcher.cli.schema.validate``): the mesh fits the job's devices (a
         dumped module's mesh need not: it is analysed, not run), the module file exists.
         ``job``: ``launcher.modes.checks.Job``."""
         if mode.hlo_file:

@@ -18,6 +18,6 @@ class Config(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``); ``job``: ``launcher.modes.checks.Job``."""
+        """Before submission (``launcher.cli.schema.validate``); ``job``: ``launcher.modes.checks.Job``."""
         if mode.allgather_mb <= 0:
             raise UserError(f"mode.allgather_mb={mode.allgather_mb}: must be more than 0 (e.g. mode.allgather_mb=1)")

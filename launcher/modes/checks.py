@@ -1,5 +1,5 @@
 """What a mode's ``Config.check`` is given (``Job``: what the composed config says about the job)
-and the checks several modes share. Below ``launcher.schema`` and the modes alike: the schema
+and the checks several modes share. Below ``launcher.cli.schema`` and the modes alike: the schema
 validates a config by calling each mode's check, and the modes' checks use these."""
 
 from __future__ import annotations

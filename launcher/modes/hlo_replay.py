@@ -44,7 +44,7 @@ class Config(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``): the module files (and an arguments
+        """Before submission (``launcher.cli.schema.validate``): the module files (and an arguments
         file) exist. ``job``: ``launcher.modes.checks.Job``."""
         check_files("mode.hlo_file", mode.hlo_file, job)
         if mode.argument_mode == ArgumentMode.file and not mode.arguments_file:

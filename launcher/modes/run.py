@@ -58,7 +58,7 @@ class Config(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``): one program, and where the launcher's
+        """Before submission (``launcher.cli.schema.validate``): one program, and where the launcher's
         python can tell (``job.same_python``), that it exists and takes its arguments."""
         if bool(mode.target) == bool(mode.script):
             raise UserError("mode=run runs one program: give mode.target=module:function (with mode.kwargs) "
@@ -88,3 +88,9 @@ class Config(ModeConfig):
 def code_dir_of(mode) -> Path:
     """Where the program's code is on this machine: ``mode.code_dir``, else the working directory."""
     return Path(mode.code_dir or os.getcwd()).resolve()
+
+
+def user_code(mode) -> tuple[Path, list[str]]:
+    """The code the tasks run (the table's ``user_code``): its directory here, and ``mode.include``,
+    what of it workers that share no file system need (none: what git keeps)."""
+    return code_dir_of(mode), list(mode.include)

@@ -43,7 +43,7 @@ class Config(ModeConfig):
 
     @classmethod
     def check(cls, mode, job) -> None:
-        """Before submission (``launcher.schema.validate``): the plan exists, the steps leave some to
+        """Before submission (``launcher.cli.schema.validate``): the plan exists, the steps leave some to
         time, the axis sizes are positive, a built-in plan's mesh splits the model's batch (and
         experts) where the device count is known. ``job``: ``launcher.modes.checks.Job``."""
         from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module

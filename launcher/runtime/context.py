@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -22,6 +22,28 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import BAD_INPUT, UserError
 from launcher.runtime.ranks import RankInfo
+from launcher.runtime.timing import AttemptClock
+from launcher.runtime.watch import RankReporter
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launching side decided for a job's tasks, the same for every rank, handed to the
+    Task at submission (``launcher/runtime/task.py``): so the task side imports neither the backends nor the modes' table."""
+
+    # The jax.distributed coordinator port, decided once (launcher.cli.submit.coordinator_port).
+    coordinator_port: int
+    # The mode's run, "module:function" (its launcher.modes.MODES entry), and which entry ran (a
+    # preset's, cfp's, is search's).
+    run: str
+    mode_code: str
+    # Whether the ranks share one run dir; else each has a copy (TPU workers) and watches its own
+    # (launcher/runtime/watch.py).
+    shared_run_dir: bool = True
+    # Whether the backend can requeue the job in its run dir (SLURM), and the backends that can,
+    # named where this one cannot (launcher/runtime/requeue.py).
+    requeues: bool = False
+    requeuers: str = "SLURM"
 
 
 @dataclass
@@ -31,10 +53,12 @@ class TaskContext:
     rank: RankInfo
     log: logging.Logger
     attempt: int = 0  # 0 on the job's first run, n after SLURM requeued it n times (runtime/requeue.py)
-    # This rank's status (runtime/status.py), for a mode that must end the rank from a thread of
-    # its own (mode=run's stop requests); None outside a task.
-    reporter: Any = None
-    clock: Any = None  # this attempt's times (launcher/runtime/timing.py): modes add theirs
+    # This rank's status and its watch of the job (runtime/watch.py), for a mode that must end the
+    # rank from a thread of its own, or hear what the job was asked (mode=run's stop requests);
+    # None outside a task.
+    reporter: Optional[RankReporter] = None
+    clock: Optional[AttemptClock] = None  # this attempt's times (runtime/timing.py): modes add theirs
+    launch: Optional[Launch] = None  # what the launcher decided for the job's tasks (runtime/task.py)
 
     @property
     def is_main(self) -> bool:

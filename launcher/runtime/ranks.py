@@ -208,7 +208,7 @@ def detect(port: int, env: Mapping[str, str] | None = None) -> RankInfo:
 def default_port(env: Mapping[str, str] | None = None) -> int:
     """A coordinator port that differs between concurrent jobs on one node, agreed by all ranks
     without talking: derived from the scheduler's job id. The launcher does not use it (its Task
-    gets the port decided at submission, ``launcher.submit.coordinator_port``); it is for scripts
+    gets the port decided at submission, ``launcher.cli.submit.coordinator_port``); it is for scripts
     that call ``detect`` on their own."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or env.get("OMPI_MCA_orte_jobfam_session_id")

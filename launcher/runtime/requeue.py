@@ -9,7 +9,8 @@ resumes from is already on disk as it is computed (mode=train's checkpoints, the
 store, which mode=profile and mode=search read before measuring anything), and mode=check and
 mode=hlo_replay simply run again.
 
-Only SLURM requeues (the backends whose class says ``requeues``, launcher/clusters/).
+Only SLURM requeues (the backends whose class says ``requeues``, launcher/clusters/; the launcher
+hands the task that fact, ``launcher.runtime.task.Launch``).
 submitit's local controller restarts tasks that exit with its own code,
 but the job would keep neither its time limit nor its place; ``mpirun`` and the TPU script
 cannot at all. Those backends say so and end, keeping what the run dir holds: the same command
@@ -24,22 +25,21 @@ from typing import Any, Mapping
 
 from submitit.core.job_environment import JobEnvironment
 
-from launcher.clusters.base import Cluster, backends
 
 def signal_name() -> str:
     """The signal submitit requeues on (``SIGUSR2`` unless ``SUBMITIT_PREEMPT_SIGNAL`` says)."""
     return "SIG" + JobEnvironment.USR_SIG
 
 
-def why_not(cfg: Any, run_dir: Any, attempt: int) -> str:
-    """Why this job cannot be requeued now ("" if it can): its backend cannot, or it was
-    requeued ``cluster.max_requeues`` times already."""
+def why_not(cfg: Any, run_dir: Any, attempt: int, requeues: bool, requeuers: str = "SLURM") -> str:
+    """Why this job cannot be requeued now ("" if it can): its backend cannot (``requeues``, as
+    the launcher said at submission; ``requeuers``: the backends that can), or it was requeued
+    ``cluster.max_requeues`` times already."""
     keep = (f"what it computed stays in {run_dir}: run the same command again with "
             f"hydra.run.dir={run_dir} to resume from it")
-    if not Cluster.of(cfg.cluster).requeues:
-        able = " and ".join(sorted(c.label() for c in backends().values() if c.requeues))
+    if not requeues:
         return (f"{signal_name()} (time limit near, or preempted): cluster={cfg.cluster.name} cannot requeue a "
-                f"job (only {able} can); {keep}")
+                f"job (only {requeuers} can); {keep}")
     key, limit = limit_of(cfg)
     if attempt >= limit:
         return (f"{signal_name()} (time limit near, or preempted): not requeued again, {key}={limit} reached; {keep}")

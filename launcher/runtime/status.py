@@ -34,7 +34,7 @@ STATUS_DIR = ".xlaunch"
 # each beat is two calls on the run dir's file system per rank, whatever the job's size.
 HEARTBEAT_S = 2.0
 ATTEMPT_FILE = "attempt.json"
-CANCELLED_FILE = "cancelled.json"  # written by `xlaunch cancel` (launcher/jobs.py)
+CANCELLED_FILE = "cancelled.json"  # written by `xlaunch cancel` (launcher/cli/jobs.py)
 STOP_FILE = "stop.json"  # a stop request for a user's program (launcher/runtime/stop.py)
 
 

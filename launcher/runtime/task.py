@@ -2,9 +2,8 @@
 
 Order matters: rank from the environment, then the per-rank log, then device visibility, and
 only then ``import jax``; ``jax.distributed.initialize`` gets every argument explicitly. So this
-module, and what it imports at its top (the mode table, ``launcher.modes``: the schemas only),
-imports no JAX: the mode's run, whose module does, is loaded once JAX is initialised
-(``Mode.load``).
+module, and what it imports at its top, imports no JAX: the mode's run, whose module does, is
+loaded by the reference the launcher handed it (``Launch.run``) once JAX is initialised.
 
 It is submitit-checkpointable: on the timeout or preemption signal submitit asks rank 0's task
 for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runtime.requeue``).
@@ -26,23 +25,20 @@ from omegaconf import DictConfig, OmegaConf
 from submitit.core.utils import UncompletedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from launcher import jaxcompat, modes
+from launcher import jaxcompat
 from launcher.errors import BAD_INPUT
+from launcher.plugins import function
 from launcher.runtime import devices, ranks, requeue, status, timing
 from launcher.runtime.watch import ENDED, RankReporter
-from launcher.runtime.context import TaskContext
+from launcher.runtime.context import Launch, TaskContext
 
 
 class Task(Checkpointable):
-    def __init__(self, cfg: DictConfig, run_dir: Path, coordinator_port: int, shared_run_dir: bool = True):
+    def __init__(self, cfg: DictConfig, run_dir: Path, launch: Launch):
         # A plain container pickles without the schema classes' import paths mattering.
         self.cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         self.run_dir = str(run_dir)
-        # Decided once, at submission (launcher.submit.coordinator_port): every rank gets the same.
-        self.coordinator_port = coordinator_port
-        # Whether the ranks share one run dir (else each has a copy, as TPU workers do, and each
-        # watches its own: launcher/runtime/watch.py).
-        self.shared_run_dir = shared_run_dir
+        self.launch = launch
         self.attempt = 0  # how many times the job was requeued or restarted before this run
         self.restart_reason = ""  # why the launcher restarted the job (launcher.max_restarts)
         self._running: dict[str, Any] = {}  # this run's config, log and attempt, for checkpoint()
@@ -62,7 +58,7 @@ class Task(Checkpointable):
         r = self._running
         cfg, run_dir = r.get("cfg") or OmegaConf.create(self.cfg), Path(r.get("run_dir") or self.run_dir)
         log, attempt = r.get("log") or logging.getLogger("xlaunch.task"), r.get("attempt", self.attempt)
-        why_not = requeue.why_not(cfg, run_dir, attempt)
+        why_not = requeue.why_not(cfg, run_dir, attempt, self.launch.requeues, self.launch.requeuers)
         if why_not:
             r["not_requeued"] = why_not
             log.error("not requeued: %s", why_not)
@@ -84,11 +80,11 @@ class Task(Checkpointable):
         # Absolute: a mode may change the working directory (mode=run: the program's code dir),
         # and a TPU worker's run dir is its working directory (".").
         run_dir = Path(self.run_dir).absolute()
-        rank = ranks.detect(self.coordinator_port)
+        rank = ranks.detect(self.launch.coordinator_port)
         attempt, reason = requeue.attempt_of(self.attempt)
         reason = getattr(self, "restart_reason", "") or reason
         status.write_attempt(run_dir, attempt, reason)
-        watches = None if self.shared_run_dir else [rank.process_id]
+        watches = None if self.launch.shared_run_dir else [rank.process_id]
         reporter = RankReporter(run_dir, rank.process_id, rank.num_processes, attempt, watches=watches)
         clock = timing.AttemptClock(run_dir, attempt, write=rank.process_id == 0)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
@@ -129,7 +125,8 @@ class Task(Checkpointable):
             reporter.stop()
             logging.shutdown()
 
-    def _run(self, cfg, run_dir, rank, reporter, log, attempt) -> str:
+    def _run(self, cfg: DictConfig, run_dir: Path, rank: ranks.RankInfo, reporter: RankReporter,
+             log: logging.Logger, attempt: int) -> str:
         """The task's steps in order; returns the path of result.json, which rank 0 wrote (the
         result travels once: the launcher reads that file)."""
         t0 = time.perf_counter()
@@ -142,6 +139,7 @@ class Task(Checkpointable):
         init_s = time.perf_counter() - t0
         _inject_fault(cfg, rank, log, before_start=False)
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
+                          launch=self.launch,
                           clock=self._running["clock"])
         result = self._run_mode(ctx, init_s)
         self._write_result(ctx, result)
@@ -151,7 +149,7 @@ class Task(Checkpointable):
             jax.distributed.shutdown()
         return str(run_dir / "result.json")
 
-    def _prepare_xla(self, cfg, run_dir: Path, rank: ranks.RankInfo, log: logging.Logger) -> None:
+    def _prepare_xla(self, cfg: DictConfig, run_dir: Path, rank: ranks.RankInfo, log: logging.Logger) -> None:
         """Device visibility, then XLA's dump or the compilation cache: all before JAX starts."""
         visible = devices.set_visibility(cfg.cluster.accelerator, cfg.cluster, rank)
         log.info("device visibility: %s", visible or "unchanged")
@@ -167,7 +165,7 @@ class Task(Checkpointable):
         else:
             _compilation_cache(cfg, run_dir, log)
 
-    def _start_distributed(self, cfg, rank: ranks.RankInfo, reporter: RankReporter,
+    def _start_distributed(self, cfg: DictConfig, rank: ranks.RankInfo, reporter: RankReporter,
                            log: logging.Logger) -> Any:
         """JAX imported, its CPU devices set, ``jax.distributed.initialize`` with explicit
         arguments, and the heartbeat started; returns the jax module."""
@@ -212,12 +210,12 @@ class Task(Checkpointable):
         import jax  # noqa: PLC0415  JAX: started by _start_distributed
 
         cfg = ctx.cfg
-        run = modes.find(cfg.mode).load()  # the mode's module imports JAX: only now may it be imported
+        run = function(self.launch.run)  # the mode's module imports JAX: only now may it be imported
         t1 = time.perf_counter()
         result = run(ctx)
         return {
             "mode": cfg.mode.name,
-            "mode_code": modes.code_of(cfg.mode),  # what ran: a preset's (cfp's) is search
+            "mode_code": self.launch.mode_code,  # what ran: a preset's (cfp's) is search
             "cluster": cfg.cluster.name,
             "num_processes": ctx.rank.num_processes,
             "global_devices": jax.device_count(),
@@ -240,7 +238,7 @@ class Task(Checkpointable):
             ctx.log.info("wrote %s", ctx.run_dir / "result.json")
 
 
-def _inject_fault(cfg, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:
+def _inject_fault(cfg: DictConfig, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:
     """``launcher.fault`` (the tests' failures): ``hang:N`` never joins; ``crash:N`` raises and
     ``abort:N`` aborts once joined."""
     kind, _, at = cfg.launcher.fault.partition(":")
@@ -257,7 +255,7 @@ def _inject_fault(cfg, rank: ranks.RankInfo, log: logging.Logger, *, before_star
         raise RuntimeError(f"launcher.fault={cfg.launcher.fault}: injected crash")
 
 
-def _compilation_cache(cfg, run_dir: Path, log: logging.Logger) -> None:
+def _compilation_cache(cfg: DictConfig, run_dir: Path, log: logging.Logger) -> None:
     """Turns JAX's persistent compilation cache on for this task (``launcher.compile_cache_dir``),
     before JAX is imported."""
     where = cfg.launcher.get("compile_cache_dir")

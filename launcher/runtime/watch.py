@@ -12,9 +12,10 @@ per-node agents and JAX's own coordination service, where every rank reading eve
 was O(N) per rank.
 
 Whether a rank's process still runs can only be seen from its host. On each host one rank,
-whichever holds a lock in node-local memory (``NodeWatch``), checks the pids of that host's ranks,
-which register there, and records a dead one in the run dir as failed (``status.mark_failed``),
-where the watcher reads it at its next beat. Nothing of this goes through the shared file system.
+whichever holds a lock in node-local memory (``node_watch.NodeWatch``), checks the pids of that
+host's ranks, which register there, and records a dead one in the run dir as failed
+(``status.mark_failed``), where the watcher reads it at its next beat. Nothing of this goes
+through the shared file system.
 
 Before rank 0 has joined (a job starting, a rank that never arrives) and after it is gone, there
 is no watch: the launcher then reads every rank's file itself, at most once per
@@ -25,14 +26,11 @@ the watcher's end itself.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import math
 import os
 import random
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from launcher.runtime import status
+from launcher.runtime.node_watch import NodeWatch
 from launcher.runtime.status import (HANG_REQUEST, HEARTBEAT_S, STATUS_DIR, RankStatus, StallClock, hung_for,
                                      parse_ranges, peer_failure, rank_log, rank_ranges, read_attempt,
                                      read_stacks_request, status_dir)
@@ -141,7 +140,7 @@ class JobWatch:
         self.run_dir, self.num_ranks = Path(run_dir), num_ranks
         self.peer_timeout_s, self.init_timeout_s = peer_timeout_s, init_timeout_s
         self.fallback_s = max(num_ranks / FALLBACK_CALLS_PER_S, 0.0)
-        self._seen: tuple[int, int, float] | None = None  # (attempt, seq, when it last changed, here)
+        self._seen: tuple[int, int, float] | None = None  # (attempt, seq, when it changed: monotonic)
         self._last: Watch | None = None
         self._scanned = -float("inf")
 
@@ -178,91 +177,6 @@ class JobWatch:
 def _monotonic(wall: float) -> float:
     """A wall-clock time as the monotonic clock's."""
     return time.monotonic() - (time.time() - wall) if wall else -float("inf")
-
-
-# --- each host: which of its ranks' processes are gone ---------------------------------------
-
-def _node_root() -> Path:
-    """Memory of this node alone: /dev/shm (a container's own where it has one), else the
-    temporary directory."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-class NodeWatch:
-    """The ranks of one host, their pids checked by one of them.
-
-    Each rank registers its pid in a folder of node-local memory named for the job's run dir,
-    attempt and host; the rank that holds the folder's lock (the first to try; when it ends,
-    the kernel frees the lock and the next rank to try takes it) checks every registered pid each
-    beat and records a rank whose process is gone, without a word of its own, as failed in the
-    run dir. Costs nothing on the shared file system while every rank lives."""
-
-    def __init__(self, run_dir: Path, rank: int, attempt: int, root: Path | None = None) -> None:
-        self.run_dir, self.rank = Path(run_dir), rank
-        self.host, self.pidns = socket.gethostname(), status._pid_namespace()
-        key = hashlib.sha1(f"{Path(run_dir).resolve()}\0{attempt}\0{self.host}".encode()).hexdigest()[:16]
-        self.dir = (root or _node_root()) / f"xlaunch-{os.getuid()}" / key
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.entry = self.dir / f"rank{rank}"
-        status._write_json(self.entry, {"rank": rank, "pid": os.getpid(), "pidns": self.pidns, "host": self.host})
-        self._lock_fd: int | None = None
-        self.leading = False
-        self._known: dict[str, tuple[int, int, str]] = {}
-        self._reported: set[int] = set()
-
-    def beat(self) -> list[int]:
-        """Takes the lead if it is free, and when leading checks the registered ranks; returns
-        those found dead this beat."""
-        if not self.leading:
-            self.leading = self._try_lead()
-            if not self.leading:
-                return []
-        dead = []
-        with contextlib.suppress(OSError), os.scandir(self.dir) as it:
-            names = [e.name for e in it if e.name.startswith("rank")]
-        for name in names:
-            if name not in self._known:
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    d = json.loads((self.dir / name).read_text())
-                    self._known[name] = (int(d["rank"]), int(d["pid"]), d.get("pidns", ""))
-        for name, (rank, pid, pidns) in list(self._known.items()):
-            if rank in self._reported or pidns != self.pidns or status.pid_alive(pid):
-                continue
-            if not (self.dir / name).exists():  # it ended cleanly and left
-                del self._known[name]
-                continue
-            self._reported.add(rank)
-            dead.append(rank)
-            log = rank_log(self.run_dir, rank)
-            status.mark_failed(self.run_dir, rank, f"rank {rank} (pid {pid}) died on {self.host} {status._DIED} "
-                               f"(killed or crashed: see its log {log})", self.host, died=True)
-            with contextlib.suppress(OSError):  # it cannot leave the register itself
-                (self.dir / name).unlink()
-            del self._known[name]
-        return dead
-
-    def _try_lead(self) -> bool:
-        try:
-            if self._lock_fd is None:
-                self._lock_fd = os.open(self.dir / "leader.lock", os.O_CREAT | os.O_RDWR, 0o600)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        """This rank ends cleanly: it leaves the register (the last one out removes it)."""
-        with contextlib.suppress(OSError):
-            self.entry.unlink()
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd, self.leading = None, False
-        with contextlib.suppress(OSError):
-            if not any(n.startswith("rank") for n in os.listdir(self.dir)):
-                (self.dir / "leader.lock").unlink()
-                self.dir.rmdir()
 
 
 # --- every rank -------------------------------------------------------------------------------
@@ -599,5 +513,5 @@ def check_size(num_ranks: int, peer_timeout_s: float) -> str:
             f"{peer_timeout_s:g} s)")
 
 
-__all__ = ["RankReporter", "Watch", "JobWatch", "NodeWatch", "Watcher", "read_watch", "summarize", "check_size",
+__all__ = ["RankReporter", "Watch", "JobWatch", "Watcher", "read_watch", "summarize", "check_size",
            "max_ranks", "watch_path", "HEARTBEAT_S"]

@@ -95,7 +95,8 @@ def _forced_end(ctx, requeued: bool) -> None:
         ctx.reporter.set("requeued", f"attempt {ctx.attempt} ended; the job was requeued")
         ctx.log.warning("this run ends here: the job was requeued")
     else:
-        why = requeue.why_not(ctx.cfg, ctx.run_dir, ctx.attempt) or "the job could not be requeued"
+        why = requeue.why_not(ctx.cfg, ctx.run_dir, ctx.attempt, ctx.launch.requeues, ctx.launch.requeuers) or \
+            "the job could not be requeued"
         ctx.reporter.set("failed", why)
         ctx.log.error("rank %d ended: %s", ctx.rank.process_id, why)
     for handler in ctx.log.handlers:

@@ -80,7 +80,7 @@ class LauncherConfig:
     # Without a terminal (nohup, CI, a batch step) the waiting launcher prints a plain progress
     # line this often while the job's progress changes, and 5 times less often while it does not.
     progress_every_s: float = 30.0
-    coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.submit.coordinator_port)
+    coordinator_port: int = 0  # 0: chosen at submission, per job (launcher.cli.submit.coordinator_port)
     xla_dump: bool = False
     # JAX's persistent compilation cache, on for every job where the JAX in use keeps CPU
     # executables safely (launcher/jaxcompat.py): null, the run dir's jax_cache/ (a requeued or
@@ -166,7 +166,7 @@ def register() -> None:
 
 # conf/ at the repository's top, reached through the link launcher/conf so that an installed
 # package carries it (pyproject.toml: package-data).
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 # --- the composed config against its schemas --------------------------------------------------

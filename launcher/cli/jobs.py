@@ -1,7 +1,7 @@
 """A submitted job, found again from its run dir: its state, its ranks' logs, cancelling it.
 
 Whoever submits with ``launcher.wait=false`` (a ``-m`` sweep, a long SLURM job) follows the job
-later, from any shell, with ``xlaunch status|logs|cancel|runs`` (``launcher/commands.py``). All
+later, from any shell, with ``xlaunch status|logs|cancel|runs`` (``launcher/cli/commands.py``). All
 they need is in the run dir: ``job.json`` (backend, job id, submitting host), the resolved
 config, the ranks' status files and logs (``launcher/runtime/status.py``), ``result.json``.
 The job's state joins two views of it:
@@ -26,16 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.clusters.base import Cluster
-from launcher.console import headline_text, seconds
+from launcher.cli.console import headline_text, progress_line, seconds
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.watch import JobWatch, Watch, read_watch, summarize
-from launcher.submit import never_started, progress_line
 
-JOB_FILE = "job.json"  # launcher/submit.py writes it at submission
+JOB_FILE = "job.json"  # the submitted job's record in its run dir (launcher/cli/submit.py writes it)
 # Where Hydra puts run dirs by default, relative to the working directory (conf/config.yaml).
 RUN_ROOTS = ("outputs", "multirun")
 FINAL = ("done", "failed", "cancelled")
@@ -146,6 +145,27 @@ def latest_run(cwd: Path | None = None) -> Run:
 
 def run_or_latest(path: str | None) -> Run:
     return open_run(path) if path else latest_run()
+
+
+def never_started(cfg: DictConfig, run_dir: Path) -> str:
+    """Why no rank ever started ("" if one did): the first error its command printed before
+    xlaunch's task could open the rank's log, read from submitit's task output. In a container
+    that is almost always the runtime failing to start the image."""
+    if status.any_status(run_dir):
+        return ""
+    outputs = sorted((Path(run_dir) / "submitit").glob("*_log.err")) + \
+        sorted((Path(run_dir) / "submitit").glob("*_log.out"))
+    lines = [(p, line.strip()) for p in outputs for line in p.read_text(errors="replace").splitlines()
+             if line.strip()]
+    if not lines:
+        return ""
+    errors = [(p, line) for p, line in lines if re.match(r"(error|fatal)\b", line, re.IGNORECASE)]
+    path, line = errors[0] if errors else lines[-1]
+    runtime = getattr(cfg.container.runtime, "value", cfg.container.runtime)
+    if runtime != "none":
+        return (f"container image {cfg.container.image} could not be started by {runtime}: {line} "
+                f"(the task's output: {path})")
+    return f"no rank started: the task's command failed before xlaunch's task began: {line} (see {path})"
 
 
 # --- state ----------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Everything about the run comes from the Hydra config tree in ``conf/``; see ``--help`` (its
 text is ``hydra.help`` in ``conf/config.yaml``). ``xlaunch status|logs|cancel|runs`` follow and
-stop jobs submitted earlier (``launcher/commands.py``).
+stop jobs submitted earlier (``launcher/cli/commands.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from launcher import commands, schema
+from launcher.cli import commands, schema
 from launcher.errors import BAD_INPUT
-from launcher.submit import JobFailed, launch, summarize
+from launcher.cli.submit import JobFailed, launch, summarize
 
 # The config groups travel inside the package (launcher/conf; in the repository a link to conf/).
 CONF_DIR = str(schema.CONF_DIR)

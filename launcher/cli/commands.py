@@ -3,7 +3,7 @@
 A first word that names a command can never be a Hydra override (those are ``key=value``), so
 ``launcher.cli.main`` hands such a command line here before Hydra sees it. Each command takes a
 run dir, or the latest run under ``./outputs`` and ``./multirun`` when none is named, and reads
-what the run dir and the scheduler say (``launcher/jobs.py``). Bad input (a directory that is
+what the run dir and the scheduler say (``launcher/cli/jobs.py``). Bad input (a directory that is
 not a run dir, a job the scheduler no longer knows, cancelling a job that has ended) is one line
 and exit status 2, as everywhere in xlaunch. Reference: docs/operate.md.
 """
@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import jobs
-from launcher.console import seconds
+from launcher.cli import jobs
+from launcher.cli.console import seconds
 from launcher.errors import BAD_INPUT
 from launcher.errors import BAD_INPUT as bad
 from launcher.runtime import status, timing

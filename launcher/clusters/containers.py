@@ -23,7 +23,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from launcher.clusters._code import code_dir
 from launcher.clusters._shell import env_name, one_line, operand
 from launcher.errors import UserError
 
@@ -33,26 +32,27 @@ WRAPPER_NAME = "container-python.sh"
 # spelling), submitit's job description, and the JAX/XLA settings. TPU_* covers GKE's TPU pods.
 RANK_ENV_PATTERNS = ("SLURM_*", "SLURMD_*", "OMPI_*", "PMIX_*", "SUBMITIT_*", "XLAUNCH_*", "JAX_*", "XLA_*",
                      "TPU_*", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-SOURCE_DIR = Path(__file__).resolve().parent.parent  # the launcher's code, as installed (editable)
+SOURCE_DIR = Path(__file__).resolve().parents[2]  # the launcher's code, as installed (editable)
 
 
-def python_command(cfg, run_dir: Path) -> str:
-    """The shell-quoted command submitit uses as "python" for this config's tasks."""
+def python_command(cfg, run_dir: Path, code_dir: Path | None = None) -> str:
+    """The shell-quoted command submitit uses as "python" for this config's tasks (``code_dir``:
+    the user's code they run, bound into a container)."""
     runtime = getattr(cfg.container.runtime, "value", cfg.container.runtime)
     if runtime == "none":
         return shlex.quote(sys.executable)
     if runtime == "singularity":
-        return shlex.join(singularity_argv(cfg, Path(run_dir)))
+        return shlex.join(singularity_argv(cfg, Path(run_dir), code_dir))
     if runtime in ("docker", "podman"):
         wrapper = Path(run_dir) / WRAPPER_NAME
         wrapper.parent.mkdir(parents=True, exist_ok=True)
-        wrapper.write_text(run_wrapper_text(cfg, Path(run_dir), runtime))
+        wrapper.write_text(run_wrapper_text(cfg, Path(run_dir), runtime, code_dir))
         wrapper.chmod(0o755)
         return shlex.quote(str(wrapper))
     raise UserError(f"container.runtime={runtime}: unknown (use none, singularity, docker or podman)")
 
 
-def singularity_argv(cfg, run_dir: Path) -> list[str]:
+def singularity_argv(cfg, run_dir: Path, code_dir: Path | None = None) -> list[str]:
     c = cfg.container
     exe = operand("container.executable", c.executable or "singularity")
     # SINGULARITYENV_X becomes X inside (apptainer reads the same spelling): no list syntax to
@@ -60,19 +60,19 @@ def singularity_argv(cfg, run_dir: Path) -> list[str]:
     env = [f"SINGULARITYENV_{env_name('container.env', k)}={one_line(f'container.env.{k}', v)}"
            for k, v in c.env.items()]
     argv = (["env", *env] if env else []) + [exe, "exec"]
-    argv += [f"--bind={m}" for m in _mounts(cfg, run_dir)]
+    argv += [f"--bind={m}" for m in _mounts(cfg, run_dir, code_dir)]
     argv += [one_line("container.options", o) for o in c.options]
     argv.append(operand("container.image", c.image))
     return argv + _inner_command(cfg)
 
 
-def run_wrapper_text(cfg, run_dir: Path, runtime: str) -> str:
+def run_wrapper_text(cfg, run_dir: Path, runtime: str, code_dir: Path | None = None) -> str:
     """An executable script that runs ``python "$@"`` in a docker/podman container."""
     c = cfg.container
     exe = operand("container.executable", c.executable or runtime)
     image = operand("container.image", c.image)
     patterns = list(RANK_ENV_PATTERNS) + [env_name("cluster.env", k) for k in cfg.cluster.env]
-    fixed = [f"--volume={m}" for m in _mounts(cfg, run_dir)]
+    fixed = [f"--volume={m}" for m in _mounts(cfg, run_dir, code_dir)]
     fixed += [f"--workdir={one_line('working dir', Path.cwd())}"]
     fixed += [f"--env={env_name('container.env', k)}={one_line(f'container.env.{k}', v)}"
               for k, v in c.env.items()]
@@ -113,11 +113,11 @@ def _inner_command(cfg) -> list[str]:
     return ["bash", "-c", script, "xlaunch-container", python]
 
 
-def _mounts(cfg, run_dir: Path) -> list[str]:
+def _mounts(cfg, run_dir: Path, code_dir: Path | None) -> list[str]:
     """Run dir, source tree, working dir and the user's code dir (mode=run) at their host paths
     (a path inside another one is already visible), then container.binds as given."""
     auto: list[Path] = []
-    paths = {Path(run_dir).resolve(), SOURCE_DIR, Path.cwd().resolve()} | ({code_dir(cfg)} - {None})
+    paths = {Path(run_dir).resolve(), SOURCE_DIR, Path.cwd().resolve()} | ({Path(code_dir).resolve()} if code_dir else set())
     for p in sorted(paths, key=lambda p: (len(p.parts), str(p))):
         if not any(p == q or q in p.parents for q in auto):
             auto.append(p)

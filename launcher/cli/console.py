@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launcher.modes import MODES
-from launcher.schema import mode_codes
+from launcher.cli.schema import mode_codes
 
 Render = Callable[[dict], str]
 
@@ -216,3 +216,15 @@ def run_answer(r: dict) -> str:
 def run_line(r: dict) -> str:
     text = json.dumps(r.get("returned"), default=str) if "returned" in r else "done"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def progress_line(progress: dict | None, phase: str, since: float, now: float) -> str:
+    """``what: done/total (pct), elapsed ..., eta ...`` from rank 0's progress (the job's watch),
+    else the phase."""
+    if not progress:
+        return f"{phase}, {seconds(now - since)} since submission"
+    done, total = progress["completed"], max(progress["total"], 1)
+    elapsed = now - (progress.get("started") or since)
+    eta = seconds(elapsed / done * (total - done)) if done else "unknown"
+    return (f"{progress['description']}: {done:g}/{total:g} ({100 * done / total:.0f}%), "
+            f"elapsed {seconds(elapsed)}, eta {eta}")

@@ -13,16 +13,18 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import console
-from launcher.clusters.base import Cluster
-from launcher.console import seconds
-from launcher.containers import WRAPPER_NAME
+from launcher import modes
+from launcher.cli import console
+from launcher.cli.console import progress_line
+from launcher.cli.jobs import JOB_FILE, never_started
+from launcher.clusters.base import Cluster, UserCode, requeuing_backends
+from launcher.clusters.containers import WRAPPER_NAME
 from launcher.errors import UserError
 from launcher.runtime import requeue, status
+from launcher.runtime.context import Launch
 from launcher.runtime.task import Task
 from launcher.runtime.watch import JobWatch, Watch
 
-JOB_FILE = "job.json"  # the submitted job's record in its run dir
 
 
 class JobFailed(Exception):
@@ -33,8 +35,12 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg))
+    mode = modes.find(cfg.mode)
+    code = mode.code(cfg.mode)  # the user's code its tasks run (mode=run), which the backend ships or binds
+    cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg), UserCode(code[0], tuple(code[1])) if code else None)
     cluster.check_run_dir()
+    launched = Launch(cluster.coordinator_port, mode.run, modes.code_of(cfg.mode), cluster.shares_filesystem,
+                      cluster.requeues, requeuing_backends())
     executor = cluster.executor()
     text = cluster.submission_text(executor)
     saved = run_dir / cluster.submission_name
@@ -49,14 +55,13 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
     # A reused run dir must not show the last run's ranks to this run's watchers.
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
-    submitted = {"job": executor.submit(Task(cfg, run_dir, cluster.coordinator_port, cluster.shares_filesystem)),
-                 "restarts": 0}
+    submitted = {"job": executor.submit(Task(cfg, run_dir, launched)), "restarts": 0}
     # From here the launcher owns a job: stopped at any point until the job is left to run on
     # its own (launcher.wait=false) or has ended, it stops the job (a stop a moment after the
     # "submitted" line, as a test's or a script's is, included), and the run dir keeps what was
     # done (logs, stored profiles).
     try:
-        # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/jobs.py).
+        # What `xlaunch status|logs|cancel|runs` find the job by, from any shell (launcher/cli/jobs.py).
         record = {"job_id": str(submitted["job"].job_id), "backend": cluster.backend, "submitted": time.time(),
                   "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
                   "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
@@ -77,7 +82,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
             why = f"restarted after: {reason.splitlines()[0][:200]}"
             status.write_attempt(run_dir, attempt, why)  # the failed attempt's ranks are not this one's
             shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
-            task = Task(cfg, run_dir, cluster.coordinator_port, cluster.shares_filesystem)
+            task = Task(cfg, run_dir, launched)
             task.attempt, task.restart_reason = attempt, why
             cluster.prepare_restart(executor)
             submitted["job"] = executor.submit(task)
@@ -238,27 +243,6 @@ def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
     return "", False
 
 
-def never_started(cfg: DictConfig, run_dir: Path) -> str:
-    """Why no rank ever started ("" if one did): the first error its command printed before
-    xlaunch's task could open the rank's log, read from submitit's task output. In a container
-    that is almost always the runtime failing to start the image."""
-    if status.any_status(run_dir):
-        return ""
-    outputs = sorted((Path(run_dir) / "submitit").glob("*_log.err")) + \
-        sorted((Path(run_dir) / "submitit").glob("*_log.out"))
-    lines = [(p, line.strip()) for p in outputs for line in p.read_text(errors="replace").splitlines()
-             if line.strip()]
-    if not lines:
-        return ""
-    errors = [(p, line) for p, line in lines if re.match(r"(error|fatal)\b", line, re.IGNORECASE)]
-    path, line = errors[0] if errors else lines[-1]
-    runtime = getattr(cfg.container.runtime, "value", cfg.container.runtime)
-    if runtime != "none":
-        return (f"container image {cfg.container.image} could not be started by {runtime}: {line} "
-                f"(the task's output: {path})")
-    return f"no rank started: the task's command failed before xlaunch's task began: {line} (see {path})"
-
-
 def _raise_refusal(run_dir: Path) -> None:
     """A task that stopped on bad input (an image's JAX too old, a plan file that does not fit)
     is reported as bad input is before submission: one line, exit status 2."""
@@ -365,20 +349,8 @@ class _ProgressView:
             self.bar.stop()
 
 
-def progress_line(progress: dict | None, phase: str, since: float, now: float) -> str:
-    """``what: done/total (pct), elapsed ..., eta ...`` from a progress.json, else the phase."""
-
-    if not progress:
-        return f"{phase}, {seconds(now - since)} since submission"
-    done, total = progress["completed"], max(progress["total"], 1)
-    elapsed = now - (progress.get("started") or since)
-    eta = seconds(elapsed / done * (total - done)) if done else "unknown"
-    return (f"{progress['description']}: {done:g}/{total:g} ({100 * done / total:.0f}%), "
-            f"elapsed {seconds(elapsed)}, eta {eta}")
-
-
 def summarize(result: dict[str, Any], run_dir: Path) -> None:
-    """The run's answer on the console (``launcher/console.py``), then where the rest is."""
+    """The run's answer on the console (``launcher/cli/console.py``), then where the rest is."""
 
     print(console.summarize(result, run_dir), flush=True)
 
