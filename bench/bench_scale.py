@@ -250,7 +250,7 @@ def _strace_counts(trace: Path, run_dir: str, window: tuple, n: int) -> dict:
 def real_job(n: int, cluster: list[str], env: dict, workdir: Path) -> dict:
     """A mode=run job of ``n`` one-device ranks: submission to every rank joined, then one rank
     killed and named, then the job cancelled."""
-    run = workdir / f"real-{'-'.join(cluster)}-{n}"
+    run = workdir / f"real-{cluster[0].split('=')[1]}-{n}"  # no '=' in a path Hydra reads
     program = workdir / "sleeper.py"
     program.write_text("import time\nfor _ in range(600):\n    time.sleep(1)\n")
     t0 = time.time()
