@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
+from launcher.figures import Figures
+
 
 @dataclass
 class ModeConfig:
@@ -33,6 +35,9 @@ class Mode:
     # lines printed when the run ends, and the one-line headline of `xlaunch runs` ("": generic).
     answer: str = ""
     headline: str = ""
+    # Its headline figures (launcher/figures.py): a sweep's table and chart, and what Hydra's
+    # sweepers optimize (launcher.objective). None named: the numbers its result holds.
+    figures: Figures = Figures(open=True)
 
     def renderer(self, which: str) -> Optional[Callable[[dict], str]]:
         """Its ``answer`` or ``headline`` renderer (None: it names none)."""
