@@ -36,6 +36,9 @@ class TaskContext:
     # its own (mode=run's stop requests); None outside a task.
     reporter: Any = None
     clock: Any = None  # this attempt's times (launcher/runtime/timing.py): modes add theirs
+    # This process's TensorBoard scalars (launcher/runtime/scalars.py): rank 0's go into the run
+    # dir as event files. None outside a task.
+    scalars: Any = None
 
     @property
     def is_main(self) -> bool:

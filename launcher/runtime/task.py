@@ -29,6 +29,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from launcher import jaxcompat, modes
 from launcher.errors import BAD_INPUT
 from launcher.runtime import devices, ranks, requeue, status, timing
+from launcher.runtime.scalars import Scalars
 from launcher.runtime.context import TaskContext
 
 
@@ -88,7 +89,9 @@ class Task(Checkpointable):
         clock = timing.AttemptClock(run_dir, attempt, write=rank.process_id == 0)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
-        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock}
+        scalars = Scalars(run_dir, rank.process_id, attempt, warn=log.warning)
+        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock,
+                         "scalars": scalars}
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
@@ -117,8 +120,13 @@ class Task(Checkpointable):
                 log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
             reporter.set("failed", message, bad_input=bad_input)
             clock.end("failed", self._running.get("compile", {}).get("s"))
+            try:
+                _write_time(scalars, run_dir)
+            except Exception as again:  # noqa: BLE001 - the failure being reported is the one that matters
+                log.warning("the failed attempt's time accounting was not written to TensorBoard: %s", again)
             raise
         finally:
+            scalars.close()
             reporter.stop()
             logging.shutdown()
 
@@ -135,7 +143,7 @@ class Task(Checkpointable):
         init_s = time.perf_counter() - t0
         _inject_fault(cfg, rank, log, before_start=False)
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
-                          clock=self._running["clock"])
+                          clock=self._running["clock"], scalars=self._running["scalars"])
         result = self._run_mode(ctx, init_s)
         self._write_result(ctx, result)
         reporter.set("done")
@@ -228,9 +236,26 @@ class Task(Checkpointable):
         # Where the time went, over this job's attempts so far (this one ends here).
         ctx.clock.end("done", self._running["compile"]["s"])
         result["time"] = timing.summary(ctx.run_dir, step_times=result.get("step_times_s"))
+        _write_time(ctx.scalars, ctx.run_dir)
         if ctx.is_main:
             ctx.write_json("result.json", result)
             ctx.log.info("wrote %s", ctx.run_dir / "result.json")
+
+
+def _write_time(scalars: Scalars, run_dir: Path) -> None:
+    """Each attempt's time accounting so far as TensorBoard scalars (``time/<what>_s`` at step =
+    the attempt, and the job's goodput), beside the curves the run wrote; a run that wrote none
+    gets none. Every attempt's again: a restart's purge step may have hidden earlier ones."""
+    if not scalars.written:
+        return
+    runs = timing.attempts(run_dir)
+    for a in runs:
+        spent = timing.spent(a)
+        spent.pop("in_mode_s")
+        scalars.add(a.get("attempt", 0), spent, prefix="time/")
+    total = timing.summary(run_dir)
+    if total:
+        scalars.add(runs[-1].get("attempt", 0), {"goodput": total["goodput"]}, prefix="time/")
 
 
 def _inject_fault(cfg, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:

@@ -34,6 +34,7 @@ def run(ctx: TaskContext) -> dict:
     fields = results.search_fields(out, algorithm.options, str(ctx.path(f"{out.planned.row}_plan.json")),
                                    str(ctx.path("plan.json")))
     files = _comparison(ctx, fields)
+    _race_curves(ctx, fields, out.planned.row)
     return {**fields, **files, **step, "mode_wall_s": time.perf_counter() - t0}
 
 
@@ -64,6 +65,18 @@ def _answer(ctx: TaskContext, subject: Any, out: pipeline.Searched) -> dict:
 
 def _auto_json(plan: Any) -> str:
     return json.dumps(plan.to_json(), indent=1, default=float) + "\n"
+
+
+def _race_curves(ctx: TaskContext, fields: Mapping[str, Any], searched: str) -> None:
+    """The final race as TensorBoard scalars (``launcher/runtime/scalars.py``): each plan's mean
+    step time in each round it ran, ``race/<plan>`` at step = the round."""
+    if ctx.scalars is None:
+        return
+    rounds = {searched: fields["repeat_times_s"],
+              **{name: run.get("repeat_times_s") or [] for name, run in fields["baselines"].items()}}
+    for name, times in rounds.items():
+        for k, seconds in enumerate(times):
+            ctx.scalars.add(k, {name: seconds}, prefix="race/")
 
 
 def _comparison(ctx: TaskContext, fields: Mapping[str, Any]) -> dict:
