@@ -1,0 +1,33 @@
+"""A ``-m`` sweep at a glance: one table of its points, ``sweep.csv`` and ``sweep.png``.
+
+- ``preflight.py``: Hydra's callback, which checks the whole sweep before its first job and
+  records it in ``sweep.json`` (grid points, an optimizer's search space, the objective);
+- ``points.py``: the sweep read back from its sweep dir, each point's state and figures;
+- ``table.py``: the table (bounded to a screen) and ``sweep.csv``; ``chart.py``: ``sweep.png``.
+
+``report`` is what the launcher prints when a sweep ends (``launcher/cli.py``) and what
+``xlaunch sweep`` prints at any time (``launcher/commands.py``). Nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.sweep import chart, points, table
+
+
+def report(sweep_dir: Path) -> tuple[str, points.SweepView]:
+    """The sweep's table as text, with ``sweep.csv`` and ``sweep.png`` (re)written beside it
+    where the sweep dir can be written; and the sweep as read."""
+    view = points.read(sweep_dir)
+    csv_path, drawn = view.dir / table.CSV, ""
+    try:
+        csv_path.write_text(table.csv_text(view))
+        path, what = chart.draw(view, view.dir / chart.CHART)
+        drawn = f"chart: {path} ({what})" if path else what
+    except OSError as e:  # a sweep dir read from elsewhere (read-only): the table alone
+        csv_path, drawn = None, f"no sweep.csv or sweep.png: {view.dir} cannot be written ({e.strerror or e})"
+    return table.text(view, csv_path, drawn), view
+
+
+__all__ = ["report"]
