@@ -10,6 +10,7 @@ Hydra's optimizing sweepers (``hydra/sweeper=optuna``) optimize.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -103,6 +104,9 @@ def main() -> None:
     # point reaches here as itself, not as Hydra's traceback.)
     user_full_error = _FULL_ERROR in os.environ
     os.environ[_FULL_ERROR] = "1"
+    # Hydra imports its sweeper plugins as it starts; Optuna's storage brings alembic, which logs
+    # a line for each plugin of its own through the logging Hydra sets up: not the user's concern.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     preflight.current = None
     failed = False
     try:
@@ -114,6 +118,8 @@ def main() -> None:
     except preflight.Refused as e:  # the sweep's own checks, before its first job
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except preflight.Crashed as e:
+        raise e.__cause__ from None
     except Exception as e:  # noqa: BLE001 - only composition errors are translated
         message = None if user_full_error else composition_error(e, sys.argv[1:])
         if message is None:

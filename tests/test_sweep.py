@@ -166,8 +166,8 @@ def test_a_failed_trial_is_reported_to_optuna_as_failed_not_as_zero(tmp_path):
     zero would be its best. It is a failed trial, and the best is a point that ran."""
     sweep = tmp_path / "optuna"
     proc = run_cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1",
-                   "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.sampler.seed=0", *CHECK,
-                   "cluster.tasks_per_node=1", "mode.allgather_mb=choice(0.25,1)", "launcher.fault=crash:${hydra:job.num}",
+                   "hydra.sweeper.max_failure_rate=1.0", "hydra.sweeper.sampler.seed=0", "mode=check",
+                   "cluster.cpu_devices_per_task=2", "cluster.tasks_per_node=1", "mode.allgather_mb=choice(0.25,1)", "launcher.fault=crash:${hydra:job.num}",
                    "launcher.objective.lower_is_better=true", f"hydra.sweep.dir={sweep}")
     assert "Directions: ['minimize']" in proc.stdout
     assert proc.stdout.count("Failed experiment: rank 0 failed on") == 1  # what Optuna was told

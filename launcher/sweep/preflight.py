@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import logging
 import os
 import socket
 import time
@@ -77,6 +76,10 @@ class Refused(BaseException):
     Not an Exception: Hydra turns a callback's Exception into a warning, and the sweep would go on."""
 
 
+class Crashed(BaseException):
+    """The check itself failed (its cause is the error); launcher/cli.py raises the cause."""
+
+
 class SweepCheck(Callback):
     """Hydra's callback (conf/config.yaml: ``hydra.callbacks.sweep``)."""
 
@@ -87,6 +90,8 @@ class SweepCheck(Callback):
             sweep = plan(config)
         except BAD_INPUT as e:
             raise Refused(str(e)) from None
+        except Exception as e:  # a fault of its own: loud, not Hydra's warning and a sweep unchecked
+            raise Crashed(f"{type(e).__name__}: {e}") from e
         sweep.dir.mkdir(parents=True, exist_ok=True)
         (sweep.dir / RECORD).write_text(json.dumps(sweep.record(), indent=1) + "\n")
         current = sweep
@@ -99,9 +104,9 @@ def plan(config: DictConfig) -> Sweep:
     kind = "basic" if target.endswith(".BasicSweeper") else "optuna" if "optuna" in target.lower() else target
     sweep = Sweep(dir=Path(str(config.hydra.sweep.dir)).absolute(), sweeper=kind,
                   wait=bool(OmegaConf.select(config, "launcher.wait", default=True)))
-    overrides = [str(o) for o in config.hydra.overrides.task]
+    overrides = _unresolved(config.hydra.overrides.task)
     if kind == "basic":
-        params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+        params = _params(config)
         parsed = OverridesParser.create(config_loader=_loader()).parse_overrides(params + overrides)
         sweep.points = [{"num": i, "overrides": list(p)} for i, p in
                         enumerate(BasicSweeper.split_arguments(parsed, None)[0])]
@@ -119,6 +124,19 @@ def plan(config: DictConfig) -> Sweep:
     if kind == "optuna":
         _optuna_direction(config, sweep)
     return sweep
+
+
+def _unresolved(overrides: Any) -> list[str]:
+    """Override strings as given: ``launcher.fault=crash:${hydra:job.num}`` is the point's to
+    resolve, not the sweep's (as Hydra reads them: unresolved)."""
+    return [str(o) for o in OmegaConf.to_container(overrides, resolve=False)]
+
+
+def _params(config: DictConfig) -> list[str]:
+    """``hydra.sweeper.params`` as overrides (``key=value``), unresolved."""
+    params = config.hydra.sweeper.get("params")
+    items = OmegaConf.to_container(params, resolve=False).items() if params else ()
+    return [f"{k}={v}" for k, v in items]
 
 
 def _loader() -> Any:
@@ -193,9 +211,6 @@ def _optuna_space(config: DictConfig, overrides: list[str]) -> tuple[list[list[s
     """The points to check before an Optuna search (its first pick of every key, then each
     other value a key may take, the rest at their first), and the searched keys, parsed as the
     plugin parses them (``hydra.sweeper.params`` and the command line's sweep overrides)."""
-    # Optuna's storage brings alembic, whose import logs a line per plugin it sets up through
-    # the logging Hydra configured by now: quiet.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     from hydra_plugins.hydra_optuna_sweeper._impl import (  # noqa: PLC0415  the optuna extra: only for its sweeps
         create_params_from_overrides,
     )
@@ -204,7 +219,7 @@ def _optuna_space(config: DictConfig, overrides: list[str]) -> tuple[list[list[s
             bool(OmegaConf.select(config, "launcher.dry_run", default=False)):
         raise UserError("hydra/sweeper=optuna picks each point from the figures of the points before it: it needs "
                         "every job's result (launcher.wait=true, launcher.dry_run=false)")
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    params = _params(config)
     try:
         space, fixed = create_params_from_overrides(params + overrides)
     except Exception as e:  # noqa: BLE001 - the grammar's, the plugin's and optuna's own errors: all bad input
@@ -236,8 +251,8 @@ def _values(distribution: Any) -> list[Any]:
 def _optuna_direction(config: DictConfig, sweep: Sweep) -> None:
     """``hydra.sweeper.direction`` from the objective, unless the command line gave it."""
     wanted = sweep.objective.direction
-    given = [str(o).split("=", 1)[1] for o in config.hydra.overrides.hydra
-             if str(o).split("=", 1)[0].lstrip("+~") == "hydra.sweeper.direction"]
+    given = [o.split("=", 1)[1] for o in _unresolved(config.hydra.overrides.hydra)
+             if o.split("=", 1)[0].lstrip("+~") == "hydra.sweeper.direction"]
     if given:
         if given[-1] != wanted:
             raise UserError(f"hydra.sweeper.direction={given[-1]}, but the objective is {sweep.objective.describe()}: "
