@@ -9,13 +9,15 @@ import csv
 import json
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.launch import read_result, run_cli
+from tests.launch import REPO, read_result, run_cli
 
 # Not in the core suite (which CI runs again on the oldest JAX): what is tested here asks nothing
 # of JAX, and its jobs (mode=check, mode=run) are the core suite's own on every JAX.
@@ -98,6 +100,26 @@ def test_a_sweep_not_waited_on_shows_its_unfinished_points(tmp_path):
     rows = table_rows(text)
     assert [rows[n] for n in ("0", "1")] == [["0", "1", "1", "0-run-local", "done"], ["1", "2", "2", "1-run-local", "done"]]
     assert "x" in text.splitlines()[1].split()  # the program's returned figure is a column
+
+
+def test_stopping_a_sweep_stops_its_job_and_its_later_points(tmp_path):
+    """SIGTERM (what `timeout` or a scheduler sends; Ctrl-C alike) while the first point runs: its
+    job is cancelled, the next point never starts, and the table says so."""
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "launcher", "-m", "mode=run", "mode.target=tests.run_programs:hold",
+            f"mode.kwargs.until={tmp_path / 'never'}", "mode.kwargs.x=1,2", "cluster.tasks_per_node=1",
+            "cluster.cpu_devices_per_task=1", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    joined = sweep / "0-run-local" / ".xlaunch" / "ranks" / "rank0.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and '"joined"' not in (joined.read_text() if joined.exists() else ""):
+        time.sleep(0.2)
+    proc.terminate()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "interrupted: job" in err and err.count("submitted job") == 1
+    rows = table_rows(out)
+    assert rows["0"][-1].startswith("failed: rank 0 stopped on") and rows["1"][-1] == "not run"
+    assert not (sweep / "1-run-local").exists()
 
 
 def test_a_sweep_of_200_points_prints_one_screen(check_sweep, tmp_path):
