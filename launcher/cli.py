@@ -140,8 +140,8 @@ def _sweep_table(sweep_dir: Path) -> None:
     points.mark_ended(sweep_dir)
     text, view = sweep.report(sweep_dir)
     print("\n" + text, flush=True)
-    found = sweep_dir / "optimization_results.yaml"  # hydra/sweeper=optuna's answer
-    if found.is_file() and view.objective is not None:
+    found = sweep_dir / "optimization_results.yaml"  # hydra/sweeper=optuna's answer, if this sweep's
+    if found.is_file() and view.objective is not None and found.stat().st_mtime >= view.record.get("started", 0):
         best = yaml.safe_load(found.read_text()) or {}
         params = " ".join(f"{k}={v}" for k, v in (best.get("best_params") or {}).items())
         value = best.get("best_value")

@@ -182,6 +182,32 @@ def test_a_3_trial_optuna_search_on_the_embedded_default_names_its_best_point(tm
     assert sorted(r[1] for r in table_rows(out).values()) == ["0.25", "0.5", "1"]
 
 
+@pytest.mark.heavy
+@pytest.mark.timeout(1800)
+def test_a_3_trial_optuna_search_of_the_default_job(tmp_path):
+    """`python -m launcher`'s own job (mode=cfp on the tiny GPT, 2 processes x 4 devices) as three
+    Optuna trials over the batch size, minimizing the answer's time over the fastest baseline's:
+    each trial a whole search (minutes), so in the heavy stage."""
+    sweep = tmp_path / "optuna"
+    proc = run_cli("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3",
+                   "model.batch_size=choice(8,16,24)", "launcher.objective.figure=vs_best_baseline",
+                   f"mode.store_dir={tmp_path / 'store'}", f"hydra.sweep.dir={sweep}", timeout=1700)
+    assert "Directions: ['minimize']" in proc.stdout
+    results = {}
+    for run_dir in sorted(sweep.glob("*-cfp-local")):
+        r = read_result(run_dir)
+        assert (r["mode"], r["num_processes"], r["global_devices"]) == ("cfp", 2, 8)
+        batch = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())["model"]["batch_size"]
+        results[batch] = r["answer"]["vs_best_baseline_paired"]
+    assert sorted(results) == [8, 16, 24]
+    found = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert found["best_value"] == pytest.approx(min(results.values()))
+    assert results[found["best_params"]["model.batch_size"]] == pytest.approx(min(results.values()))
+    out = proc.stdout[proc.stdout.index(f"sweep {sweep} by hydra/sweeper=optuna: 3 point(s) of 3 trials (3 done)"):]
+    assert out.splitlines()[1].split()[:5] == ["#", "model.batch_size", "step", "time", "answer"]
+    assert f"optuna's best: model.batch_size={found['best_params']['model.batch_size']}: vs_best_baseline " in out
+
+
 def test_a_failed_trial_is_reported_to_optuna_as_failed_not_as_zero(tmp_path):
     """The first trial's rank 0 crashes (launcher.fault names the job's own number, so only job 0
     has such a rank to crash); the search minimizes the bandwidth, so a failed trial taken for

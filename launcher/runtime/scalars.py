@@ -38,6 +38,7 @@ class Scalars:
     def __init__(self, run_dir: Path, rank: int, attempt: int = 0, warn: Callable[[str], Any] = print) -> None:
         self.run_dir, self.rank, self.attempt, self.warn = Path(run_dir), rank, attempt, warn
         self.last: dict[str, float] = {}
+        self.purged_from: Optional[int] = None  # the step this attempt's writer purged from
         self._writer: Any = None
         self._missing = False
 
@@ -79,12 +80,19 @@ class Scalars:
             self.warn(f"TensorBoard scalars are not written: tensorboardX is not installed ({INSTALL})")
             return None
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.purged_from = first_step if self.attempt else None
         # A later attempt purges what the earlier ones wrote from its first step on. The suffix
         # keeps two writers of one host in one second (an attempt and its quick restart) apart.
         self._writer = SummaryWriter(logdir=str(self.log_dir), flush_secs=FLUSH_S,
-                                     purge_step=first_step if self.attempt else None,
+                                     purge_step=self.purged_from,
                                      filename_suffix=f".attempt{self.attempt}")
         return self._writer
+
+    def flush(self) -> None:
+        """Onto disk now: what was written survives this process being killed (a checkpoint's
+        steps, which a restart does not run again)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:

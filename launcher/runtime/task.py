@@ -243,19 +243,22 @@ class Task(Checkpointable):
 
 
 def _write_time(scalars: Scalars, run_dir: Path) -> None:
-    """Each attempt's time accounting so far as TensorBoard scalars (``time/<what>_s`` at step =
-    the attempt, and the job's goodput), beside the curves the run wrote; a run that wrote none
-    gets none. Every attempt's again: a restart's purge step may have hidden earlier ones."""
+    """This attempt's time accounting as TensorBoard scalars (``time/<what>_s`` at step = the
+    attempt, and the job's goodput so far), beside the curves the run wrote; a run that wrote none
+    gets none. An earlier attempt's is written again where this attempt's purge step hid it (an
+    attempt killed outright wrote none: result.json's ``time`` has every attempt)."""
     if not scalars.written:
         return
-    runs = timing.attempts(run_dir)
-    for a in runs:
-        spent = timing.spent(a)
-        spent.pop("in_mode_s")
-        scalars.add(a.get("attempt", 0), spent, prefix="time/")
+    purged = scalars.purged_from
+    for a in timing.attempts(run_dir):
+        n = a.get("attempt", 0)
+        if n == scalars.attempt or (purged is not None and purged <= n < scalars.attempt):
+            spent = timing.spent(a)
+            spent.pop("in_mode_s")
+            scalars.add(n, spent, prefix="time/")
     total = timing.summary(run_dir)
     if total:
-        scalars.add(runs[-1].get("attempt", 0), {"goodput": total["goodput"]}, prefix="time/")
+        scalars.add(scalars.attempt, {"goodput": total["goodput"]}, prefix="time/")
 
 
 def _inject_fault(cfg, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:

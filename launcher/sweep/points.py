@@ -124,7 +124,7 @@ def read(sweep_dir: Path) -> SweepView:
         record = {}
     running = _still_running(record)
     planned = {int(p["num"]): p for p in record.get("points") or []}
-    started = _run_dirs(sweep_dir, planned)
+    started = _run_dirs(sweep_dir, planned, since=record.get("started", 0.0) - _SLACK_S)
     points = []
     for num in sorted(set(planned) | set(started)):
         run_dir = started.get(num) or Path(planned[num].get("run_dir") or sweep_dir / str(num))
@@ -168,15 +168,20 @@ def _still_running(record: dict) -> bool:
     return True
 
 
-def _run_dirs(sweep_dir: Path, planned: dict[int, dict]) -> dict[int, Path]:
+# A run dir made this long before its sweep's record is an earlier sweep's (in the same sweep dir).
+_SLACK_S = 5.0
+
+
+def _run_dirs(sweep_dir: Path, planned: dict[int, dict], since: float) -> dict[int, Path]:
     """The run dirs Hydra made in the sweep dir, by job number: those sweep.json planned, and any
-    other (an optimizer's points) by the number in its .hydra/hydra.yaml."""
+    other (an optimizer's points) by the number in its .hydra/hydra.yaml, made ``since`` then (an
+    earlier sweep's, in the same sweep dir, are not this one's)."""
     out = {num: Path(p["run_dir"]) for num, p in planned.items()
-           if p.get("run_dir") and (Path(p["run_dir"]) / ".hydra").is_dir()}
-    known = set(out.values())
+           if p.get("run_dir") and _made_since(Path(p["run_dir"]) / ".hydra", since)}
+    known = {Path(p["run_dir"]) for p in planned.values() if p.get("run_dir")}
     for depth in range(1, 4):  # <sweep>/<subdir>/.hydra; a subdir may have a folder or two
         for hydra_dir in sweep_dir.glob("/".join(["*"] * depth) + "/.hydra"):
-            if hydra_dir.parent in known:
+            if hydra_dir.parent in known or not _made_since(hydra_dir, since):
                 continue
             try:
                 job = yaml.load((hydra_dir / "hydra.yaml").read_text(), Loader=_LOADER)["hydra"]["job"]
@@ -184,6 +189,14 @@ def _run_dirs(sweep_dir: Path, planned: dict[int, dict]) -> dict[int, Path]:
             except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
                 continue
     return out
+
+
+def _made_since(hydra_dir: Path, since: float) -> bool:
+    """Whether Hydra wrote this job's record (it does as the job starts) since ``since``."""
+    try:
+        return (hydra_dir / "hydra.yaml").stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where there is one: hydra.yaml is long

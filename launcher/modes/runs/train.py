@@ -61,6 +61,8 @@ def run(ctx: TaskContext) -> dict:
                     # Inside the trace when there is one: saving is part of what the run spends.
                     t = time.perf_counter()
                     ckpts.save(trainer.step_no, trainer.state, trainer.losses, times)
+                    if ctx.scalars is not None:  # the saved steps' curves, kept however this attempt ends
+                        ctx.scalars.flush()
                     clock.add("checkpoint_s", time.perf_counter() - t)
     if ckpts is not None:
         ckpts.close()
