@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from launcher.sweep import chart, points, table
@@ -21,10 +22,18 @@ def report(sweep_dir: Path) -> tuple[str, points.SweepView]:
     where the sweep dir can be written; and the sweep as read."""
     view = points.read(sweep_dir)
     csv_path, drawn = view.dir / table.CSV, ""
+    # Written whole or not at all (to a name of this process's, then renamed): the sweeping
+    # process and an `xlaunch sweep` elsewhere may write them at once.
+    part = f".{os.getpid()}.part"
     try:
-        csv_path.write_text(table.csv_text(view))
-        path, what = chart.draw(view, view.dir / chart.CHART)
-        drawn = f"chart: {path} ({what})" if path else what
+        csv_part = csv_path.with_name(csv_path.name + part)
+        csv_part.write_text(table.csv_text(view))
+        csv_part.replace(csv_path)
+        png = view.dir / chart.CHART
+        path, what = chart.draw(view, png.with_name(png.stem + part + png.suffix))
+        if path is not None:
+            path.replace(png)
+        drawn = f"chart: {png} ({what})" if path else what
     except OSError as e:  # a sweep dir read from elsewhere (read-only): the table alone
         csv_path, drawn = None, f"no sweep.csv or sweep.png: {view.dir} cannot be written ({e.strerror or e})"
     return table.text(view, csv_path, drawn), view
