@@ -204,7 +204,8 @@ def test_a_3_trial_optuna_search_of_the_default_job(tmp_path):
     assert found["best_value"] == pytest.approx(min(results.values()))
     assert results[found["best_params"]["model.batch_size"]] == pytest.approx(min(results.values()))
     out = proc.stdout[proc.stdout.index(f"sweep {sweep} by hydra/sweeper=optuna: 3 point(s) of 3 trials (3 done)"):]
-    assert out.splitlines()[1].split()[:5] == ["#", "model.batch_size", "step", "time", "answer"]
+    assert out.splitlines()[1].split()[:8] == ["#", "model.batch_size", "vs", "best", "baseline", "step", "time",
+                                               "answer"]  # the objective's column first
     assert f"optuna's best: model.batch_size={found['best_params']['model.batch_size']}: vs_best_baseline " in out
 
 

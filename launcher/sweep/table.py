@@ -113,8 +113,14 @@ def _footer(view: SweepView, shown: list[Point]) -> list[str]:
     return lines
 
 
+def _figures(view: SweepView) -> list[Figure]:
+    """The figures' columns: the objective's first."""
+    first = view.objective.name if view.objective else None
+    return sorted(view.figures, key=lambda f: f.name != first)
+
+
 def _header(view: SweepView) -> list[str]:
-    return ["#", *view.varying, *(f.heading + (f" ({f.unit})" if _unit_in_heading(f) else "") for f in view.figures),
+    return ["#", *view.varying, *(f.heading + (f" ({f.unit})" if _unit_in_heading(f) else "") for f in _figures(view)),
             "run dir", "state"]
 
 
@@ -125,7 +131,7 @@ def _unit_in_heading(f: Figure) -> bool:
 
 def _row(view: SweepView, p: Point) -> list[str]:
     values = [_cut(p.overrides.get(k, ""), CELL) for k in view.varying]
-    figures = [_figure_cell(p, f) for f in view.figures]
+    figures = [_figure_cell(p, f) for f in _figures(view)]
     state = f"{p.state}: {p.detail}" if p.detail and p.state not in ("done",) else p.state
     return [str(p.num), *values, *figures, _relative(p.run_dir, view.dir), _cut(state, STATE)]
 
