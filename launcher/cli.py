@@ -168,7 +168,8 @@ def composition_error(e: BaseException, argv: list[str]) -> str | None:
         m = re.search(r"Could not find '([^']+)/([^']+)'", first)
         options = sorted(e.options or [])
         if m and options:
-            return f"{m.group(1)}={m.group(2)}: {first}; choose one of {', '.join(options)}"
+            plugin = " (Hydra's Optuna sweeper: pip install 'xlaunch[sweep]')" if m.group(1) == "hydra/sweeper" else ""
+            return f"{m.group(1)}={m.group(2)}: {first}; choose one of {', '.join(options)}{plugin}"
         return first
     if isinstance(e, OverrideParseException):
         return str(e).splitlines()[0]

@@ -241,6 +241,8 @@ def test_a_failed_trial_is_reported_to_optuna_as_failed_not_as_zero(tmp_path):
      "point #0 (mode=check cluster.tasks_per_node=1 launcher.objective.figure=step_time): launcher.objective.figure"
      "=step_time: mode=check reports no such figure; it reports bandwidth (GB/s, higher is better)"),
     (["cluster.tasks_per_node=1,0"], "point #1 (mode=check cluster.tasks_per_node=0): cluster.tasks_per_node=0"),
+    (["mode.allgather_mb=interval(1,2)"], "Hydra's grid sweeper takes lists (a,b,c), choice(...) and range(...); to "
+                                          "search an interval use hydra/sweeper=optuna"),
     # Optuna: a search space it cannot parse, an objective it cannot have, results it cannot wait for
     (["hydra/sweeper=optuna", "mode.allgather_mb=glob(*)"], "hydra.sweeper.params: Optuna's search space cannot"),
     (["hydra/sweeper=optuna", "mode.allgather_mb=interval(4,1)"],

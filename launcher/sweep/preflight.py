@@ -33,6 +33,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -107,9 +108,13 @@ def plan(config: DictConfig) -> Sweep:
     overrides = _unresolved(config.hydra.overrides.task)
     if kind == "basic":
         params = _params(config)
-        parsed = OverridesParser.create(config_loader=_loader()).parse_overrides(params + overrides)
-        sweep.points = [{"num": i, "overrides": list(p)} for i, p in
-                        enumerate(BasicSweeper.split_arguments(parsed, None)[0])]
+        try:
+            parsed = OverridesParser.create(config_loader=_loader()).parse_overrides(params + overrides)
+            grid = BasicSweeper.split_arguments(parsed, None)[0]
+        except HydraException as e:  # a sweep a grid cannot hold: interval(...)
+            raise UserError(f"{_first_line(e)}: Hydra's grid sweeper takes lists (a,b,c), choice(...) and "
+                            "range(...); to search an interval use hydra/sweeper=optuna") from None
+        sweep.points = [{"num": i, "overrides": list(p)} for i, p in enumerate(grid)]
         configs = [_point(config, p["overrides"], p["num"]) for p in sweep.points]
     elif kind == "optuna":
         probes, sweep.searched = _optuna_space(config, overrides)
