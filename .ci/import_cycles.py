@@ -143,15 +143,16 @@ def _one_cycle(graph: dict[str, set[str]], members: set[str], start: str) -> lis
 # line is above the backends that start tasks and the modes' schemas; the libraries the modes run
 # (sharding, HLO replay) are above what runs in a task (runtime/: the task itself takes the mode
 # to run and what its backend can do from the launcher, by reference: launcher/runtime/context.py
-# Launch); below those, what every floor shares; the models import nothing of the launcher.
+# Launch; launcher/api.py, what a user's program asks of its task, is of that floor); below those,
+# what every floor shares; the models import nothing of the launcher.
 FLOORS = [
     ("the public facade", ("launcher", "launcher.__main__", "launcher._deprecated", "launcher.cfp",
                            "launcher.sharding.autoshard")),
     ("the command line", ("launcher.cli",)),
     ("the backends and the modes", ("launcher.clusters", "launcher.modes")),
     ("the libraries", ("launcher.sharding", "launcher.hlo")),
-    ("a task's runtime", ("launcher.runtime",)),
-    ("what every floor shares", ("launcher.errors", "launcher.jaxcompat", "launcher.plugins", "launcher.api")),
+    ("a task's runtime", ("launcher.runtime", "launcher.api")),
+    ("what every floor shares", ("launcher.errors", "launcher.jaxcompat", "launcher.plugins", "launcher.figures")),
     ("the models", ("launcher.models",)),
 ]
 

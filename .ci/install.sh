@@ -35,8 +35,9 @@ stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
 [ -e "$stdlib/EXTERNALLY-MANAGED" ] && pip_flags+=(--break-system-packages)
 # [checkpoint]: orbax-checkpoint for mode=train's checkpoints; [ray]: Ray for cluster=ray's tests (a real
 # two-node Ray cluster on this machine); [frameworks]: Flax and Equinox for
-# the examples and the auto-sharding of users' models (extras: see pyproject.toml).
-python3 -m pip install "${pip_flags[@]}" -e ".[test,checkpoint,ray,frameworks]"
+# the examples and the auto-sharding of users' models; [sweep]: Hydra's Optuna sweeper;
+# [tensorboard]: tensorboardX and TensorBoard for the curves (extras: see pyproject.toml).
+python3 -m pip install "${pip_flags[@]}" -e ".[test,checkpoint,ray,frameworks,sweep,tensorboard]"
 
 # The other end of the supported JAX range (launcher/jaxcompat.py: MINIMUM, LUMI's container's
 # JAX) in a virtual environment of its own: .ci/run runs the core suite there too. xlaunch is
@@ -48,7 +49,8 @@ venv=.venv-jax-oldest
 "$venv/bin/python" -m pip install -q "jax==$oldest" "jaxlib==$oldest"
 # orbax-checkpoint as a LUMI user adds it: the spec that suits (and keeps) this JAX, which
 # launcher/jaxcompat.py knows (no orbax release serves jax 0.4.x and the newest alike).
-"$venv/bin/python" -m pip install -q -e ".[test,checkpoint]" "$("$venv/bin/python" -m launcher.jaxcompat orbax)"
+# [tensorboard] asks nothing of JAX: the core suite reads mode=train's curves there too.
+"$venv/bin/python" -m pip install -q -e ".[test,checkpoint,tensorboard]" "$("$venv/bin/python" -m launcher.jaxcompat orbax)"
 found=$("$venv/bin/python" -c 'import jax; print(jax.__version__)')
 [ "$found" = "$oldest" ] || { echo "install.sh: installing xlaunch replaced jax $oldest with $found" >&2; exit 1; }
 

@@ -197,7 +197,7 @@ def plan_worker(spec: str) -> dict:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from launcher import schema
+    from launcher.cli import schema
 
     schema.register()
     preset, overrides = json.loads(spec)

@@ -499,7 +499,7 @@ def compose_job(overrides: list[str]) -> Any:
     """The job's config as ``python -m launcher <overrides>`` composes it (typed by its schemas)."""
     from hydra import compose, initialize_config_dir
 
-    from launcher import schema
+    from launcher.cli import schema
 
     schema.register()
     with initialize_config_dir(config_dir=str(schema.CONF_DIR), version_base="1.3"):

@@ -48,7 +48,7 @@ def build_model(preset: str):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from launcher import schema
+    from launcher.cli import schema
 
     schema.register()
     with initialize_config_dir(str(REPO / "conf"), version_base=None):

@@ -9,6 +9,7 @@
     if ctx.should_stop():                      # SLURM asked the job to stop: save, then return
         ...
     ctx.step()                                 # once a step: this process is making progress
+    ctx.log(step, loss=loss, lr=lr)            # scalars for TensorBoard, in the run dir
 
 ``should_stop()`` gives every process the same answer at the same call (the processes agree on
 it), so call it at the same point on all of them, once a step or every few steps. Once it has
@@ -22,6 +23,15 @@ stacks of its threads into its log, the launcher says where each one was (``rank
 train.py:41 in main (loss = step(batch)); rank 1 at loader.py:12 in next (...)``) and the job
 ends as hung. A program that never calls it is judged by its log alone.
 
+``log(step, **scalars)`` writes each number (a float, an int, a NumPy or JAX scalar) as a
+TensorBoard scalar of that name at ``step``, into event files in the run dir beside the job's own
+(``tensorboard --logdir outputs/`` shows them; ``launcher/runtime/scalars.py``). Rank 0's calls
+write and the others' are dropped, so every process may call it alike; ``every_rank=True`` has
+each other rank write its own too, into ``<run dir>/rank<N>/``. The last value of each name goes
+into ``result.json`` (``logged``), where a sweep's table and Hydra's sweepers find it
+(``launcher.objective.figure=<name>``). Run by hand, it writes into the current directory (with
+tensorboardX installed; without it, nothing).
+
 Run by hand (``python train.py``) the same calls describe a single process working in the
 current directory: rank 0 of 1, restart 0, checkpoints in ``./checkpoints``, and should_stop()
 is never true. So a program written with it runs unchanged without the launcher.
@@ -31,7 +41,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
+
+from launcher.runtime.scalars import Scalars
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,7 @@ class Context:
     launched: bool = False  # started by the launcher (mode=run); False when run by hand
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False, compare=False)
     _progressed: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+    _scalars: Any = field(default=None, repr=False, compare=False)  # launcher.runtime.scalars.Scalars
 
     @property
     def is_main(self) -> bool:
@@ -60,16 +73,29 @@ class Context:
         ``launcher.hang_timeout_s`` watches. Cheap: written at most once a second."""
         self._progressed()
 
+    def log(self, step: int, /, every_rank: bool = False, **scalars: Any) -> None:
+        """Each of ``scalars`` (name=number) as a TensorBoard scalar at ``step``: rank 0's into
+        the run dir; another rank's only with ``every_rank`` (into ``<run dir>/rank<N>/``).
+        TypeError for a value that is not a number."""
+        self._scalars.add(step, scalars, every_rank=every_rank)
+
 
 _current: Optional[Context] = None
 
 
 def context() -> Context:
     """The running program's context (see the module's docstring)."""
+    global _by_hand
     if _current is not None:
         return _current
     here = Path.cwd()
-    return Context(run_dir=here, rank=0, num_processes=1, restart=0, checkpoint_dir=here / "checkpoints")
+    if _by_hand is None or _by_hand.run_dir != here:  # one writer for a program run by hand
+        _by_hand = Context(run_dir=here, rank=0, num_processes=1, restart=0, checkpoint_dir=here / "checkpoints",
+                           _scalars=Scalars(here, 0))
+    return _by_hand
+
+
+_by_hand: Optional[Context] = None
 
 
 def _install(ctx: Optional[Context]) -> None:

@@ -31,3 +31,16 @@ def run_cli(*overrides: str, run_dir: Path | None = None, timeout: float = 300, 
 
 def read_result(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
+
+
+def read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars of the event files in ``log_dir`` (not its subfolders), read with
+    TensorBoard's own reader: each tag's (step, value) pairs in the order written."""
+    from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415  only the tests of curves read them
+        SCALARS,
+        EventAccumulator,
+    )
+
+    events = EventAccumulator(str(log_dir), size_guidance={SCALARS: 0})  # 0: every value, none sampled away
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()[SCALARS]}

@@ -1,10 +1,14 @@
-"""A user's function for tests/test_run.py's mode=run jobs (``mode.target=tests.run_programs:describe``)."""
+"""Users' functions for the tests' mode=run jobs (``mode.target=tests.run_programs:describe``, ...)."""
 
 import os
 import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
 
 import launcher
-import jax
 
 
 def describe(x, tag="point"):
@@ -23,3 +27,22 @@ def describe(x, tag="point"):
         jax.distributed.initialize()
         seen["global_devices"] = jax.device_count()
     return seen
+
+
+def curves(steps=5):
+    """Scalars for TensorBoard through ``launcher.context().log``: rank 0's (loss as a float, lr as
+    a NumPy float32, a JAX scalar), and each rank's own ``rank_loss`` with ``every_rank``."""
+    ctx = launcher.context()
+    for step in range(steps):
+        ctx.log(step, loss=1.0 / (step + 1), lr=np.float32(0.5), doubled=jax.numpy.asarray(2.0 * step))
+        ctx.log(step, every_rank=True, rank_loss=float(10 * ctx.rank + step))
+    return {"steps": steps, "final": 1.0 / steps}
+
+
+def hold(until, x=0):
+    """Runs until the file ``until`` exists (a job that stays running while a test looks at it)."""
+    ctx = launcher.context()
+    while not Path(until).exists():
+        ctx.step()
+        time.sleep(0.2)
+    return {"x": x}

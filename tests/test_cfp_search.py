@@ -26,7 +26,7 @@ from launcher.sharding.profile.units import Unit, split_parts
 from launcher.sharding.search.dp import predict, search, shortlist
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import NoPlanFits
-from tests.launch import REPO, read_result, run_cli
+from tests.launch import REPO, read_result, read_scalars, run_cli
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.profile.programs import terminal_contractions
 from tests.test_cfp_analysis import layer_program
@@ -649,6 +649,11 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     assert len(result["repeat_times_s"]) == 2 and rounds[result["best_baseline"]] == 2
     fewer = [f"{name} (1)" for name, n in rounds.items() if n == 1]
     assert ("fewer of the 2 rounds: " + ", ".join(fewer) in table) == bool(fewer), table
+    # The final race's rounds as TensorBoard curves: each plan's step time, round by round.
+    races = {tag.removeprefix("race/"): [t for _, t in v] for tag, v in read_scalars(tmp_path / "cfp").items()
+             if tag.startswith("race/")}
+    assert races == {"cfp": pytest.approx(result["repeat_times_s"]),
+                     **{n: pytest.approx(b["repeat_times_s"]) for n, b in result["baselines"].items()}}
     stopped = [[line.split("INFO ", 1)[1] for line in (tmp_path / "cfp" / "logs" / f"rank{r}.log").read_text()
                 .splitlines() if "of 2 rounds: over 1.01x" in line] for r in (0, 1)]
     assert len(stopped[0]) == len(fewer) and [s.split(":")[0] for s in stopped[0]] == \

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.launch import REPO, read_result, run_cli
+from tests.launch import REPO, read_result, read_scalars, run_cli
 from tests.test_operate import wait_for
 from tests.train_reference import CHECKPOINT_EVERY, LOCAL, STEPS, TRAIN, uninterrupted
 
@@ -52,3 +52,10 @@ def test_a_training_job_killed_at_one_rank_restarts_and_ends_with_the_uninterrup
     assert sum(t[k] for k in parts) <= t["wall_s"] * 1.05
     status = run_cli("status", str(run)).stdout
     assert re.search(r"^time +queued [\d.]+ s, start-up .*; goodput \d+% of [\d.]+ s, 2 attempts$", status, re.M), status
+    # The curve in TensorBoard: the restart's first step purged what the killed attempt wrote
+    # past its checkpoint, so every step has one loss, the uninterrupted run's; each attempt's time.
+    curves = read_scalars(run)
+    assert curves["loss"] == [(s, pytest.approx(v)) for s, v in enumerate(reference["losses"])]
+    attempts = [step for step, _ in curves["time/steps_s"]]  # attempt 0's, unless its rank 0 was killed outright
+    assert attempts in ([0, 1], [1]) and curves["time/steps_s"][-1][1] == pytest.approx(
+        json.loads((run / ".xlaunch" / "time" / "attempt1.json").read_text())["steps_s"], rel=1e-3)

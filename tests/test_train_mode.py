@@ -11,7 +11,7 @@ import pytest
 
 from launcher import jaxcompat
 from launcher.models.plans import builtin
-from tests.launch import read_result, run_cli
+from tests.launch import read_result, read_scalars, run_cli
 from tests.test_models import load_preset
 from tests.test_plans import TOLERANCE
 
@@ -49,6 +49,19 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
     assert 0 < multi["peak_memory_bytes"] < single["peak_memory_bytes"]
     # Rank 0's progress bar went to its log.
     assert f"train GPT [dp_tp]: {STEPS}/{STEPS}" in (tmp_path / "multi" / "logs" / "rank0.log").read_text()
+    # Its curves, for TensorBoard (read back with TensorBoard's own reader): the loss and the step
+    # time once per step (0 to STEPS - 1), as result.json has them; throughput and TFLOPS of each
+    # step; the compiled step's memory once; the attempt's time accounting at step 0 (attempt 0).
+    curves = read_scalars(tmp_path / "multi")
+    assert curves["loss"] == [(s, pytest.approx(v)) for s, v in enumerate(multi["losses"])]
+    assert curves["step_time_s"] == [(s, pytest.approx(t)) for s, t in enumerate(times)]
+    tokens = model.config.batch_size * model.config.seq_len
+    assert curves["tokens_per_s"] == [(s, pytest.approx(tokens / t)) for s, t in enumerate(times)]
+    assert curves["tflops"] == [(s, pytest.approx(multi["flops_per_step"] / t / 1e12)) for s, t in enumerate(times)]
+    assert multi["tokens_per_s"] == pytest.approx(tokens / multi["step_time_s"])
+    assert curves["memory_mib/peak"] == [(0, pytest.approx(multi["peak_memory_bytes"] / 2**20))]
+    assert curves["time/steps_s"] == [(0, pytest.approx(sum(times), rel=1e-3))]
+    assert {f"time/{k}" for k in ("queued_s", "startup_s", "compile_s", "checkpoint_s", "other_s", "goodput")} < set(curves)
 
 
 @pytest.mark.parametrize("family, extra", [

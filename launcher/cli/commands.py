@@ -1,11 +1,12 @@
-"""``xlaunch status|logs|cancel|runs|stacks``: follow and stop jobs submitted earlier.
+"""``xlaunch status|logs|cancel|runs|stacks|sweep``: follow and stop jobs submitted earlier.
 
 A first word that names a command can never be a Hydra override (those are ``key=value``), so
 ``launcher.cli.main`` hands such a command line here before Hydra sees it. Each command takes a
 run dir, or the latest run under ``./outputs`` and ``./multirun`` when none is named, and reads
 what the run dir and the scheduler say (``launcher/cli/jobs.py``). Bad input (a directory that is
 not a run dir, a job the scheduler no longer knows, cancelling a job that has ended) is one line
-and exit status 2, as everywhere in xlaunch. Reference: docs/operate.md.
+and exit status 2, as everywhere in xlaunch. ``xlaunch sweep`` prints a ``-m`` sweep's table
+(``launcher/cli/sweep/``) from its sweep dir, also while it runs. Reference: docs/operate.md.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.cli import jobs
+from launcher.cli import jobs, sweep
 from launcher.cli.console import seconds
 from launcher.errors import BAD_INPUT
 from launcher.errors import BAD_INPUT as bad
 from launcher.runtime import status, timing
+from launcher.cli.sweep import points
 
-COMMANDS = ("status", "logs", "cancel", "runs", "stacks")
+COMMANDS = ("status", "logs", "cancel", "runs", "stacks", "sweep")
 
 _RUN_HELP = "the run dir (default: the latest run under ./outputs and ./multirun)"
 
@@ -33,9 +35,9 @@ def parser() -> argparse.ArgumentParser:
         prog="xlaunch", description="Follow and stop jobs that xlaunch submitted (e.g. with launcher.wait=false). "
         "Start a job with `xlaunch key=value ...` (see `xlaunch --help`).",
         epilog="examples:\n  xlaunch status\n  xlaunch logs -f\n  xlaunch logs --rank 1 outputs/2026-01-31/12-00-00-train-slurm\n"
-               "  xlaunch cancel\n  xlaunch runs -n 20",
+               "  xlaunch cancel\n  xlaunch runs -n 20\n  xlaunch sweep multirun/2026-01-31/12-00-00",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,logs,cancel,runs,stacks}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{status,logs,cancel,runs,stacks,sweep}")
 
     s = sub.add_parser("status", help="the job's state and each rank's",
                        description="The job's state (queued, running, requeued, done, failed with the rank and "
@@ -69,6 +71,14 @@ def parser() -> argparse.ArgumentParser:
                        description="The runs under ./outputs and ./multirun, newest first: when, mode, cluster, job "
                                    "id, state and the headline result.")
     s.add_argument("-n", "--last", type=int, default=10, help="how many runs (default 10; 0: all)")
+    s.add_argument("--sweep", action="store_true", help="the latest -m sweep as one table (as xlaunch sweep)")
+
+    s = sub.add_parser("sweep", help="a -m sweep as one table: its points, their figures and states",
+                       description="A -m sweep's points as one table: the overrides that vary, each point's "
+                                   "headline figures, its state (a failed point's error) and run dir, the best "
+                                   "point; sweep.csv (every point) and sweep.png (the chart) are written again "
+                                   "in the sweep dir. Also while the sweep runs.")
+    s.add_argument("sweep_dir", nargs="?", help="the sweep dir (default: the latest sweep under ./multirun)")
     return p
 
 
@@ -76,7 +86,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         return {"status": _status, "logs": _logs, "cancel": _cancel, "runs": _runs,
-                "stacks": _stacks}[args.command](args)
+                "stacks": _stacks, "sweep": _sweep}[args.command](args)
     except BAD_INPUT as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -144,7 +154,15 @@ def _stacks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    text, _ = sweep.report(points.find_sweep(getattr(args, "sweep_dir", None)))
+    print(text)
+    return 0
+
+
 def _runs(args: argparse.Namespace) -> int:
+    if args.sweep:
+        return _sweep(args)
     if args.last < 0:
         print(f"error: --last {args.last}: give a number of runs (0: all)", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import jaxcompat
+from launcher import figures, jaxcompat
 from launcher.clusters.config import Accelerator, ClusterConfig
 from launcher.modes.checks import Job
 from launcher.clusters.base import Cluster, backends
@@ -58,6 +58,18 @@ class ContainerConfig:
     venv: Optional[str] = None  # a venv inside the container, activated after setup
     env: Dict[str, str] = field(default_factory=dict)
     options: List[str] = field(default_factory=list)  # extra exec/run options
+
+
+@dataclass
+class ObjectiveConfig:
+    """What a sweep ranks its points by, and Hydra's sweepers (hydra/sweeper=optuna) optimize:
+    one of the mode's headline figures (launcher/figures.py)."""
+
+    # "": the mode's own (check: bandwidth; train, search, cfp: step_time; hlo_replay:
+    # replay_time; profile: profile_time); mode=run: a number its program returns or logs.
+    figure: str = ""
+    # null: the figure's own direction (bandwidth: higher is better); true or false to say it.
+    lower_is_better: Optional[bool] = None
 
 
 @dataclass
@@ -92,6 +104,7 @@ class LauncherConfig:
     # final run of search) to <run dir>/traces/rank<N>/ (launcher/runtime/trace.py).
     trace: bool = False
     log_level: str = "INFO"
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     # Test-only fault injection, to prove that failures end the job quickly:
     # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT
     # (no Python cleanup, like a segfault), "hang:<rank>" never joins.
@@ -126,6 +139,15 @@ def mode_schema_of(mode: Any) -> type:
     if not mode.get("code") and mode.get("name") in mode_codes():
         mode = {**mode, "code": mode_codes()[mode["name"]]}
     return find(mode).config
+
+
+def objective_of(cfg: DictConfig) -> Optional[figures.Objective]:
+    """The run's objective (``launcher.objective``: a headline figure of its mode, launcher/figures.py);
+    None where its mode has none by default and none is named. UserError for a figure the mode
+    does not report."""
+    mode = cfg.mode
+    code = mode.get("code") or mode_codes().get(mode.get("name"), mode.get("name"))
+    return figures.objective(find({"code": code}).figures, mode.get("name"), cfg.launcher.get("objective") or {})
 
 
 def mode_codes() -> Dict[str, str]:
@@ -297,6 +319,7 @@ def validate(cfg: DictConfig) -> None:
     check_model(cfg.model)
     _validate_mode_counts(cfg.mode)
     mode_schema_of(cfg.mode).check(cfg.mode, job_of(cfg))
+    objective_of(cfg)  # a figure the mode does not report is refused now
     if job_of(cfg).same_python:
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)

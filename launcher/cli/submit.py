@@ -31,6 +31,10 @@ class JobFailed(Exception):
     """The job ran and failed; the message names the rank and its log."""
 
 
+class JobInterrupted(JobFailed):
+    """The launcher was stopped (Ctrl-C, SIGTERM) while it owned the job, which it cancelled."""
+
+
 def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +97,8 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         return wait(submitted["job"], cluster, cfg, run_dir, restart)
     except KeyboardInterrupt:
         cluster.cancel(submitted["job"])
-        raise JobFailed(f"interrupted: job {submitted['job'].job_id} cancelled; what it wrote is in {run_dir}") from None
+        raise JobInterrupted(f"interrupted: job {submitted['job'].job_id} cancelled; what it wrote is in {run_dir}") \
+            from None
 
 
 def coordinator_port(cfg: DictConfig) -> int:
@@ -355,4 +360,4 @@ def summarize(result: dict[str, Any], run_dir: Path) -> None:
     print(console.summarize(result, run_dir), flush=True)
 
 
-__all__ = ["launch", "wait", "JobFailed", "UserError", "summarize"]
+__all__ = ["launch", "wait", "JobFailed", "JobInterrupted", "UserError", "summarize"]

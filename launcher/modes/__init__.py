@@ -15,7 +15,8 @@ because two kinds of process read them:
 
 Adding a mode is those two modules, one line here and its ``conf/mode/<name>.yaml``; its entry
 names the functions that render its result on the console (``launcher/cli/console.py``; without
-them, a generic listing of its result). A preset is a config file only:
+them, a generic listing of its result) and its headline figures (``launcher/figures.py``: a
+sweep's table and chart, the objective of Hydra's sweepers). A preset is a config file only:
 ``conf/mode/cfp.yaml`` takes mode=search's schema (and with it ``code: search``, the entry that
 runs it) with lighter defaults and its own ``name``. No mode imports another: what the CFP modes
 share is the sharding pipeline's (``launcher/sharding/``) and their common options' (``cfp_config.py``).
@@ -25,13 +26,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from launcher import figures
 from launcher.errors import UserError
 from launcher.modes import analysis, check, hlo_replay, profile, run, search, train
 from launcher.modes.base import Mode, ModeConfig
 
-def _console(name: str) -> dict[str, str]:
-    """A mode's renderers in launcher/cli/console.py: ``<name>_answer`` and ``<name>_line``."""
-    return {"answer": f"launcher.cli.console:{name}_answer", "headline": f"launcher.cli.console:{name}_line"}
+
+def _console(name: str) -> dict:
+    """A mode's renderers in launcher/cli/console.py (``<name>_answer`` and ``<name>_line``) and its
+    figures in launcher/figures.py (``<name>``)."""
+    return {"answer": f"launcher.cli.console:{name}_answer", "headline": f"launcher.cli.console:{name}_line",
+            "figures": getattr(figures, name)}
 
 
 MODES: dict[str, Mode] = {

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import MISSING
 
+from launcher.figures import Figures
 from launcher.plugins import function
 
 
@@ -35,6 +36,9 @@ class Mode:
     # lines printed when the run ends, and the one-line headline of `xlaunch runs` ("": generic).
     answer: str = ""
     headline: str = ""
+    # Its headline figures (launcher/figures.py): a sweep's table and chart, and what Hydra's
+    # sweepers optimize (launcher.objective). None named: the numbers its result holds.
+    figures: Figures = Figures(open=True)
 
     # "module:function" of the mode's config module: (the user's code directory on this machine,
     # the globs of its files workers that share no file system need) for a mode that runs the

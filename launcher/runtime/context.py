@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import BAD_INPUT, UserError
 from launcher.runtime.ranks import RankInfo
+from launcher.runtime.scalars import Scalars
 from launcher.runtime.timing import AttemptClock
 from launcher.runtime.watch import RankReporter
 
@@ -59,6 +60,9 @@ class TaskContext:
     reporter: Optional[RankReporter] = None
     clock: Optional[AttemptClock] = None  # this attempt's times (runtime/timing.py): modes add theirs
     launch: Optional[Launch] = None  # what the launcher decided for the job's tasks (runtime/task.py)
+    # This process's TensorBoard scalars (launcher/runtime/scalars.py): rank 0's go into the run
+    # dir as event files. None outside a task.
+    scalars: Optional[Scalars] = None
 
     @property
     def is_main(self) -> bool:

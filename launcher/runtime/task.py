@@ -29,8 +29,9 @@ from launcher import jaxcompat
 from launcher.errors import BAD_INPUT
 from launcher.plugins import function
 from launcher.runtime import devices, ranks, requeue, status, timing
-from launcher.runtime.watch import ENDED, RankReporter
 from launcher.runtime.context import Launch, TaskContext
+from launcher.runtime.scalars import Scalars
+from launcher.runtime.watch import ENDED, RankReporter
 
 
 class Task(Checkpointable):
@@ -90,7 +91,9 @@ class Task(Checkpointable):
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
         reporter.follow_log(sys.stderr.fileno())  # the log, now: a rank that writes to it is making progress
-        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock}
+        scalars = Scalars(run_dir, rank.process_id, attempt, warn=log.warning)
+        self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock,
+                         "scalars": scalars}
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
@@ -120,8 +123,13 @@ class Task(Checkpointable):
                 log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
             reporter.set("failed", message, bad_input=bad_input)
             clock.end("failed", self._running.get("compile", {}).get("s"))
+            try:
+                _write_time(scalars, run_dir)
+            except Exception as again:  # noqa: BLE001 - the failure being reported is the one that matters
+                log.warning("the failed attempt's time accounting was not written to TensorBoard: %s", again)
             raise
         finally:
+            scalars.close()
             reporter.stop()
             logging.shutdown()
 
@@ -139,8 +147,7 @@ class Task(Checkpointable):
         init_s = time.perf_counter() - t0
         _inject_fault(cfg, rank, log, before_start=False)
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
-                          launch=self.launch,
-                          clock=self._running["clock"])
+                          launch=self.launch, clock=self._running["clock"], scalars=self._running["scalars"])
         result = self._run_mode(ctx, init_s)
         self._write_result(ctx, result)
         reporter.set("done")
@@ -233,9 +240,29 @@ class Task(Checkpointable):
         # Where the time went, over this job's attempts so far (this one ends here).
         ctx.clock.end("done", self._running["compile"]["s"])
         result["time"] = timing.summary(ctx.run_dir, step_times=result.get("step_times_s"))
+        _write_time(ctx.scalars, ctx.run_dir)
         if ctx.is_main:
             ctx.write_json("result.json", result)
             ctx.log.info("wrote %s", ctx.run_dir / "result.json")
+
+
+def _write_time(scalars: Scalars, run_dir: Path) -> None:
+    """This attempt's time accounting as TensorBoard scalars (``time/<what>_s`` at step = the
+    attempt, and the job's goodput so far), beside the curves the run wrote; a run that wrote none
+    gets none. An earlier attempt's is written again where this attempt's purge step hid it (an
+    attempt killed outright wrote none: result.json's ``time`` has every attempt)."""
+    if not scalars.written:
+        return
+    purged = scalars.purged_from
+    for a in timing.attempts(run_dir):
+        n = a.get("attempt", 0)
+        if n == scalars.attempt or (purged is not None and purged <= n < scalars.attempt):
+            spent = timing.spent(a)
+            spent.pop("in_mode_s")
+            scalars.add(n, spent, prefix="time/")
+    total = timing.summary(run_dir)
+    if total:
+        scalars.add(scalars.attempt, {"goodput": total["goodput"]}, prefix="time/")
 
 
 def _inject_fault(cfg: DictConfig, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:

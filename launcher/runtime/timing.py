@@ -96,34 +96,50 @@ def summary(run_dir: Path, step_times: list[float] | None = None, ended: bool = 
     runs = attempts(run_dir)
     if not runs:
         return None
-    now = (max(a.get("ended") or 0.0 for a in runs) or None) if ended else None
-    now = time.time() if now is None else now
-
-    def span(a: dict, start: str, stop: str) -> float:
-        t0, t1 = a.get(start), a.get(stop) or (now if stop == "ended" else None)
-        return max(t1 - t0, 0.0) if t0 is not None and t1 is not None else 0.0
-
+    now = _now(runs, ended)
+    each = [spent(a, now) for a in runs]
     first = runs[0].get("submitted") or runs[0]["started"]
     last = max(a.get("ended") or now for a in runs)
-    queued = sum(span(a, "submitted", "started") for a in runs)
-    startup = sum(span(a, "started", "joined") for a in runs)
-    compile_s = sum(a.get("compile_s", 0.0) for a in runs)
-    steps_s = sum(a.get("steps_s", 0.0) for a in runs)
-    checkpoint_s = sum(a.get("checkpoint_s", 0.0) for a in runs)
-    in_mode = sum(span(a, "joined", "ended") for a in runs)
     # Work lost: steps an attempt did past the checkpoint the next one resumed from.
     lost_steps = sum(max(a.get("last_step", 0) - b.get("resumed_from_step", a.get("last_step", 0)), 0)
                      for a, b in zip(runs, runs[1:], strict=False))
     median = statistics.median(step_times) if step_times else _median_step(runs)
     lost_s = lost_steps * median if median else 0.0
     wall = max(last - first, 1e-9)
+    total = {k: sum(e[k] for e in each) for k in _SPENT}
+    total["other_s"] = max(sum(e["in_mode_s"] for e in each) - total["compile_s"] - total["steps_s"]
+                           - total["checkpoint_s"], 0.0)
     return {
-        "attempts": len(runs), "wall_s": wall, "queued_s": queued, "startup_s": startup, "compile_s": compile_s,
-        "steps_s": steps_s, "checkpoint_s": checkpoint_s,
-        "other_s": max(in_mode - compile_s - steps_s - checkpoint_s, 0.0),
+        "attempts": len(runs), "wall_s": wall, **total,
         "lost_steps": lost_steps, "lost_s": lost_s,
-        "goodput": max(steps_s - lost_s, 0.0) / wall,
+        "goodput": max(total["steps_s"] - lost_s, 0.0) / wall,
     }
+
+
+# Where an attempt's time went, in the order the summary's line gives it.
+_SPENT = ("queued_s", "startup_s", "compile_s", "steps_s", "checkpoint_s", "other_s")
+
+
+def spent(a: dict, now: float | None = None) -> dict:
+    """One attempt's time (``attempts``' entry): queued, start-up, compiling, steps,
+    checkpoints and the rest of the mode's time (``in_mode_s``: all of it, from joining to the
+    end); an attempt that has not ended counts to ``now``."""
+    now = time.time() if now is None else now
+
+    def span(start: str, stop: str) -> float:
+        t0, t1 = a.get(start), a.get(stop) or (now if stop == "ended" else None)
+        return max(t1 - t0, 0.0) if t0 is not None and t1 is not None else 0.0
+
+    compile_s, steps_s, checkpoint_s = (a.get(k, 0.0) for k in ("compile_s", "steps_s", "checkpoint_s"))
+    return {"queued_s": span("submitted", "started"), "startup_s": span("started", "joined"),
+            "compile_s": compile_s, "steps_s": steps_s, "checkpoint_s": checkpoint_s,
+            "other_s": max(span("joined", "ended") - compile_s - steps_s - checkpoint_s, 0.0),
+            "in_mode_s": span("joined", "ended")}
+
+
+def _now(runs: list[dict], ended: bool) -> float:
+    now = (max(a.get("ended") or 0.0 for a in runs) or None) if ended else None
+    return time.time() if now is None else now
 
 
 def _median_step(runs: list[dict]) -> float:

@@ -41,7 +41,8 @@ def run(ctx: TaskContext) -> dict:
     api._install(api.Context(run_dir=ctx.run_dir, rank=ctx.rank.process_id, num_processes=ctx.rank.num_processes,
                              restart=ctx.attempt, checkpoint_dir=checkpoints, launched=True,
                              _should_stop=stops.should_stop,
-                             _progressed=ctx.reporter.progressed if ctx.reporter is not None else lambda: None))
+                             _progressed=ctx.reporter.progressed if ctx.reporter is not None else lambda: None,
+                             _scalars=ctx.scalars))
     ctx.log.info("running %s in %s%s", what, code_dir, f" (restart {ctx.attempt})" if ctx.attempt else "")
     returned = None
     with _initialized_already(ctx):
@@ -57,6 +58,8 @@ def run(ctx: TaskContext) -> dict:
             api._install(None)
     stops.after_program()  # if the program stopped as asked: requeue (this raises) or wait for it
     out: dict[str, Any] = {"program": what, "code_dir": str(code_dir), "restart": ctx.attempt}
+    if ctx.scalars is not None and ctx.scalars.last:  # what it logged (launcher.context().log): each name's last
+        out["logged"] = dict(ctx.scalars.last)
     if cfg.target:
         try:
             json.dumps(returned, default=_json_default)

@@ -34,6 +34,7 @@ def run(ctx: TaskContext) -> dict:
                                    str(ctx.path("plan.json")))
     files = _comparison(ctx, fields)
     step = {"step": cfg.step} if cfg.step else {}
+    _race_curves(ctx, fields, out.planned.row)
     return {**fields, **files, **step, "mode_wall_s": time.perf_counter() - t0}
 
 
@@ -49,6 +50,18 @@ def _answer(ctx: TaskContext, out: pipeline.Searched) -> None:
     ctx.write_text("after_ir.txt", answer.run.compiled.as_text())
     if answer.name != answer.searched:
         ctx.write_text(f"{answer.searched}_after_ir.txt", out.searched.compiled.as_text())
+
+
+def _race_curves(ctx: TaskContext, fields: Mapping[str, Any], searched: str) -> None:
+    """The final race as TensorBoard scalars (``launcher/runtime/scalars.py``): each plan's mean
+    step time in each round it ran, ``race/<plan>`` at step = the round."""
+    if ctx.scalars is None:
+        return
+    rounds = {searched: fields["repeat_times_s"],
+              **{name: run.get("repeat_times_s") or [] for name, run in fields["baselines"].items()}}
+    for name, times in rounds.items():
+        for k, seconds in enumerate(times):
+            ctx.scalars.add(k, {name: seconds}, prefix="race/")
 
 
 def _comparison(ctx: TaskContext, fields: Mapping[str, Any]) -> dict:

@@ -45,21 +45,24 @@ def run(ctx: TaskContext) -> dict:
     resumed_from = trainer.step_no
     clock.set(resumed_from_step=resumed_from, last_step=resumed_from, steps_done=0)
     every = cfg.checkpoint_every
+    curves = _Curves(ctx, model, trainer, len(devices))
     with ctx.progress(cfg.steps, f"train {type(model).__name__} [{plan.name}]") as bar:
         bar.advance(trainer.step_no)
         steps_bar = _StepsSeen(bar, clock, trainer)
         with trace.recording(ctx, "train") as traced:
             while trainer.step_no < cfg.steps:
-                n = cfg.steps - trainer.step_no
-                n = min(n, every - trainer.step_no % every) if every else n
-                new = _traced_steps(trainer, n, steps_bar) if traced else trainer.steps(n, steps_bar)
+                # One step at a time: its loss and time reach TensorBoard as it ends.
+                new = _traced_steps(trainer, 1, steps_bar) if traced else trainer.steps(1, steps_bar)
                 times += new
+                curves.step(new[0])
                 clock.add("steps_s", sum(new))
                 clock.set(steps_done=trainer.step_no - resumed_from, last_step=trainer.step_no)
                 if every and (trainer.step_no % every == 0 or trainer.step_no == cfg.steps):
                     # Inside the trace when there is one: saving is part of what the run spends.
                     t = time.perf_counter()
                     ckpts.save(trainer.step_no, trainer.state, trainer.losses, times)
+                    if ctx.scalars is not None:  # the saved steps' curves, kept however this attempt ends
+                        ctx.scalars.flush()
                     clock.add("checkpoint_s", time.perf_counter() - t)
     if ckpts is not None:
         ckpts.close()
@@ -67,6 +70,7 @@ def run(ctx: TaskContext) -> dict:
     losses = trainer.losses
     step_time = _median(times[cfg.warmup_steps:] or times)
     flops = float(model.flops_per_step())
+    samples, tokens = _batch_size(model)
     out = {
         "model": type(model).__name__,
         "param_count": int(model.param_count()),
@@ -79,6 +83,8 @@ def run(ctx: TaskContext) -> dict:
         "flops_per_step": flops,
         "tflops": flops / step_time / 1e12,
         "tflops_per_device": flops / step_time / 1e12 / len(devices),
+        "samples_per_s": samples / step_time if samples else None,
+        "tokens_per_s": tokens / step_time if tokens else None,
         "peak_memory_bytes": trainer.peak_memory_bytes,
         "memory": trainer.memory,
         "resumed_from_step": resumed_from,
@@ -119,6 +125,39 @@ def _resume(ctx, cfg, trainer, fingerprint) -> tuple:
                         f"mode.steps={at.step} or more to go on from it")
     trainer.load_state(state, at.step, at.losses)
     return ckpts, list(at.step_times_s)
+
+
+def _batch_size(model) -> tuple[int, int]:
+    """Samples and tokens in one step's batch (0 where the model's config does not say)."""
+    c = getattr(model, "config", None)
+    samples = int(getattr(c, "batch_size", 0) or 0)
+    return samples, samples * int(getattr(c, "seq_len", 0) or 0)
+
+
+class _Curves:
+    """Each step's loss, time, throughput and TFLOPS as TensorBoard scalars (rank 0's, in the run
+    dir: ``launcher/runtime/scalars.py``), and the compiled step's memory with the first."""
+
+    def __init__(self, ctx, model, trainer, devices: int) -> None:
+        self.scalars, self.trainer, self.devices = ctx.scalars, trainer, devices
+        self.flops = float(model.flops_per_step())
+        self.samples, self.tokens = _batch_size(model)
+        self.first = True
+
+    def step(self, seconds: float) -> None:
+        if self.scalars is None:
+            return
+        at = self.trainer.step_no - 1  # the step that just ran: 0 .. mode.steps - 1
+        values = {"loss": self.trainer.losses[-1], "step_time_s": seconds, "tflops": self.flops / seconds / 1e12}
+        if self.tokens:
+            values["tokens_per_s"] = self.tokens / seconds
+        if self.samples:
+            values["samples_per_s"] = self.samples / seconds
+        self.scalars.add(at, values)
+        if self.first:
+            self.first = False
+            memory = {k.removesuffix("_bytes"): v / 2**20 for k, v in self.trainer.memory.items()}
+            self.scalars.add(at, memory, prefix="memory_mib/")
 
 
 class _StepsSeen:
