@@ -11,6 +11,7 @@ one line naming what was found.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import os
@@ -277,6 +278,30 @@ def _auto_axes(n: int) -> dict:
     except ImportError:  # 0.4.35: no axis types, every axis is what Auto is now
         return {}
     return {"axis_types": (AxisType.Auto,) * n}
+
+
+def outside_mesh_context() -> ContextManager:
+    """No mesh in context (``jax.set_mesh(None)``) for what runs inside: a program that set its
+    own mesh (``jax.set_mesh``, Explicit axes above all) traces every jit under it, and a step
+    jitted on another mesh (a plan's) is refused there ("context mesh ... should match the aval
+    mesh"). Before 0.6 there is no such context: nothing to leave."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    return jax.set_mesh(None) if hasattr(jax, "set_mesh") else contextlib.nullcontext()
+
+
+def wrap_keys(data: Any, key_dtype: Any) -> Any:
+    """Typed PRNG keys of ``key_dtype`` (``key<fry>``) from their key data (``key_shape(key_dtype)``
+    trailing). The dtype knows its implementation only through a private attribute, in every
+    release from 0.4.35 to 0.10."""
+    import jax  # noqa: PLC0415  JAX: jaxcompat is imported before a task sets its devices
+
+    return jax.random.wrap_key_data(data, impl=key_dtype._impl)
+
+
+def key_shape(key_dtype: Any) -> tuple[int, ...]:
+    """The trailing shape of one key's data (threefry: (2,))."""
+    return tuple(key_dtype._impl.key_shape)
 
 
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-import jax.numpy as jnp
 
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.analysis.graph import itemsize
 from launcher.errors import UserError
 
 
@@ -32,7 +32,7 @@ def state_floor_bytes(a: Analysis) -> int:
     """Per device, the least share of the program inputs the step reads that any plan leaves a
     device: their bytes over the device count (see the module's docstring)."""
     g, n = a.graph, math.prod(a.mesh_shape)
-    total = sum(math.prod(g.shape(v)) * jnp.dtype(g.vars[v].dtype).itemsize for v in g.inputs if g.consumers[v])
+    total = sum(math.prod(g.shape(v)) * itemsize(g.vars[v].dtype) for v in g.inputs if g.consumers[v])
     return total // n
 
 

@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.analysis.graph import itemsize
 from launcher.sharding.ilp.calibrate import calibrate, calibrated
 from launcher.sharding.ilp.calibrate import programs as calibration_programs
 from launcher.sharding.profile.boundaries import Boundary, find_boundaries, layout_pairs
@@ -243,7 +244,7 @@ class Profiler:
                 self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
                          "model on this mesh)")
             self.priced = True
-            return {p: model.reshard_seconds(p[0][0], np.dtype(p[0][1]).itemsize, p[1], p[2]) for p in pairs}, 0
+            return {p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2]) for p in pairs}, 0
         for p in pairs:
             costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
                                                                                     self.mesh, self.timer))

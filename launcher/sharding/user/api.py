@@ -53,9 +53,11 @@ from launcher.sharding.search.meshes import AUTO
 from launcher.sharding.profile.keys import device_signature
 from launcher.sharding.profile.store import ProfileStore
 from launcher.sharding.search.report import table_text
+from launcher.sharding.user.console import Console, log_path
 from launcher.sharding.user.reading import combine, program_args, split, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
+from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.runtime import hosts
 from launcher.runtime import user_program
@@ -101,7 +103,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     the step's outputs, or a function returning one (default: its one floating-point scalar).
     ``reuse``: hand back the plan an earlier search of the same step (traced program and
     arguments), devices and options left in the profile store, without searching again (False:
-    search again). ``log``: a line at a time (default: printed by process 0).
+    search again). ``log``: the search's details, a line at a time (default: into a log file
+    beside the profile store, with a progress bar and the table on the screen, ``console.py``;
+    ``log=print``: every line printed).
 
     ``options``: the search's settings, any option of the passes by name
     (``launcher/sharding/options.py``, checked there), among them ``memory_budget_gb`` (per
@@ -112,8 +116,38 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
 
     Returns the ``AutoPlan``. UserError (one line) for bad input: see ``user_step.step_program``.
     """
+    # The program's own mesh context (jax.set_mesh), if any, is left: the search lays the step out
+    # on meshes of its own, and so does the plan (``Applied``).
+    with jaxcompat.outside_mesh_context():
+        return _autoshard(step_fn, example_args, mesh_shape, algorithm, data_argnums, in_shardings, state_argnums,
+                          loss, log, reuse, options)
+
+
+def _autoshard(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
+               data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
+               loss: Any, log: Optional[Callable[[str], None]], reuse: bool, options: dict) -> "AutoPlan":
+    """``autoshard``; without ``log``, quiet (``console.py``): the details in a log file, a progress
+    bar and the table on the user's screen."""
+    Algorithm.named(algorithm, option="algorithm")
+    search = lambda log, progress=None: _search(step_fn, example_args, mesh_shape, algorithm, data_argnums,
+                                                in_shardings, state_argnums, loss, _keywords(log), progress, reuse,
+                                                options)
+    if log is not None:
+        return search(log)
+    name = getattr(step_fn, "__name__", type(step_fn).__name__)
+    store_root = Path(options.get("store_dir", ProfileOptions.store_dir)).expanduser().resolve()
+    with Console(log_path(store_root, name), is_main=jax.process_index() == 0) as console:
+        console.show(f"autoshard: searching {name} on {jax.device_count()} devices (the details: {console.path}; "
+                     "log=print shows them here)")
+        plan = search(console.log, console.progress)
+        console.show(plan.table())
+    return plan
+
+
+def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
+            data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
+            loss: Any, log: Callable[[str], None], progress: Any, reuse: bool, options: dict) -> "AutoPlan":
     kind = Algorithm.named(algorithm, option="algorithm")
-    log = _keywords(log or _print_main)
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
                            state_argnums=state_argnums, loss=loss, log=log)
     settings = dict(options)
@@ -127,7 +161,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
                 f"{store.root} ({earlier.why or earlier.source}); reuse=False searches again")
             return earlier
     out = pipeline.run_search(program, kind(search, settings), mesh_shape=mesh_shape,
-                              hooks=Hooks(log=log, is_main=jax.process_index() == 0))
+                              hooks=Hooks(log=log, progress=progress, is_main=jax.process_index() == 0))
     plan = AutoPlan.of(program, out)
     own = replace(plan.own, why=as_keywords(plan.own.why)) if plan.own is not None else None
     plan = replace(plan, why=as_keywords(plan.why), own=own)
@@ -182,11 +216,6 @@ def as_keywords(text: str) -> str:
     """The passes speak the command line's keys (``mode.verify_margin``); from Python they are
     autoshard's keywords (``verify_margin=``)."""
     return re.sub(r"\bmode\.([a-z_]+)", r"\1", text)
-
-
-def _print_main(line: str) -> None:
-    if jax.process_index() == 0:
-        print(f"autoshard: {line}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +379,8 @@ class AutoPlan:
         objects are updated in place (and returned)."""
         pargs, at = program_args(args)
         arrays, static = split(pargs)
-        placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
+        with jaxcompat.outside_mesh_context():
+            placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
         return write_back(args, at, tuple(placed))
 
     def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
@@ -431,7 +461,10 @@ def _paired(a: PlanRun, b: PlanRun) -> float:
 
 
 def _placed(x: Any, sharding: Any) -> Any:
-    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+    """``x`` laid out as ``sharding``: as it is where it already is, on the plan's own mesh (an
+    equivalent layout on another mesh, the program's own, is moved: jit takes one mesh)."""
+    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == sharding.mesh \
+            and x.sharding.is_equivalent_to(sharding, x.ndim):
         return x
     if isinstance(x, jax.ShapeDtypeStruct):
         raise UserError("plan.place and plan.apply take arrays; a jax.ShapeDtypeStruct has no values to place")
@@ -452,9 +485,15 @@ class Applied:
         self._compiled: dict[Any, tuple[TrainingProgram, Any, Any]] = {}
 
     def __call__(self, *args: Any) -> Any:
+        with jaxcompat.outside_mesh_context():  # the plan's mesh, not the program's (autoshard)
+            return self._call(args)
+
+    def _call(self, args: tuple) -> Any:
         pargs, _ = program_args(args)
         arrays, static = split(pargs)
-        key = (jax.tree.structure(arrays), jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
+        # Shapes too: arguments shaped otherwise than the plan's are refused in one line (``_build``).
+        key = (jax.tree.structure(arrays), tuple((np.shape(x), str(x.dtype)) for x in jax.tree.leaves(arrays)),
+               jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
         if key not in self._compiled:
             self._compiled[key] = self._build(args)
         program, jitted, shardings = self._compiled[key]
