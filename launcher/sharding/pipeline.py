@@ -36,7 +36,7 @@ from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned, plan_ti
 from launcher.sharding.analysis.core import Analysis, analyze_graph
 from launcher.sharding.analysis.core import analyze as analyze_step
 from launcher.sharding.analysis.hlo_text import read_hlo
-from launcher.sharding.apply import plan_json
+from launcher.sharding.apply import AXIS_NAMES, plan_json
 from launcher.sharding.apply import make_mesh as build
 from launcher.sharding.options import (
     BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
@@ -44,14 +44,16 @@ from launcher.sharding.options import (
     ProfileOptions,
     SearchOptions,
 )
-from launcher.sharding.profile.budget import refuse_if_nothing_fits
+from launcher.sharding.profile.budget import UNITS_OVER_STEP, gb_at_least, refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
 from launcher.sharding.profile.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.dp import Candidate, SearchResult
 from launcher.sharding.search.dp import search as dp_search
-from launcher.sharding.search.dp import shortlist
+from launcher.sharding.search.dp import predict, shortlist
+from launcher.sharding.search.behind import behind_note
+from launcher.sharding.search.fit import compiled_key, within_budget
 from launcher.sharding.search.measure import (
     Cut,
     PlanRun,
@@ -63,6 +65,7 @@ from launcher.sharding.search.measure import (
 )
 from launcher.sharding.search.measure import communication_study as study
 from launcher.sharding.search.meshes import (
+    crossings,
     for_each_mesh,
     is_auto,
     merge_shortlists,
@@ -119,9 +122,11 @@ def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     return list(mesh_shape) or [jax.device_count()]
 
 
-def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-    """The logical mesh (axes cfp0, cfp1) over ``devices`` (default: all global devices)."""
-    return build(list(mesh_shape), devices)
+def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None, across: Optional[int] = None
+              ) -> Mesh:
+    """The logical mesh (axes cfp0, cfp1, cfp2) over ``devices`` (default: all global devices),
+    ordered by process, the processes changing along axis ``across`` (default the first)."""
+    return build(list(mesh_shape), devices, across)
 
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
@@ -161,7 +166,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
     (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
     one shape given is refused."""
     auto = is_auto(mesh_shape)
-    shapes = mesh_shapes(mesh_shape, jax.device_count())
+    shapes = mesh_shapes(mesh_shape, jax.device_count(), jax.process_count())
     if auto:
         log("mode.mesh_shape=auto: searching the logical meshes %s of the %d devices" % (shapes, jax.device_count()))
     meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first
@@ -313,6 +318,11 @@ class Answer:
     searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
     margin: float                # mode.verify_margin
     rounds: int                  # the rounds decided on
+    # Under mode.memory_budget_gb: the plans raced whose measured memory is over it (never the
+    # answer), and the budget in bytes.
+    over_budget: tuple[str, ...] = ()
+    budget_bytes: Optional[float] = None
+    behind: str = ""   # where the searched plan ran behind the fastest baseline, which segments and why
 
     @property
     def source(self) -> str:
@@ -331,6 +341,14 @@ class Answer:
         """Which plan is the answer and why, in plain words: what the race measured (the searched
         plan's time over the fastest baseline's, round by round) and what the answer asks of it."""
         own, best = plan_title(self.searched), self.best_baseline
+        over = (f"; over the memory budget ({self.budget_bytes / 2**20:.2f} MiB per device) as measured, so never "
+                f"the answer: {', '.join(self.over_budget)}" if self.over_budget else "")
+        if self.searched in self.over_budget:
+            return (f"{own} is over the memory budget: the answer is the fastest plan within it, "
+                    f"{plan_title(self.name)}{over}")
+        return self._why(own, best) + over + (f". {self.behind}" if self.behind else "")
+
+    def _why(self, own: str, best: Optional[str]) -> str:
         if best is None:
             return f"no baseline ran every round beside it: the answer is {own}"
         ratio = self.searched_vs_best_baseline_paired
@@ -342,14 +360,23 @@ class Answer:
         return f"{measured}: not faster{asked}, so the answer is {plan_title(self.name)}"
 
 
-def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float
-           ) -> Answer:
+def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float,
+           budget: Optional[float] = None) -> Answer:
     """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
     searched plan first, then the baselines; ``runners`` theirs): ``measure.verdict``'s pick.
     ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
     another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized as it ran, so
-    ``mode=train mode.plan=`` runs it on the same mesh."""
-    v = verdict([r.repeat_times_s for r in runs], range(1, len(runs)), margin)
+    ``mode=train mode.plan=`` runs it on the same mesh. ``budget`` (bytes per device): only a plan
+    whose measured memory is within it is the answer; none: NoPlanFits naming the least measured."""
+    fits = [not budget or r.memory_bytes <= budget for r in runs]
+    if not any(fits):
+        least = min(runs, key=lambda r: r.memory_bytes)
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory a plan measured "
+                         f"is {least.memory_bytes / 2**30:.6g} GB per device ({least.name}); give "
+                         f"mode.memory_budget_gb={gb_at_least(least.memory_bytes)} or more")
+    eligible = [i for i in range(1, len(runs)) if fits[i]]
+    # Over the budget, the searched plan wins nothing: the fastest baseline within it is the answer.
+    v = verdict([r.repeat_times_s for r in runs], eligible, margin if fits[0] else 1.0)
     i = v.answer
     if i == 0 or Algorithm.of_row(runs[i].name) is not None:
         plan = plans(i)
@@ -359,7 +386,8 @@ def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int
         mesh = runners[i].mesh
         plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
     best = runs[v.best_baseline].name if v.best_baseline is not None else None
-    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds)
+    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds,
+                  tuple(r.name for r, f in zip(runs, fits, strict=True) if not f), budget)
 
 
 def with_user_baseline(options: SearchOptions, subject: Any) -> SearchOptions:
@@ -419,7 +447,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
-    cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
+    # Under a budget, a baseline over it (its compiled memory) races but is never the yardstick a
+    # baseline within it is dropped against: the answer is the fastest plan that fits.
+    budget = options.profile.memory_budget_bytes
+    among = frozenset(i for i in range(1, 1 + len(more)) if not budget or runners[i].peak_memory_bytes <= budget)
+    cut = Cut(among, drop_after, drop_slower_than) if drop_slower_than and among else None
     with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
         raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut))
     raced, extra_runs = raced[:len(runners)], raced[len(runners):]
@@ -435,7 +467,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
             + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
-    chosen = answer(runners, raced, plans.get, options.verify_margin)
+    chosen = answer(runners, raced, plans.get, options.verify_margin, options.profile.memory_budget_bytes)
+    if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
+            and Algorithm.of_row(chosen.best_baseline) is None:
+        chosen.behind = behind_note(planned, chosen.best_baseline, chosen.searched_vs_best_baseline_paired,
+                                    list(where.mesh.devices.flat)) or ""
     log(chosen.why())
     return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})
 
@@ -448,8 +484,11 @@ def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, 
     each under the profile's memory budget, and the fastest of their shortlists measured on the
     whole step (``choose``): the plan, with what the DP predicted."""
     budget = options.profile.memory_budget_bytes
+    # Under a budget the segments' sum is a first filter (budget.UNITS_OVER_STEP times it); what
+    # fits is decided by the whole step's memory (``choose``, ``search/fit.py``).
     founds, reasons = for_each_mesh(
-        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
+        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget,
+                                                   UNITS_OVER_STEP),
         refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
     meshes: list[dict] = []
     for o, found, why in zip(on, founds, reasons, strict=True):
@@ -468,8 +507,11 @@ def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, 
     picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
     log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
                                                                           picked.source))
-    log("predicted step time %.6f s, memory %.6f GB per device" % (picked.predicted_time_s,
-                                                                    picked.predicted_memory_bytes / 2**30))
+    # Its memory: the whole step's as XLA allocates it under the plan (compiled, not yet run),
+    # not the segments' sum, which over-counts it.
+    step_memory = chosen.peak_memory_bytes
+    log("predicted step time %.6f s, memory %.6f GB per device (the whole step compiled; its segments add up to "
+        "%.6f GB)" % (picked.predicted_time_s, step_memory / 2**30, picked.predicted_memory_bytes / 2**30))
     analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
     fields = {
         "meshes": meshes,
@@ -477,17 +519,40 @@ def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, 
         "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
         "candidates": candidates,
         "predicted_step_time_s": picked.predicted_time_s,
-        "predicted_memory_gb": picked.predicted_memory_bytes / 2**30,
+        "predicted_memory_gb": step_memory / 2**30,
+        "segments_memory_gb": picked.predicted_memory_bytes / 2**30,
         "profiled_configs": sum(p.profiled_configs for p in profiles),
         "measured_configs": sum(p.measured for p in profiles),
         "reused_configs": sum(p.reused for p in profiles),
         "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
         "profile_time_s": sum(p.seconds for p in profiles),
     }
-    return Planned("cfp", "cfp", where, plan_json(analysis, picked.assignment), chosen, picked.source,
-                   picked.predicted_time_s, picked.predicted_memory_bytes, meshes, fields,
+    plan = plan_json(analysis, picked.assignment, picked.stored)
+    if jax.process_count() > 1:   # the axis between processes, named (plans.arranged)
+        plan = replace(plan, across=AXIS_NAMES[picked.across or 0])
+        log("the axis across processes: %s of mesh %s" % (plan.across, where.shape))
+    fields["plan"]["across_processes"] = plan.across
+    return Planned("cfp", "cfp", where, plan, chosen, picked.source,
+                   picked.predicted_time_s, step_memory, meshes, fields,
                    details=CfpSearched(found, picked, candidates, nearest))
 
+
+
+def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
+                     ) -> list[tuple[int, Candidate]]:
+    """Each mesh's search optimum again with another of its axes crossing processes (``crossings``:
+    a job of several processes; the devices ordered by process, the first axis crosses them by
+    default): plans that differ only in which axis goes between hosts, measured against each
+    other in the shortlist (a data axis across hosts and tensor parallelism within, or the
+    reverse)."""
+    out = []
+    for i, c in short:
+        for k in crossings(on[i].shape, processes) if c.source == "search optimum" else ():
+            if k != 0:
+                out.append((i, replace(c, source=f"{c.source}, {AXIS_NAMES[k]} across processes", across=k)))
+    if out:
+        log("across processes: %d plans the same as a mesh's optimum but for the axis between processes" % len(out))
+    return out
 
 
 def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,
@@ -516,20 +581,36 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions =
             log("plan nearest %s: %s on mesh %s" % (name, nearest[name][1], on[nearest[name][0]].shape))
         else:
             log("plan nearest %s: none (it does not fit the model or the meshes searched)" % name)
-    shorts = []
-    for i in live:
-        mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
-        shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
-                                max(verify_top_k, 1), budget, mine))
-    short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+    compiled: dict = {}
+    if budget:   # what fits, as the whole step allocates it (search/fit.py)
+        fronts = [[Candidate(founds[i].assignment, founds[i].predicted_time_s, founds[i].predicted_memory_bytes,
+                             "search optimum")]
+                  + [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
+                     for r in founds[i].runners_up] for i in live]
+        near = {name: (i, Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {name}"))
+                for name, (i, plan) in nearest.items()}
+        fitted = within_budget(on, live, fronts, near, budget, max(verify_top_k, 1), seed=seed, log=log)
+        short, incumbents, compiled = fitted.short, fitted.incumbents, fitted.runners
+    else:
+        shorts = []
+        for i in live:
+            mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
+            shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
+                                    max(verify_top_k, 1), budget, mine))
+        short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+        near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
+        incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+    short += across_processes(on, short, jax.process_count(), log)
     bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
-    near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
-    incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+    meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
+              for i, c in short}
     with bar as bar_value:
-        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
+        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
+                             for i, c in short],
                             iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value, drop_slower_than=options.drop_slower_than)
+                            progress=bar_value, drop_slower_than=options.drop_slower_than,
+                            compiled=[compiled.get(compiled_key(i, c)) for i, c in short])
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:

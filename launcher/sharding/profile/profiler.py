@@ -162,6 +162,7 @@ class Profiler:
                                   is_main=is_main)
         self.shortcuts, self.overlap = self.loop.shortcuts, self.loop.overlap
         self.top_k, self.measure_resharding = options.profile_top_k, options.measure_resharding
+        self.budget_bytes = options.memory_budget_bytes
         self.priced = False   # resharding priced by the calibrated collectives (reshard_costs)
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
@@ -171,8 +172,9 @@ class Profiler:
         todo = [c for c, m in zip(candidates, missing, strict=True) if m]
         reused = len(candidates) - len(todo)
         budget = self.shortcuts.memory_budget_bytes
-        if budget is not None and state_floor_bytes(self.a) > budget:
-            raise UserError(no_plan_fits(budget, state_floor_bytes(self.a), "",
+        # A true floor (every input is held somewhere): refused at the budget itself, shortcuts or not.
+        if self.budget_bytes is not None and state_floor_bytes(self.a) > self.budget_bytes:
+            raise UserError(no_plan_fits(self.budget_bytes, state_floor_bytes(self.a), "",
                                          f"its parameters, optimizer state and batch alone, split over all "
                                          f"{self.mesh.devices.size} devices"))
         space = self.loop.space()

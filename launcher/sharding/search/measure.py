@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from launcher import jaxcompat
 from launcher.sharding.user import step as user_step
 from launcher.sharding.analysis.core import Analysis
-from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
+from launcher.sharding.apply import across_of, assignment_transform, make_mesh, whole_step
 from launcher.sharding.profile.quiet import quiet
 from launcher.sharding.profile.timing import Timer, slowest_process
 from launcher.sharding.search.comm import collectives, total_bytes
@@ -127,14 +127,16 @@ class StepRunner(_SharedCompile, CompiledStep):
 
 
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
-                name: str = "cfp") -> Runner | StepRunner:
-    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``."""
+                name: str = "cfp", stored: frozenset = frozenset()) -> Runner | StepRunner:
+    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``
+    (``stored``: inputs kept split between steps, ``apply.plan_constraints``)."""
     if not program.is_model:
-        step, in_shardings, _ = whole_step(a, assignment, mesh)
+        step, in_shardings, _ = whole_step(a, assignment, mesh, stored)
         return StepRunner(name, program, step, in_shardings, seed=seed)
-    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}})
+    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}},
+                across=across_of(mesh))
     return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
-                  transform_step=assignment_transform(a, assignment))
+                  transform_step=assignment_transform(a, assignment, stored))
 
 
 def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner | StepRunner:
@@ -232,7 +234,7 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
 
 def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
          incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None,
-         drop_slower_than: float = 0.0) -> tuple[Runner, list[dict]]:
+         drop_slower_than: float = 0.0, compiled: Sequence[Any] = ()) -> tuple[Runner, list[dict]]:
     """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
     (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
     of different logical meshes of the same devices race together, in ``repeats`` interleaved
@@ -249,11 +251,14 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     ``drop_slower_than`` (0: none) cuts the race as the final race cuts its baselines (``Cut``):
     after half the rounds, a plan over that many times the fastest in each of them runs no more
     (its figures are those of its rounds), except the fastest incumbent, which the winner must
-    beat. Returns the chosen runner (compiled, rounds cleared, its ``candidate`` set) and a row
-    per candidate."""
+    beat. ``compiled``: a runner per entry compiled already (None: compile it here; ``fit.py``
+    compiles the plans within a memory budget first). Returns the chosen runner (compiled,
+    rounds cleared, its ``candidate`` set) and a row per candidate."""
+    given = list(compiled) or [None] * len(entries)
     with compile_share.shared():  # each process compiles some of the candidates and loads the others
-        runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed)
-                   for a, program, mesh, c in entries]
+        runners = [r if r is not None else plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed,
+                                                       stored=c.stored)
+                   for (a, program, mesh, c), r in zip(entries, given, strict=True)]
     measured: list[float | None] = [None] * len(runners)
     ratios: list[float | None] = [None] * len(runners)
     over_incumbent: list[float | None] = [None] * len(runners)

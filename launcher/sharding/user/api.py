@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher.sharding import pipeline
-from launcher.sharding.apply import constrained_step, make_mesh, pspec, spec_from_json
+from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
 from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
 from launcher.sharding.options import USER_BASELINE, IlpOptions, ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
@@ -254,6 +254,9 @@ class AutoPlan:
     searched: Any = field(default=None, repr=False, compare=False)
     # The searched plan itself, where another plan is the answer (this one); not saved.
     own: Optional["AutoPlan"] = field(default=None, repr=False, compare=False)
+    # The mesh axis the devices' processes change along (a job of several processes: the axis
+    # between hosts, ``plans.arranged``); None: one process, or the first axis.
+    across: Optional[str] = None
 
     @classmethod
     def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
@@ -272,7 +275,7 @@ class AutoPlan:
                    p.predicted_step_time_s, memory, _run_json(out.searched),
                    {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
-                   loss=reading.loss_path)
+                   loss=reading.loss_path, across=getattr(p.plan, "across", None))
         plan.searched = p.details
         return plan
 
@@ -292,6 +295,7 @@ class AutoPlan:
             source = f"baseline {answer.name}"
         return replace(self, name=answer.name, why=answer.why(), mesh_shape=mesh_shape, constraints=constraints,
                        source=source, predicted_step_time_s=None, predicted_memory_gb=None,
+                       across=getattr(answer.plan, "across", None),
                        measured=runs.pop(answer.name), baselines=runs, own=self)
 
     # --- what it says --------------------------------------------------------------------------
@@ -343,8 +347,9 @@ class AutoPlan:
     def table(self) -> str:
         """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
+        across = [f"mesh {self.mesh_shape}: {self.across} across processes"] if self.across else []
         return table_text(self._runs(), self.skipped, title=title, answer=self.row,
-                          notes=[self.why] if self.why else ())
+                          notes=across + ([self.why] if self.why else []))
 
     def _runs(self) -> dict[str, PlanRun]:
         return {name: PlanRun(name, r["repeat_times_s"], r.get("losses", []), int(r["memory_gb"] * 2**30),
@@ -360,7 +365,7 @@ class AutoPlan:
         if len(devices) != self.device_count:
             raise UserError(f"this plan was searched on {self.device_count} devices, and this job has {len(devices)}: "
                             f"run on {self.device_count} devices, or autoshard the step again on these")
-        return make_mesh(self.mesh_shape, devices)
+        return make_mesh(self.mesh_shape, devices, AXIS_NAMES.index(self.across) if self.across else None)
 
     def shardings(self, *args: Any) -> tuple:
         """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
