@@ -45,7 +45,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ def worker(name: str, store: str, iterations: int, repeats: int) -> dict:
 
     sys.path.insert(0, str(REPO))
     from launcher.sharding.apply import constrained_step
+    from launcher.sharding.comparison import compare
     from launcher.sharding.user.api import autoshard
     from launcher.sharding.search.measure import StepRunner, baseline_runner, race
     from launcher.sharding.user.step import step_program
@@ -103,7 +103,8 @@ def worker(name: str, store: str, iterations: int, repeats: int) -> dict:
     cfp, again = runs["cfp"], runs["cfp again"]
     base = {b: runs[b] for b in baselines}
     ratios = {b: paired(cfp, r) for b, r in base.items()}
-    best = max(ratios, key=ratios.__getitem__)      # the fastest baseline: CFP's plan's largest ratio over one
+    # The fastest baseline as a search's answer names it, round by round (the comparison every output reads).
+    best = compare({"cfp": cfp.repeat_times_s, **{b: r.repeat_times_s for b, r in base.items()}}, "cfp").best_baseline
     floor = abs(paired(again, cfp) - 1)
     answer_run = cfp if answer.row == "cfp" else runs.get(answer.row, runs.get("alpa_ilp"))
     return {
@@ -277,13 +278,15 @@ def _builtin_search(name: str, store: str):
 
 
 def _paired(times, other) -> float:
-    n = min(len(times), len(other))
-    return statistics.median(t / u for t, u in zip(times[:n], other[:n], strict=True))
+    from launcher.sharding.comparison import paired_over   # the one paired ratio
+
+    return paired_over(times, other)
 
 
 def paired(run, other) -> float:
-    n = min(len(run.repeat_times_s), len(other.repeat_times_s))
-    return statistics.median(t / u for t, u in zip(run.repeat_times_s[:n], other.repeat_times_s[:n], strict=True))
+    from launcher.sharding.comparison import paired_over   # the one paired ratio
+
+    return paired_over(run.repeat_times_s, other.repeat_times_s)
 
 
 def main() -> None:

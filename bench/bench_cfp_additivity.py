@@ -54,9 +54,9 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     from launcher.sharding.profile.candidates import CandidateLoop
     from launcher.sharding.profile.keys import StoreKeys
     from launcher.sharding.profile.programs import whole_overhead_entry
-    from launcher.sharding.profile.quiet import counts
-    from launcher.sharding.profile.store import ProfileStore
-    from launcher.sharding.profile.timing import CacheFlush, Timer
+    from launcher.sharding.measuring.quiet import counts
+    from launcher.sharding.measuring.store import ProfileStore
+    from launcher.sharding.measuring.timing import CacheFlush, Timer
     from launcher.sharding.search.comm import collectives
     from launcher.sharding.search.dp import predict, search
     from launcher.sharding.search.measure import plan_runner, race

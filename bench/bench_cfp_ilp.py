@@ -10,7 +10,7 @@ llama2, moe, and CFP's own workloads cfp-gpt, cfp-llama, cfp-moe), in its own pr
 virtual devices, on one mesh (``--mesh``, 4x2 as bench_cfp_search.py) and one program:
 
 - CFP as ``mode=search`` runs it: profile every segment combination (a fresh store, so every
-  entry is measured now), the DP, the shortlist measured on the whole step (``pipeline.choose``);
+  entry is measured now), the DP, the shortlist measured on the whole step (``algorithms/cfp.py: choose``);
 - the ILP: calibrate the collectives (a fresh store: measured now), formulate, solve;
 - then CFP's plan, CFP's plan compiled a second time (the A/A floor: how far one measurement of
   a plan moves from another of the same plan in the same rounds), the ILP's plan and the
@@ -58,10 +58,12 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_search import paired
 
     from launcher.sharding import pipeline
+    from launcher.sharding.algorithms.cfp import choose
+    from launcher.sharding.algorithms.base import OnMesh
     from launcher.sharding.ilp.plan import from_blocks, ilp_plan
     from launcher.sharding.options import ProfileOptions, SearchOptions
-    from launcher.sharding.profile.quiet import counts
-    from launcher.sharding.profile.store import ProfileStore
+    from launcher.sharding.measuring.quiet import counts
+    from launcher.sharding.measuring.store import ProfileStore
     from launcher.sharding.search.dp import search
     from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 
@@ -76,8 +78,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
                             log=log).profiles
     found = search(prof, len(a.blocks))
     t0 = time.perf_counter()
-    chosen, candidates, _ = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found],
-                                            SearchOptions(verify_top_k=top_k))
+    chosen, candidates, _ = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(verify_top_k=top_k),
+                                       name="cfp")
     choose_s = time.perf_counter() - t0
     picked = chosen.candidate
     log(f"CFP: {picked.assignment} ({picked.source})")

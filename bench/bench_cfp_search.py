@@ -106,8 +106,11 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_analysis import tiny_model
 
     from launcher.sharding import pipeline
+    from launcher.sharding.algorithms.cfp import choose
+    from launcher.sharding.algorithms.base import OnMesh
+    from launcher.sharding.comparison import compare
     from launcher.sharding.options import ProfileOptions, SearchOptions
-    from launcher.sharding.profile.quiet import counts
+    from launcher.sharding.measuring.quiet import counts
     from launcher.sharding.search.dp import predict, search
     from launcher.sharding.search.measure import baseline_runners, plan_runner, race
 
@@ -122,8 +125,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
                             log=log).profiles
     found = search(prof, len(a.blocks))
     # The shortlist measured as mode=search measures it (its verify_* defaults).
-    chosen, candidates, nearest = pipeline.choose([pipeline.OnMesh(analyzed, mesh, prof)], [found],
-                                                  SearchOptions(verify_top_k=top_k))
+    chosen, candidates, nearest = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(verify_top_k=top_k),
+                                                  name="cfp")
     picked = chosen.candidate
     log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
         f"({picked.source})")
@@ -162,7 +165,10 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     # uniform plan's (each built-in plan by its nearest plan), the search's own measure.
     predicted_uniform = {k: predict(prof, plan)[0] for k, plan in uniform_plans.items()}
     best_predicted_uniform = min(predicted_uniform, key=predicted_uniform.get)
-    best_name = min(runs, key=lambda k: runs[k].step_time_s)
+    # The fastest baseline as the search's own answer names it (round by round), read once.
+    compared = compare({searched.name: searched.repeat_times_s, **{k: r.repeat_times_s for k, r in runs.items()}},
+                       searched.name)
+    best_name = compared.best_baseline
     best = runs[best_name].step_time_s
     return {
         "model": f"{name}-tiny",
@@ -195,8 +201,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
         "baselines": {k: r.summary() for k, r in runs.items()},
         "baselines_skipped": skipped,
         "best_baseline": best_name,
-        "searched_over_best_baseline": searched.step_time_s / best,
-        "searched_over_best_baseline_paired": paired(searched, runs[best_name]),
+        "searched_over_best_baseline": compared.vs_best_baseline(searched.name),
+        "searched_over_best_baseline_paired": compared.searched_vs_best_baseline_paired,
         "search_optimum_step_time_s": optimum.step_time_s,
         "search_optimum_over_best_baseline": optimum.step_time_s / best,
         "search_optimum_over_best_baseline_paired": paired(optimum, runs[best_name]),
@@ -358,9 +364,12 @@ def shortcut_summary(rows: list[dict]) -> dict:
 
 
 def paired(run: Any, other: Any) -> float:
-    """The median over rounds of ``run``'s round time over ``other``'s in the same round: the
-    machine's speed moves between rounds (README, Benchmarks), and a ratio within a round cancels it."""
-    return statistics.median(t / u for t, u in zip(run.repeat_times_s, other.repeat_times_s, strict=True))
+    """``run``'s round time over ``other``'s, paired (``launcher/sharding/comparison.py``'s one
+    ratio): the machine's speed moves between rounds (README, Benchmarks), and a ratio within a
+    round cancels it."""
+    from launcher.sharding.comparison import paired_over
+
+    return paired_over(run.repeat_times_s, other.repeat_times_s)
 
 
 def users_worker(spec: str) -> dict:
@@ -372,7 +381,8 @@ def users_worker(spec: str) -> dict:
 
     from launcher.sharding import pipeline
     from launcher.sharding.algorithms.base import Algorithm, Hooks
-    from launcher.sharding.search.measure import paired_over, paired_ratios, plan_runner
+    from launcher.sharding.comparison import compare, paired_over
+    from launcher.sharding.search.measure import plan_runner
     from launcher.modes.search import algorithm_of
 
     ctx = launcher.context()
@@ -416,9 +426,9 @@ def users_worker(spec: str) -> dict:
     full = {k: r for k, r in runs.items() if len(r.repeat_times_s) == n}   # the race dropped none of these
     builtin = {k: r for k, r in full.items() if k != ilp_row}
     best_builtin = None
-    if builtin:
-        ratios = paired_ratios([r.repeat_times_s for r in builtin.values()])
-        best_builtin = list(builtin)[min(range(len(builtin)), key=ratios.__getitem__)]
+    if builtin:   # as the answer names the fastest baseline, among the built-in plans alone
+        best_builtin = compare({cfp.name: cfp.repeat_times_s, **{k: r.repeat_times_s for k, r in builtin.items()}},
+                               cfp.name).best_baseline
     pair = lambda a, b: paired_over(a.repeat_times_s, b.repeat_times_s)
     floor = abs(pair(extra["cfp again"], cfp) - 1)
     best = answer.best_baseline

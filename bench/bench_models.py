@@ -58,7 +58,7 @@ def matmul_peak(n: int, repeats: int) -> dict:
     """Median TFLOP/s of an n x n float32 matmul: on one device, and sharded over all 8."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from launcher.sharding.profile.timing import Timer
+    from launcher.sharding.measuring.timing import Timer
 
     def timed(f, *args) -> float:
         return statistics.median(Timer(1, repeats).runs([f], args)[0])

@@ -46,7 +46,7 @@ def worker(args: argparse.Namespace) -> None:
                                      heartbeat_timeout_seconds=100)
     from bench_cfp_analysis import tiny_model
     from launcher.sharding import pipeline
-    from launcher.sharding.profile.timing import slowest_process
+    from launcher.sharding.measuring.timing import slowest_process
     from launcher.sharding.search.measure import baseline_runner, plan_runner, race
     from launcher.sharding.search.nearest import nearest_plans
 

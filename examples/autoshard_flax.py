@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from launcher.sharding.user.api import autoshard
+from launcher import autoshard
 
 
 class Block(nnx.Module):

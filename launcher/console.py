@@ -142,7 +142,7 @@ def comparison_answer(r: dict) -> str:
     under it, which plan is the answer and why), the chart beside it, and the answer's plan file."""
     answer = r.get("answer") or {}
     if r.get("baselines") is not None and r.get("repeat_times_s") and answer.get("searched"):
-        from launcher.sharding.search.report import comparison_text  # noqa: PLC0415  rich: at the run's end only
+        from launcher.sharding.report import comparison_text  # noqa: PLC0415  rich: at the run's end only
 
         lines = [comparison_text(r).rstrip("\n")]
     else:

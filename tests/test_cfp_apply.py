@@ -10,7 +10,7 @@ from tests.test_cfp_search import run_python
 from tests.test_cfp_search import SMALL_GPT
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.program import training_program
-from launcher.sharding.pipeline import plan_json
+from launcher.sharding.apply import plan_json
 from launcher.models.plans import Plan
 import jax
 from launcher.sharding.apply import constraints_transform, make_mesh, spec_from_json
@@ -31,7 +31,7 @@ from tests.test_cfp_analysis import mlp_program
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh, whole_step, constrained_step
 from launcher.sharding.search.comm import collectives
-from launcher.sharding.pipeline import plan_json
+from launcher.sharding.apply import plan_json
 
 step, shapes = mlp_program()
 a = analyze(step, shapes, [4])

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from launcher.sharding.analysis.core import analyze
-from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
+from launcher.sharding.measuring.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
 from launcher.sharding.ilp.formulate import formulate
 from launcher.sharding.ilp.operators import alpa_strategies, check_decidable, devices_used, operator_graph
 from launcher.sharding.ilp.plan import brute_force
@@ -31,7 +31,7 @@ from launcher.sharding.ilp.formulate import _Pricer
 import jax
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.ilp.plan import ilp_plan
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 
 pytestmark = pytest.mark.core
 
@@ -190,7 +190,7 @@ import jax
 from launcher.sharding import pipeline
 from launcher.sharding.apply import constraints_transform
 from launcher.sharding.ilp.plan import ilp_plan
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.search.measure import plan_runner
 from launcher.models.gpt import GPT
 from launcher.models.plans import Plan, builtin

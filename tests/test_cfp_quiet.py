@@ -1,4 +1,4 @@
-"""Steal-aware timing (launcher/sharding/profile/quiet.py).
+"""Steal-aware timing (launcher/sharding/measuring/quiet.py).
 
 The hypervisor cannot be made to steal on demand, so these tests script the steal counter
 (``stolen_ticks``) around real measurements; the first reads the real /proc/stat."""
@@ -6,7 +6,7 @@ The hypervisor cannot be made to steal on demand, so these tests script the stea
 import itertools
 import time
 
-from launcher.sharding.profile import quiet
+from launcher.sharding.measuring import quiet
 
 
 def test_steal_is_read_from_proc_stat():

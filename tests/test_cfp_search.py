@@ -24,7 +24,7 @@ from launcher.sharding.profile.boundaries import Boundary
 from launcher.sharding.profile.profiler import Profiles
 from launcher.sharding.profile.units import Unit, split_parts
 from launcher.sharding.search.dp import predict, search, shortlist
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import NoPlanFits
 from tests.launch import REPO, read_result, run_cli
 from launcher.sharding.analysis.core import analyze
@@ -34,13 +34,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from launcher.sharding.profile.timing import Timer, overhead_program
-from launcher.sharding.search.measure import paired_ratios
+from launcher.sharding.measuring.timing import Timer, overhead_program
+from launcher.sharding.comparison import paired_ratios
 from launcher.sharding.search.measure import Cut, race
-from launcher.sharding.search.measure import winner
+from launcher.sharding.comparison import winner
 from launcher.sharding.search.measure import _decided
-from launcher.sharding.search.measure import verdict
-from launcher.sharding.pipeline import answer
+from launcher.sharding.comparison import verdict
+from launcher.sharding.pipeline import Searched, answer
+from launcher.sharding import results
+from launcher.sharding.comparison import compare
+from launcher.sharding.options import ProfileOptions
+from launcher.sharding.report import comparison_text
+from launcher.sharding.user.api import AutoPlan
 from launcher.sharding.search.measure import PlanRun
 from launcher.models.plans import Plan, builtin
 
@@ -416,6 +421,48 @@ def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
     assert a.why().endswith("not faster by the 2% mode.verify_margin asks, so the answer is dp_tp's plan")
 
 
+
+def test_every_output_names_the_same_best_baseline_where_medians_and_paired_ratios_disagree():
+    """The answer computed once (launcher/sharding/comparison.py): the race's answer, result.json,
+    the table the console and comparison.txt render from it, AutoPlan.comparison() and what the
+    benches read name one fastest baseline, round by round, even where the medians name another."""
+
+    # The machine is three times slower in round 3. By medians dp (1.0) is ahead of fsdp (1.2);
+    # round by round fsdp is ahead in two of the three rounds (0.9x dp's time), and so the fastest.
+    times = {"cfp": [1.0, 1.1, 2.9], "dp": [1.0, 1.0, 3.0], "fsdp": [0.9, 1.2, 2.7]}
+    runs = [PlanRun(name, t, [1.0], 2**20, 1e9, 0.0) for name, t in times.items()]
+    assert min(runs[1:], key=lambda r: r.step_time_s).name == "dp"    # the medians' fastest baseline
+
+    class Ran:
+        plan, mesh = builtin("fsdp"), type("Mesh", (), {"axis_names": ("data",), "devices": np.zeros(3)})()
+
+    searched_plan = Plan("cfp", (("cfp0", 3),), {"params": {}, "activations": {}, "inputs": {}})
+    a = answer([None, Ran(), Ran()], runs, {0: searched_plan}.get, 0.02)
+    assert a.best_baseline == "fsdp" and a.name == "fsdp"   # cfp ran 1.074x fsdp's time: fsdp is the answer
+
+    # result.json (rank 0's), and the table rendered from it (the console, comparison.txt)
+    out = Searched(None, runs[0], {r.name: r for r in runs[1:]}, {}, a)
+    result = {**results.race_fields(out, ProfileOptions()), "drop_slower_than": 1.25,
+              "answer": results.answer_fields(a, "plan.json", "cfp_plan.json")}
+    assert result["best_baseline"] == result["answer"]["best_baseline"] == "fsdp"
+    assert result["vs_best_baseline_paired"] == result["answer"]["searched_vs_best_baseline_paired"]
+    assert result["vs_best_baseline_paired"] == pytest.approx(statistics.median([1.0 / 0.9, 1.1 / 1.2, 2.9 / 2.7]))
+    table = comparison_text(result)
+    assert "the fastest baseline, fsdp," in table and "fsdp (answer)" in table
+
+    # A user's step's plan (autoshard, or mode=search mode.step), saved and loaded: the same names.
+    run_json = lambda r: {**r.summary(), "losses": list(r.losses), "flops": r.flops}
+    plan = AutoPlan([3], {}, [], [1], 3, "cfp", "step", "baseline fsdp", None, None, run_json(runs[2]),
+                    {"cfp": run_json(runs[0]), "dp": run_json(runs[1])}, name="fsdp", why=a.why())
+    loaded = AutoPlan.from_dict(json.loads(json.dumps(plan.to_json())), "a test")
+    for saved in (plan, loaded):
+        c = saved.comparison()
+        assert (c["best_baseline"], c["answer"], c["fastest"]) == ("fsdp", "fsdp", "dp")
+        assert c["searched_vs_best_baseline_paired"] == result["vs_best_baseline_paired"]
+        assert c["vs_best_baseline_paired"] == 1.0
+    # What the benches read of a race of their own (bench_cfp_search.py, bench_autoshard.py).
+    assert compare(times, "cfp").best_baseline == "fsdp"
+
 def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
     store = ProfileStore(tmp_path)
     key = {"model": "m", "combination": [0, 1]}
@@ -437,7 +484,7 @@ from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 a = analyze(*mlp_program(), [4])
 overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
 options = ProfileOptions.exhaustive(repeats=2, warmup=1, overlap_compile=overlap)
@@ -502,7 +549,7 @@ from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
 from launcher.sharding.program import training_program
 from launcher.sharding.search.dp import predict, search
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import UserError
 from launcher.models.gpt import GPT
 

@@ -19,8 +19,8 @@ import pytest
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.candidates import CandidateLoop, Shortcuts, memory_of
 from launcher.sharding.profile.keys import PROFILE_VERSION
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import EarlyStop, Timer
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import EarlyStop, Timer
 from launcher.sharding.search.dp import predict, search, shortlist
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli

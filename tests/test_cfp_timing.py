@@ -1,4 +1,4 @@
-"""How the profile pass times programs (launcher/sharding/profile/timing.py): turns, cache flushes, store keys.
+"""How the profile pass times programs (launcher/sharding/measuring/timing.py): turns, cache flushes, store keys.
 
 In-process, on the 8 virtual CPU devices conftest.py sets up. No timing is asserted here (that is
 bench/bench_cfp_additivity.py's business): what runs, how often, and what it leaves behind."""
@@ -13,11 +13,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.profile.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
+from launcher.sharding.measuring.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.profile.profiler import Profiler
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from tests.test_cfp_analysis import mlp_program
 
 

@@ -1,6 +1,7 @@
 """The code's own rules, checked with every test run: ruff's (pyproject.toml, [tool.ruff.lint]:
 pyflakes, bugbear, a complexity ceiling, imports at the top of modules unless the line says why)
-and no import cycle among the package's modules, lazy imports included (.ci/import_cycles.py);
+and no import cycle among the package's modules, lazy imports included, nor between its folders
+(.ci/import_cycles.py);
 and the test modules that share work (module-scoped fixtures, the uninterrupted training run)
 are those conftest.SharedWork keeps on one xdist worker."""
 

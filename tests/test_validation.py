@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 from launcher import schema
 from launcher.errors import BAD_INPUT
 from omegaconf import OmegaConf
-from launcher.sharding.options import IlpOptions, ProfileOptions, SearchOptions
+from launcher.sharding.algorithms.ilp import IlpOptions
+from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.modes import MODES as REGISTRY, find
 from launcher.schema import mode_codes
 

@@ -8,12 +8,12 @@ docs/cfp.md and docs/autoshard.md. The options are ``launcher/sharding/options.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from launcher.sharding.algorithms.base import Algorithm
-from launcher.sharding.options import IlpOptions, SearchOptions
+from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.meshes import AUTO
 from launcher.errors import UserError
 from launcher.modes.cfp_config import AnalysisConfig, ProfileConfig
@@ -21,9 +21,9 @@ from launcher.runtime.user_program import check_target, parse_target
 
 
 @dataclass
-class Config(ProfileConfig):
-    """mode=search's options: the profile's, ``SearchOptions``' and the ILP's (launcher/sharding/options.py
-    says what each does, and why its default)."""
+class _Search(ProfileConfig):
+    """mode=search's options: the profile's and ``SearchOptions``' (launcher/sharding/options.py
+    says what each does, and why its default), and the algorithms' (``Config`` below)."""
 
     name: str = "search"
     code: str = "search"
@@ -40,15 +40,15 @@ class Config(ProfileConfig):
     verify_iterations: int = SearchOptions.verify_iterations
     verify_repeats: int = SearchOptions.verify_repeats
     verify_margin: float = SearchOptions.verify_margin
-    # cfp: CFP's profiling search. ilp: the Alpa-style ILP alone (launcher/sharding/ilp/, nothing
-    # profiled); with cfp, mode.baselines may name alpa_ilp to race the ILP's plan beside CFP's.
-    algorithm: str = "cfp"
+    # The algorithm (launcher/sharding/algorithms/; default: the one its class says is): cfp, CFP's
+    # profiling search; ilp, the Alpa-style ILP alone (nothing profiled). With cfp, mode.baselines
+    # may name alpa_ilp to race the ILP's plan beside CFP's.
+    algorithm: str = field(default_factory=lambda: Algorithm.default().name)
     # A module defining more algorithms (launcher/sharding/algorithms/base.py), importable from the
     # directory the launcher starts in or PYTHONPATH.
     algorithm_module: Optional[str] = None
     # Options of an algorithm's own (its option_names), e.g. +mode.algorithm_options.my_option=1.
     algorithm_options: Dict[str, Any] = field(default_factory=dict)
-    ilp_time_limit_s: float = IlpOptions.time_limit_s
     # pkg.module:make_step: search this factory's training step instead of the model (docs/autoshard.md).
     step: Optional[str] = None
 
@@ -67,6 +67,14 @@ class Config(ProfileConfig):
                                 "mode.learning_rate out")
             if job.same_python:
                 check_target(mode.step, {}, Path.cwd(), "mode.step")
+
+
+# The package's algorithms' own options, each a key of the mode with its default (the ILP's time
+# limit), as each algorithm declares them (Algorithm.option_defaults).
+Config = make_dataclass("Config", [(name, type(default), field(default=default))
+                                   for name, default in Algorithm.package_options().items()],
+                        bases=(_Search,))
+Config.__module__, Config.__doc__ = __name__, _Search.__doc__
 
 
 def algorithm_of(cfg: Mapping[str, Any], seed: int = 0) -> Algorithm:

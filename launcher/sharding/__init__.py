@@ -1,25 +1,41 @@
 """Sharding searches: how to lay a training step out over a mesh, and the proof, measured.
 
-Every algorithm is a class of ``algorithms/`` (``base.Algorithm``, registered by subclassing):
-CFP's profiling search (``algorithms/cfp.py``, after "Profiling-based Intra-operator Parallelism
-Generation by Preserving Communication-Free Structures", on stock JAX) and the Alpa-style ILP
-(``algorithms/ilp.py``). Each plans a program on the logical meshes analysed; one orchestration,
-``pipeline.run_search``, analyses, has the algorithm plan, races the plan beside the baselines
-and answers, for mode=search, ``autoshard`` and the benches alike. CFP's three passes stay
-callable one by one (``pipeline.analyze -> Analyzed``, ``profile -> Profiled``, ``cfp_plan ->
-Planned``), each taking its options object (``options.py``) and ``log``/``progress`` callbacks.
+Every algorithm is a module of ``algorithms/`` (a ``base.Algorithm`` subclass, registered by
+subclassing): CFP's profiling search (``algorithms/cfp.py``, after "Profiling-based
+Intra-operator Parallelism Generation by Preserving Communication-Free Structures", on stock
+JAX) and the Alpa-style ILP (``algorithms/ilp.py``). Each plans a program on the logical meshes
+analysed; one orchestration, ``pipeline.run_search``, which names no algorithm, analyses, has the
+algorithm plan, races the plan beside the baselines and answers (``comparison.py``), for
+mode=search, ``autoshard`` and the benches alike. CFP's three passes stay callable one by one
+(``pipeline.analyze -> Analyzed``, ``pipeline.profile -> Profiled``, ``Cfp.search -> Planned``),
+each taking its options object (``options.py``) and ``log``/``progress`` callbacks.
 
-    algorithms/            base.py: what an algorithm provides, the registry; cfp.py, ilp.py
+    algorithms/            base.py: the public algorithm API (what an algorithm is given and
+                           returns: OnMesh, Planned, Hooks), the registry; cfp.py (CFP's profile
+                           and search passes), ilp.py (the ILP, its IlpOptions)
     pipeline.py            the passes, on one mesh or every mesh of mode.mesh_shape; run_search
-    options.py             ProfileOptions, SearchOptions, IlpOptions: every option, its one default
-    results.py             the result.json fields of each pass (for the modes)
+    comparison.py          the race compared, once: the paired ratio, the verdict, Comparison
+    options.py             ProfileOptions, SearchOptions: every option, its one default
+    results.py             the result.json fields of each pass, and the plan files (for the modes)
     program.py             shared: the training step CFP works on (TrainingProgram), from a model
     user/                  ... or from any function a user jits (user/step.py: what is read from it,
-                           its baselines; user/reading.py: state, batch and loss as users write them;
-                           user/api.py: autoshard -> AutoPlan: apply, shardings, save/load, and
-                           mode=search mode.step's factory)
+                           its baselines, StepProgram; user/reading.py: state, batch and loss as
+                           users write them; user/api.py: autoshard -> AutoPlan: apply,
+                           shardings, save/load, and mode=search mode.step's factory; the names
+                           users import from ``launcher``)
+    autoshard.py           deprecated: an earlier release's import path of user/api.py (a shim)
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
+    report.py              the race's comparison table and chart (any algorithm's plan beside the baselines)
+
+    measuring/             shared by every pass and both algorithms: measuring on the mesh
+      timing.py            how a program is timed (the profile, the races, the calibration)
+      quiet.py             retaking measurements the hypervisor interrupted
+      store.py             the on-disk profile store (shared by runs, safe to kill)
+      keys.py              the store keys of what depends on the mesh alone (devices, collective model)
+      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
+      calibrate.py         that model measured on the mesh, once, into the store (the ILP prices
+                           with it; CFP's profile prices resharding with it)
 
     analysis/              pass 1: what can be split, and how
       core.py              Analysis, analyze (a traced step), analyze_graph (an HLO module)
@@ -42,11 +58,8 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
       programs.py          programs timed besides segments: resharding, all-reduce latency,
                            the whole step's overhead program; gradient all-reduces per unit
       segment_program.py   a segment alone as a program, with synthetic inputs
-      store.py             the on-disk profile store (shared by runs, safe to kill)
-      timing.py            how a program is timed (shared with search/measure.py)
-      quiet.py             retaking measurements the hypervisor interrupted (shared likewise)
 
-    search/                pass 3: the plan
+    search/                pass 3's parts (algorithms/cfp.py runs them), and the race every plan runs
       dp.py                dynamic programming over the segment sequence; the shortlist
       meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
                            every pass that works mesh by mesh goes through
@@ -54,17 +67,16 @@ Planned``), each taking its options object (``options.py``) and ``log``/``progre
       measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
                            race, pick, baselines, and mode=profile's communication study
       comm.py              collectives of a compiled program (volume by kind)
-      report.py            the comparison table and chart
 
     ilp/                   the comparison: Alpa's intra-operator ILP on the same program and mesh
                            (mode.algorithm=ilp, the alpa_ilp baseline; algorithms/ilp.py)
       operators.py         Alpa's graph: a node per contraction, the other operators following one
-      costmodel.py         latency + bytes / bandwidth per collective and mesh axes; resharding
-      calibrate.py         that model measured on the mesh, once, into the profile store
       formulate.py         node costs, edge costs, liveness memory rows
       solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
       plan.py              the steps in order; the solution as block plans or per-contraction layouts
 
-Nothing here imports JAX at module level except the modules that need it to do their work (so
-``launcher.sharding.user.api`` is imported explicitly: ``from launcher.sharding.user.api import autoshard``).
+Folders build on one another without loops (``.ci/import_cycles.py``): analysis/, then
+measuring/, profile/, search/, ilp/, algorithms/, user/. Nothing here imports JAX at module level
+except the modules that need it to do their work (users import the API from the package:
+``from launcher import autoshard``, looked up when first used).
 """

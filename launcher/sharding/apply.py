@@ -325,7 +325,7 @@ def _pinned_var(g: Graph, key: str) -> int:
 
 
 def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
-                                plan: str = "cfp") -> tuple[Any, Any, Any]:
+                                plan: str = "searched") -> tuple[Any, Any, Any]:
     def sharding(key: str, entry: Any, shape: Sequence[int]) -> Any:
         try:
             spec = spec_from_json(entry)
@@ -391,7 +391,7 @@ _STALE = ("the plan was searched for another model, optimizer setting or mesh: r
 
 
 def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, Any], mesh: Any,
-                     plan: str = "cfp") -> tuple[Any, Any, Any]:
+                     plan: str = "searched") -> tuple[Any, Any, Any]:
     """For ``mode=train`` with a CFP plan: ``step`` (traced on ``args``, arrays or shapes) under the
     plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
     for ``jax.jit``; operator ids match the analysis because tracing and flattening are
@@ -416,8 +416,11 @@ def assignment_transform(a: Analysis, assignment: Mapping[int, int], stored: Abs
     return lambda step, shapes, mesh: whole_step(a, assignment, mesh, stored)
 
 
-def plan_json(analysis: Analysis, assignment: Sequence[int], stored: AbstractSet[int] = frozenset()) -> Any:
-    """The searched plan in the models' plan format; layouts go in ``constraints``."""
+def plan_json(analysis: Analysis, assignment: Sequence[int], name: str = "searched",
+              stored: AbstractSet[int] = frozenset(), across: str | None = None) -> Any:
+    """A plan per block in the models' plan format under ``name`` (its algorithm's row: the
+    plan's name in plan.json); layouts go in ``constraints`` (``stored``: ``plan_constraints``');
+    ``across``: the mesh axis between processes (``plans.arranged``)."""
     axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(analysis.mesh_shape))
-    return Plan("cfp", axes, {"params": {}, "activations": {}, "inputs": {}},
-                plan_constraints(analysis, dict(enumerate(assignment)), stored))
+    return Plan(name, axes, {"params": {}, "activations": {}, "inputs": {}},
+                plan_constraints(analysis, dict(enumerate(assignment)), stored), across=across)

@@ -1,9 +1,12 @@
-"""What the CFP passes may be asked to do: one frozen dataclass per pass, passed whole.
+"""What the passes and the race may be asked to do: one frozen dataclass per pass, passed whole.
 
     options = SearchOptions(profile=ProfileOptions(store_dir="store", memory_budget_gb=8),
                             baselines=("dp", "dp_tp"))
     profiled = pipeline.profile(analyzed, mesh, options.profile)
     searched = pipeline.run_search(model, Cfp(options))      # launcher/sharding/algorithms/
+
+An algorithm's options of its own are its class's, beside its module (the ILP's ``IlpOptions``,
+``algorithms/ilp.py``), made from the settings the algorithm is given (``Algorithm.option_defaults``).
 
 As Alpa passes its ``AutoShardingOption``. Each option has its one default here, and the comment
 beside it says what it does and why the default is what it is. The modes' configs
@@ -22,17 +25,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, TypeVar
 
-from launcher.sharding.algorithms.base import Algorithm, algorithms
 from launcher.errors import UserError
 
-T = TypeVar("T", bound="_Options")
+T = TypeVar("T", bound="Options")
 BASELINES = ("dp", "tp", "fsdp", "dp_tp", "ep")  # the built-in plans (models/plans.py) a search races by default
 # A user's step (launcher/sharding/user/step.py) laid out as the user's own code lays it out (the
 # in_shardings given with it): raced, and its nearest plan measured, like a built-in plan.
 USER_BASELINE = "user"
 
 
-class _Options:
+class Options:
+    """Options of a pass or of an algorithm: a frozen dataclass, made from a mode's config by ``of``."""
+
     @classmethod
     def of(cls: type[T], config: Mapping[str, Any], **given: Any) -> T:
         """The options from a mode's config, where each is the key of its name; ``given`` are
@@ -42,7 +46,7 @@ class _Options:
         for f in dataclasses.fields(cls):
             if f.name in given:
                 continue
-            if isinstance(f.default, _Options):
+            if isinstance(f.default, Options):
                 values[f.name] = type(f.default).of(config)
             elif f.name in config:
                 value = config[f.name]
@@ -53,7 +57,7 @@ class _Options:
 
 
 @dataclass(frozen=True)
-class ProfileOptions(_Options):
+class ProfileOptions(Options):
     """The profile pass (``pipeline.profile``): every plan combination of each unique segment,
     measured on the devices and kept in the profile store."""
 
@@ -65,7 +69,7 @@ class ProfileOptions(_Options):
     repeats: int = 10
     warmup: int = 1  # untimed runs before them
     # Every timed run after each device rewrote a buffer larger than its cache, as
-    # triton.testing.do_bench does (profile/timing.py). Off: on CPU devices it made segment
+    # triton.testing.do_bench does (measuring/timing.py). Off: on CPU devices it made segment
     # profiles over-predict the whole step as much as warm ones under-predict it
     # (bench/bench_cfp_additivity.py).
     cold_caches: bool = False
@@ -113,10 +117,10 @@ class ProfileOptions(_Options):
 
 
 @dataclass(frozen=True)
-class SearchOptions(_Options):
-    """The search (``pipeline.cfp_plan``, ``pipeline.choose``, ``pipeline.race_plans``): the DP's plans under the
-    profile's memory budget, the shortlist measured on the whole step, the plan kept raced
-    beside the baselines."""
+class SearchOptions(Options):
+    """The search: the profile every algorithm plans under (its store, its memory budget), CFP's
+    shortlist measured on the whole step (``algorithms/cfp.py``: ``verify_*``), and the race of
+    the plan kept beside the baselines, which answers (``pipeline.race_plans``)."""
 
     # The profile the search works from: its memory budget bounds the search's plans too.
     profile: ProfileOptions = ProfileOptions()
@@ -158,33 +162,6 @@ class SearchOptions(_Options):
                             "race every baseline every round")
         if self.drop_after < 1:
             raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
-        others = [b for b in self.baselines if b not in (*BASELINES, USER_BASELINE) and Algorithm.of_row(b) is None]
-        if others:  # the other built-in plans are models/plans.py's, which imports JAX: only then
-            from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
-
-            rows = [a.row for a in algorithms().values()]
-            for name in others:
-                if name not in BUILTINS:
-                    raise UserError(f"mode.baselines: {name!r} is not a built-in plan nor an algorithm's; "
-                                    f"choose from {', '.join([*BUILTINS, *rows])}")
-
-    @property
-    def builtin_baselines(self) -> tuple[str, ...]:
-        """The baselines that are built-in plans (and the user's own layout)."""
-        return tuple(b for b in self.baselines if Algorithm.of_row(b) is None)
-
-    @property
-    def algorithm_baselines(self) -> tuple[str, ...]:
-        """The baselines that are other algorithms' plans, by their row (alpa_ilp: the ILP's)."""
-        return tuple(b for b in self.baselines if Algorithm.of_row(b) is not None)
-
-
-@dataclass(frozen=True)
-class IlpOptions(_Options):
-    """The Alpa-style ILP (``algorithms/ilp.py``, ``launcher/sharding/ilp/``)."""
-
-    # Its collective cost model is calibrated into the profile's store (once per mesh, with the
-    # profile's repeats), and it solves under the profile's memory budget.
-    profile: ProfileOptions = ProfileOptions()
-    time_limit_s: float = 300.0  # HiGHS's limit per mesh; the best plan found by then is kept
+        # Which baselines are neither built-in plans nor an algorithm's is the algorithms'
+        # registry's to say: checked as the algorithm is made (algorithms/base.py, check_baselines).
 

@@ -1,5 +1,5 @@
 """The passes as functions of their options (``options.py``), each returning a dataclass, and
-the one orchestration of every sharding algorithm (``run_search``).
+the one orchestration of every sharding algorithm (``run_search``), which knows none of them.
 
     searched = pipeline.run_search(model, Cfp(SearchOptions()), mesh_shape="auto")   # -> Searched
     searched.answer.plan                     # plan.json: the searched plan or the fastest baseline's
@@ -8,12 +8,13 @@ the one orchestration of every sharding algorithm (``run_search``).
 mesh worth searching, ``search/meshes.py``), has the algorithm (``algorithms/``) plan it,
 races the plan beside the baselines (``race_plans``) and answers (``Answer``, docs/cfp.md): the
 searched plan or, where the final race did not measure it faster by ``verify_margin``, the
-fastest baseline's. CFP's own passes stay callable one by one, as the paper has them:
+fastest baseline's. The analysis and the profile pass stay callable one by one (mode=analysis,
+mode=profile), and CFP's search pass after them (``algorithms/cfp.py``), as the paper has them:
 
     analyzed = pipeline.analyze(model, mesh_shape=[4, 2])                       # -> Analyzed
     mesh = pipeline.make_mesh(analyzed.analysis.mesh_shape)
     profiled = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir="store"))   # -> Profiled
-    planned = pipeline.cfp_plan([pipeline.OnMesh(analyzed, mesh, profiled.profiles)], SearchOptions())
+    planned = Cfp(SearchOptions()).search([OnMesh(analyzed, mesh, profiled.profiles)], Hooks())
 
 ``log`` takes one line of text; ``progress(total, what)`` returns a context manager whose value
 has ``advance()`` (``None``: no progress bar); ``algorithms.base.Hooks`` carries them. The modes
@@ -32,45 +33,36 @@ from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 import jax
 from jax.sharding import Mesh
 
-from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned, plan_title
+from launcher.sharding.algorithms.base import (
+    Algorithm,
+    Analyzed,
+    Hooks,
+    OnMesh,
+    Planned,
+    algorithm_baselines,
+    builtin_baselines,
+    plan_title,
+)
 from launcher.sharding.analysis.core import Analysis, analyze_graph
 from launcher.sharding.analysis.core import analyze as analyze_step
 from launcher.sharding.analysis.hlo_text import read_hlo
-from launcher.sharding.apply import AXIS_NAMES, plan_json
 from launcher.sharding.apply import make_mesh as build
+from launcher.sharding.comparison import Comparison, compare
 from launcher.sharding.options import (
     BASELINES,  # noqa: F401  (pipeline.BASELINES: the benches' baselines)
     USER_BASELINE,
     ProfileOptions,
     SearchOptions,
 )
-from launcher.sharding.profile.budget import UNITS_OVER_STEP, gb_at_least, refuse_if_nothing_fits
+from launcher.sharding.profile.budget import gb_at_least, refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
-from launcher.sharding.profile.store import ProfileStore
+from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
-from launcher.sharding.search.dp import Candidate, SearchResult
-from launcher.sharding.search.dp import search as dp_search
-from launcher.sharding.search.dp import predict, shortlist
-from launcher.sharding.search.behind import behind_note
-from launcher.sharding.search.fit import compiled_key, within_budget
-from launcher.sharding.search.measure import (
-    Cut,
-    PlanRun,
-    agreed,
-    baseline_runners,
-    pick,
-    race,
-    verdict,
-)
+from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
 from launcher.sharding.search.measure import communication_study as study
-from launcher.sharding.search.meshes import (
-    crossings,
-    for_each_mesh,
-    is_auto,
-    merge_shortlists,
-    mesh_shapes,
-)
+from launcher.sharding.search.behind import behind_note
+from launcher.sharding.search.meshes import for_each_mesh, is_auto, mesh_shapes
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
 from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
@@ -89,34 +81,6 @@ def _no_progress(total: int, what: str) -> ContextManager:
 
 # --- analysis ---------------------------------------------------------------------------------
 
-@dataclass
-class Analyzed:
-    analysis: Analysis
-    program: Optional[TrainingProgram]   # None for an HLO module
-    seconds: float
-
-
-@dataclass
-class OnMesh:
-    """What the search pass works from on one logical mesh: its analysis, the mesh, its profiles."""
-    analyzed: Analyzed
-    mesh: Mesh
-    profiles: Optional[Profiles] = None   # None until profiled (profile_meshes)
-    folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.analyzed.analysis.mesh_shape)
-
-    def files(self) -> dict[str, str]:
-        """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
-        return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
-
-    def profiles_json(self) -> dict:
-        """``profiles.json`` (in ``folder``), once profiled."""
-        return profiles_json(self.profiles, self.analyzed.analysis)
-
-
 def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     """``mesh_shape``, or 1-D over every global device when it is empty."""
     return list(mesh_shape) or [jax.device_count()]
@@ -132,7 +96,7 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
             two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
     """The analysis pass over ``model``'s whole training step (or the program itself, a
-    ``TrainingProgram``: a user's step, ``user_step.step_program``), or the HLO text module
+    ``TrainingProgram``: a user's step, ``user/step.py: step_program``), or the HLO text module
     ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
     ``two_axis_only``: on a 2-D mesh, only plans splitting two roles (``search/meshes.py``)."""
 
@@ -254,7 +218,7 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
     keep: dict[int, list[list[int]]] = {}
     program = on[0].analyzed.program if on else None
     if options.profile_top_k and program is not None and baselines:
-        names = [n for n in baselines if Algorithm.of_row(n) is None]
+        names = builtin_baselines(baselines)
         for i, plan in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
             keep.setdefault(i, []).append(plan)
     out = []
@@ -275,15 +239,6 @@ def communication_study(analyzed: Analyzed, mesh: Mesh, *, iterations: int, repe
 
 
 # --- the search: one orchestration for every algorithm -----------------------------------------
-
-@dataclass
-class CfpSearched:
-    """CFP's own figures of its plan (``cfp_plan``; ``Planned.details``)."""
-    found: SearchResult            # the DP's optimum on the picked plan's mesh
-    picked: Candidate              # the plan kept after measuring the shortlist
-    candidates: list[dict]         # a row per shortlisted plan
-    nearest: dict[str, Any] = field(default_factory=dict)   # name -> (mesh shape, plan per block)
-
 
 @dataclass
 class Searched:
@@ -307,46 +262,64 @@ class Searched:
 class Answer:
     """The plan handed to the user as ``plan.json``: the searched plan where the final race
     measured it faster than the fastest baseline by ``mode.verify_margin``, round by round, by
-    the slowest process's times (``measure.verdict``), else that baseline's, which may be
+    the slowest process's times (``comparison.verdict``), else that baseline's, which may be
     another algorithm's plan. The searched plan's own figures stay beside it, so the search's
-    quality is never hidden by the fallback."""
-    name: str                    # its row in the comparison: cfp, alpa_ilp, dp_tp, ...
-    searched: str                # the searched plan's row: cfp, or alpa_ilp under mode.algorithm=ilp
-    run: PlanRun                 # its run
+    quality is never hidden by the fallback. What the race measured is ``comparison``, the one
+    account of it every output reads."""
+    comparison: Comparison       # the race compared: the answer, the fastest baseline, the ratios
+    run: PlanRun                 # the answer's run
     plan: Optional[Plan]         # plan.json (None: a user step's baseline)
-    best_baseline: Optional[str]  # the fastest baseline that ran every round (None: none did)
-    searched_vs_best_baseline_paired: Optional[float]   # the searched plan's time over it, paired
-    margin: float                # mode.verify_margin
-    rounds: int                  # the rounds decided on
-    # Under mode.memory_budget_gb: the plans raced whose measured memory is over it (never the
-    # answer), and the budget in bytes.
-    over_budget: tuple[str, ...] = ()
-    budget_bytes: Optional[float] = None
-    behind: str = ""   # where the searched plan ran behind the fastest baseline, which segments and why
+    behind: str = ""             # where the searched plan ran behind the fastest baseline: which segments, why
 
     @property
-    def source(self) -> str:
-        """The algorithm whose plan it is (cfp, ilp, ...), or baseline (a built-in plan)."""
-        algorithm = Algorithm.of_row(self.name)
-        return algorithm.source if algorithm is not None else "baseline"
+    def name(self) -> str:
+        """Its row in the comparison: the searched plan's, or a baseline's (dp_tp, alpa_ilp, ...)."""
+        return self.comparison.answer
+
+    @property
+    def searched(self) -> str:
+        """The searched plan's row: its algorithm's."""
+        return self.comparison.searched
+
+    @property
+    def best_baseline(self) -> Optional[str]:
+        """The fastest baseline that ran every round (None: none did)."""
+        return self.comparison.best_baseline
+
+    @property
+    def searched_vs_best_baseline_paired(self) -> Optional[float]:
+        return self.comparison.searched_vs_best_baseline_paired
 
     @property
     def vs_best_baseline_paired(self) -> Optional[float]:
         """The answer's time over the fastest baseline's, paired (1 where it is that baseline)."""
-        if self.best_baseline is None:
-            return None
-        return 1.0 if self.name == self.best_baseline else self.searched_vs_best_baseline_paired
+        return self.comparison.vs_best_baseline_paired
+
+    @property
+    def margin(self) -> float:
+        return self.comparison.margin
+
+    @property
+    def rounds(self) -> int:
+        return self.comparison.rounds
+
+    @property
+    def source(self) -> str:
+        """The algorithm whose plan it is (its ``source``), or baseline (a built-in plan)."""
+        algorithm = Algorithm.of_row(self.name)
+        return algorithm.source if algorithm is not None else "baseline"
 
     def why(self) -> str:
         """Which plan is the answer and why, in plain words: what the race measured (the searched
         plan's time over the fastest baseline's, round by round) and what the answer asks of it."""
         own, best = plan_title(self.searched), self.best_baseline
-        over = (f"; over the memory budget ({self.budget_bytes / 2**20:.2f} MiB per device) as measured, so never "
-                f"the answer: {', '.join(self.over_budget)}" if self.over_budget else "")
-        if self.searched in self.over_budget:
-            return (f"{own} is over the memory budget: the answer is the fastest plan within it, "
-                    f"{plan_title(self.name)}{over}")
-        return self._why(own, best) + over + (f". {self.behind}" if self.behind else "")
+        over = self.comparison.over_budget
+        budget = (f"; over the memory budget ({self.comparison.budget_bytes / 2**20:.2f} MiB per device) as "
+                  f"measured, so never the answer: {', '.join(over)}" if over else "")
+        if self.searched in over:
+            return f"{own} is over the memory budget: the answer is the fastest plan within it, " \
+                   f"{plan_title(self.name)}{budget}"
+        return self._why(own, best) + budget + (f". {self.behind}" if self.behind else "")
 
     def _why(self, own: str, best: Optional[str]) -> str:
         if best is None:
@@ -363,31 +336,29 @@ class Answer:
 def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float,
            budget: Optional[float] = None) -> Answer:
     """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
-    searched plan first, then the baselines; ``runners`` theirs): ``measure.verdict``'s pick.
+    searched plan first, then the baselines; ``runners`` theirs): ``comparison.compare``'s.
     ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
-    another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized as it ran, so
-    ``mode=train mode.plan=`` runs it on the same mesh. ``budget`` (bytes per device): only a plan
-    whose measured memory is within it is the answer; none: NoPlanFits naming the least measured."""
-    fits = [not budget or r.memory_bytes <= budget for r in runs]
-    if not any(fits):
+    another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized
+    as it ran, so ``mode=train mode.plan=`` runs it on the same mesh. ``budget`` (bytes per
+    device): only a plan whose measured memory is within it is the answer (the others race, and
+    the comparison names them); none: NoPlanFits naming the least memory measured."""
+    over = tuple(r.name for r in runs if budget and r.memory_bytes > budget)
+    if len(over) == len(runs):
         least = min(runs, key=lambda r: r.memory_bytes)
         raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory a plan measured "
                          f"is {least.memory_bytes / 2**30:.6g} GB per device ({least.name}); give "
                          f"mode.memory_budget_gb={gb_at_least(least.memory_bytes)} or more")
-    eligible = [i for i in range(1, len(runs)) if fits[i]]
-    # Over the budget, the searched plan wins nothing: the fastest baseline within it is the answer.
-    v = verdict([r.repeat_times_s for r in runs], eligible, margin if fits[0] else 1.0)
-    i = v.answer
+    compared = compare({r.name: r.repeat_times_s for r in runs}, runs[0].name, margin, over_budget=over,
+                       budget_bytes=budget)
+    i = compared.verdict.answer
     if i == 0 or Algorithm.of_row(runs[i].name) is not None:
         plan = plans(i)
-    elif not hasattr(runners[i], "plan"):  # a user step's baseline: autoshard.AutoPlan.answered lays it out
+    elif not hasattr(runners[i], "plan"):  # a user step's baseline: AutoPlan.answered lays it out
         plan = None
     else:
         mesh = runners[i].mesh
         plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
-    best = runs[v.best_baseline].name if v.best_baseline is not None else None
-    return Answer(runs[i].name, runs[0].name, runs[i], plan, best, v.searched_over_best, margin, v.rounds,
-                  tuple(r.name for r, f in zip(runs, fits, strict=True) if not f), budget)
+    return Answer(compared, runs[i], plan)
 
 
 def with_user_baseline(options: SearchOptions, subject: Any) -> SearchOptions:
@@ -416,7 +387,7 @@ def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), lear
     planned = algorithm.plan(on, hooks)
     hooks.write(planned.files)
     others = {}
-    for row in options.algorithm_baselines:
+    for row in algorithm_baselines(options.baselines):
         if row != planned.row:
             other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
             # Its plan file beside its own: it may be the answer (the searched plan's is written
@@ -443,7 +414,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     program, where = planned.on.analyzed.program, planned.on
     runners = [planned.runner]
     more, skipped = baseline_runners(program, list(where.mesh.devices.flat), seed=seed, log=log,
-                                     names=list(options.builtin_baselines))
+                                     names=list(builtin_baselines(options.baselines)))
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
@@ -467,169 +438,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
             + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
-    chosen = answer(runners, raced, plans.get, options.verify_margin, options.profile.memory_budget_bytes)
+    chosen = answer(runners, raced, plans.get, options.verify_margin, budget)
     if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
             and Algorithm.of_row(chosen.best_baseline) is None:
-        chosen.behind = behind_note(planned, chosen.best_baseline, chosen.searched_vs_best_baseline_paired,
+        chosen.behind = behind_note(planned, plan_title(planned.row), chosen.best_baseline,
+                                    chosen.searched_vs_best_baseline_paired,
                                     list(where.mesh.devices.flat)) or ""
     log(chosen.why())
     return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})
-
-
-# --- CFP's search pass (algorithms/cfp.py plans with it) ---------------------------------------
-
-def cfp_plan(on: Sequence[OnMesh], options: SearchOptions = SearchOptions(), *, log: Log = _silent,
-             progress: Optional[Progress] = None) -> Planned:
-    """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
-    each under the profile's memory budget, and the fastest of their shortlists measured on the
-    whole step (``choose``): the plan, with what the DP predicted."""
-    budget = options.profile.memory_budget_bytes
-    # Under a budget the segments' sum is a first filter (budget.UNITS_OVER_STEP times it); what
-    # fits is decided by the whole step's memory (``choose``, ``search/fit.py``).
-    founds, reasons = for_each_mesh(
-        [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget,
-                                                   UNITS_OVER_STEP),
-        refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
-    meshes: list[dict] = []
-    for o, found, why in zip(on, founds, reasons, strict=True):
-        if found is None:
-            meshes.append({"mesh_shape": o.shape, "skipped": why})
-            continue
-        meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment, "search_time_s": found.search_time_s,
-                       "predicted_step_time_s": found.predicted_time_s,
-                       "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
-                       "profiled_configs": o.profiles.profiled_configs, "profile_time_s": o.profiles.seconds})
-        log("search optimum on mesh %s (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f GB "
-            "per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
-                                             found.predicted_time_s, found.predicted_memory_bytes / 2**30,
-                                             found.search_time_s))
-    chosen, candidates, nearest = choose(on, founds, options, log=log, progress=progress)
-    picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
-    log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
-                                                                          picked.source))
-    # Its memory: the whole step's as XLA allocates it under the plan (compiled, not yet run),
-    # not the segments' sum, which over-counts it.
-    step_memory = chosen.peak_memory_bytes
-    log("predicted step time %.6f s, memory %.6f GB per device (the whole step compiled; its segments add up to "
-        "%.6f GB)" % (picked.predicted_time_s, step_memory / 2**30, picked.predicted_memory_bytes / 2**30))
-    analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
-    fields = {
-        "meshes": meshes,
-        "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source},
-        "search_optimum": {"assignment": found.assignment, "segment_combinations": [list(c) for c in found.combos]},
-        "candidates": candidates,
-        "predicted_step_time_s": picked.predicted_time_s,
-        "predicted_memory_gb": step_memory / 2**30,
-        "segments_memory_gb": picked.predicted_memory_bytes / 2**30,
-        "profiled_configs": sum(p.profiled_configs for p in profiles),
-        "measured_configs": sum(p.measured for p in profiles),
-        "reused_configs": sum(p.reused for p in profiles),
-        "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
-        "profile_time_s": sum(p.seconds for p in profiles),
-    }
-    plan = plan_json(analysis, picked.assignment, picked.stored)
-    if jax.process_count() > 1:   # the axis between processes, named (plans.arranged)
-        plan = replace(plan, across=AXIS_NAMES[picked.across or 0])
-        log("the axis across processes: %s of mesh %s" % (plan.across, where.shape))
-    fields["plan"]["across_processes"] = plan.across
-    return Planned("cfp", "cfp", where, plan, chosen, picked.source,
-                   picked.predicted_time_s, step_memory, meshes, fields,
-                   details=CfpSearched(found, picked, candidates, nearest))
-
-
-
-def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
-                     ) -> list[tuple[int, Candidate]]:
-    """Each mesh's search optimum again with another of its axes crossing processes (``crossings``:
-    a job of several processes; the devices ordered by process, the first axis crosses them by
-    default): plans that differ only in which axis goes between hosts, measured against each
-    other in the shortlist (a data axis across hosts and tensor parallelism within, or the
-    reverse)."""
-    out = []
-    for i, c in short:
-        for k in crossings(on[i].shape, processes) if c.source == "search optimum" else ():
-            if k != 0:
-                out.append((i, replace(c, source=f"{c.source}, {AXIS_NAMES[k]} across processes", across=k)))
-    if out:
-        log("across processes: %d plans the same as a mesh's optimum but for the axis between processes" % len(out))
-    return out
-
-
-def choose(on: Sequence[OnMesh], founds: Sequence[Any], options: SearchOptions = SearchOptions(), *,
-           log: Log = _silent, progress: Optional[Progress] = None) -> tuple[Any, list[dict], dict[str, Any]]:
-    """The plan to run: the fastest of the shortlist measured on the whole step
-    (``search.measure.pick``). The shortlist: each mesh's DP optimum (``founds``, None where
-    nothing fit), the plans nearest the baselines (``verify_nearest``; each on the mesh shaped
-    like it, ``search/meshes.py``) and the rest of the meshes' shortlists up to ``verify_top_k``,
-    within the profile's memory budget. The fastest plan nearest a baseline is kept unless
-    another is faster by ``verify_margin`` (a fraction) in the shortlist's ``verify_repeats``
-    rounds of ``verify_iterations`` steps and then alone against it (``search.measure.pick``).
-    Returns the chosen runner (its ``mesh_index`` set), a row per candidate, and the nearest
-    plans ({name: (mesh shape, plan per block)})."""
-    progress = progress or _no_progress
-    verify_top_k, verify_nearest, baselines = options.verify_top_k, options.verify_nearest, options.builtin_baselines
-    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
-    budget, seed = options.profile.memory_budget_bytes, options.seed
-    live = [i for i, f in enumerate(founds) if f is not None]
-    program = on[0].analyzed.program
-    devices = list(on[0].mesh.devices.flat)
-    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
-        if verify_nearest else {}
-    nearest = {name: (live[j], plan) for name, (j, plan) in nearest.items()}
-    for name in baselines if verify_nearest else ():
-        if name in nearest:
-            log("plan nearest %s: %s on mesh %s" % (name, nearest[name][1], on[nearest[name][0]].shape))
-        else:
-            log("plan nearest %s: none (it does not fit the model or the meshes searched)" % name)
-    compiled: dict = {}
-    if budget:   # what fits, as the whole step allocates it (search/fit.py)
-        fronts = [[Candidate(founds[i].assignment, founds[i].predicted_time_s, founds[i].predicted_memory_bytes,
-                             "search optimum")]
-                  + [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
-                     for r in founds[i].runners_up] for i in live]
-        near = {name: (i, Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {name}"))
-                for name, (i, plan) in nearest.items()}
-        fitted = within_budget(on, live, fronts, near, budget, max(verify_top_k, 1), seed=seed, log=log)
-        short, incumbents, compiled = fitted.short, fitted.incumbents, fitted.runners
-    else:
-        shorts = []
-        for i in live:
-            mine = {name: plan for name, (j, plan) in nearest.items() if j == i}
-            shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
-                                    max(verify_top_k, 1), budget, mine))
-        short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
-        near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
-        incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
-    short += across_processes(on, short, jax.process_count(), log)
-    bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
-        if len(short) > 1 else contextlib.nullcontext()
-    meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
-              for i, c in short}
-    with bar as bar_value:
-        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
-                             for i, c in short],
-                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value, drop_slower_than=options.drop_slower_than,
-                            compiled=[compiled.get(compiled_key(i, c)) for i, c in short])
-    chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
-    for i, row in enumerate(rows):
-        if row["measured_step_time_s"] is not None:
-            cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""
-            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median%s)%s"
-                % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
-                   row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
-    kept = next(r for r in rows if r["chosen"])
-    for row in rows:
-        if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
-            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
-                "round by round; %s (mode.verify_margin=%g)"
-                % (row["source"], row["assignment"], row["duel_rounds"], iterations, row["duel_over_incumbent_paired"],
-                   "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
-    fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
-                  default=None)
-    if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:
-        log("kept %s (%s): %s measured %.3f of its time round by round, not the %.3f (mode.verify_margin=%g) "
-            "needed to replace a plan nearest a baseline"
-            % (kept["source"], kept["assignment"], fastest["source"], fastest["over_incumbent_paired"], 1 - margin,
-               margin))
-    return chosen, rows, {name: (on[i].shape, plan) for name, (i, plan) in nearest.items()}

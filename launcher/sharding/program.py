@@ -2,11 +2,12 @@
 
 Two builders make one: ``training_program(model)`` from the model protocol (``models/base.py``:
 the step is ``models.train.make_train_step`` with the optimizer ``models.train.make_optimizer``
-builds, its arguments ``(state, batch)``), and ``user_step.step_program(step_fn, args)`` from any
-function a user jits (Flax, Equinox, plain JAX: ``launcher/sharding/user/step.py``). Every pass takes
-either; what differs is how a plan of it is run (``search/measure.py``: the models' trainer, or
-``StepRunner`` on the step's own arguments) and which baselines it has (the built-in plans need
-the model's logical axes; a user's step gets dp, fsdp and its own shardings, ``user_step.py``).
+builds, its arguments ``(state, batch)``), and ``step_program(step_fn, args)`` from any function a
+user jits (Flax, Equinox, plain JAX: ``launcher/sharding/user/step.py``, a ``StepProgram``). Every
+pass takes either; what differs is how a plan of it is run (``search/measure.py``: the models'
+trainer, or ``StepRunner`` on the step's own arguments) and which baselines it has (the built-in
+plans need the model's logical axes; a user's step gets dp, fsdp and its own shardings), which a
+``StepProgram`` answers itself.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class TrainingProgram:
     # A user's step: the arguments given (arrays; None: shapes only), the state arguments whose
     # new values the step returns first (``state, loss = step(state, batch)``: (0,)), the shapes
     # of what it returns, which of their leaves is the loss, its FLOPs, the user's own shardings
-    # of the arguments (raced as the "user" baseline), its name and signature. user_step.py
+    # of the arguments (raced as the "user" baseline), its name and signature. user/step.py
     # fills them.
     values: Optional[tuple] = None
     feeds_back: tuple[int, ...] = ()
@@ -52,7 +53,7 @@ class TrainingProgram:
     @property
     def flops_per_step(self) -> float:
         """Training FLOPs per step: the model's analytic count, or for a user's step twice the
-        multiply-adds of its contractions (``user_step.contraction_flops``)."""
+        multiply-adds of its contractions (``user/step.py: contraction_flops``)."""
         return float(self.model.flops_per_step()) if self.model is not None else self.flops
 
 

@@ -11,11 +11,13 @@ answer; ``answer`` says which plan ``plan.json`` holds, why, and how it compares
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
+from launcher.sharding.algorithms.base import OnMesh
 from launcher.sharding.options import ProfileOptions, SearchOptions
-from launcher.sharding.pipeline import Answer, OnMesh, Searched
-from launcher.sharding.search.report import best_baseline
+from launcher.sharding.pipeline import Answer, Searched
+from launcher.sharding.user.api import AutoPlan
 
 # Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
 _SUMMED = ("profiled_configs", "measured_configs", "reused_configs", "profile_time_s", "over_budget_configs",
@@ -61,9 +63,11 @@ def answer_fields(answer: Answer, plan_file: str, searched_plan_file: str) -> di
 
 def race_fields(out: Searched, options: ProfileOptions) -> dict:
     """The fields of the searched plan's run (``search.measure.PlanRun``) beside the baselines'
-    runs, compared with the fastest baseline the answer names; a baseline that is another
-    algorithm's plan (alpa_ilp) adds that algorithm's own fields to its entry."""
-    run = out.searched
+    runs, compared with the fastest baseline the answer names (``Answer.comparison``: the ratio
+    of median step times, and paired); a baseline that is another algorithm's plan (alpa_ilp)
+    adds that algorithm's own fields to its entry."""
+    run, compared = out.searched, out.answer.comparison
+    best = compared.best_baseline
     return {
         "step_time_s": run.step_time_s,
         "repeat_times_s": run.repeat_times_s,
@@ -71,7 +75,8 @@ def race_fields(out: Searched, options: ProfileOptions) -> dict:
         "tflops": run.tflops,
         "flop_count": run.flops,
         "losses": run.losses,
-        **best_baseline(run, out.baselines, out.answer.best_baseline),
+        **({"best_baseline": best, "vs_best_baseline": compared.vs_best_baseline(compared.searched),
+            "vs_best_baseline_paired": compared.searched_vs_best_baseline_paired} if best is not None else {}),
         "memory_budget_gb": options.memory_budget_gb,
         "baselines": {name: {**r.summary(), **(out.others[name].baseline_fields if name in out.others else {})}
                       for name, r in out.baselines.items()},
@@ -95,4 +100,23 @@ def search_fields(out: Searched, options: SearchOptions, plan_file: str, answer_
         **race_fields(out, options.profile),
         "drop_slower_than": options.drop_slower_than,
         "answer": answer_fields(out.answer, answer_file, plan_file),
+        # A user's step raced with its own layout: the answer's time over it, paired.
+        **({"vs_user_paired": user} if (user := out.answer.comparison.vs_user_paired) is not None else {}),
     }
+
+
+def plan_files(out: Searched) -> dict[str, str]:
+    """The plans a search writes, by file name: ``plan.json`` (the answer) and
+    ``<searched>_plan.json`` (the searched plan's own), each as its users load it: a user's step's
+    as ``AutoPlan``s (``AutoPlan.load``; what ``autoshard`` hands back), a built-in model's as
+    ``models.plans.Plan``s (``mode=train mode.plan=``)."""
+    program, answer = out.planned.on.analyzed.program, out.answer
+    own = f"{answer.searched}_plan.json"
+    if program.is_model:
+        return {own: out.plan.to_json(), "plan.json": answer.plan.to_json()}
+    searched = AutoPlan.searched_by(program, out)
+    return {own: _json(searched.to_json()), "plan.json": _json(searched.answered(program, answer).to_json())}
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, indent=1, default=float) + "\n"

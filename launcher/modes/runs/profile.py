@@ -19,7 +19,7 @@ def run(ctx: TaskContext) -> dict:
         ctx.write_files(o.files())
     on = pipeline.profile_meshes(on, ProfileOptions.of(cfg), is_main=ctx.is_main, log=log, progress=ctx.progress)
     for o in on:
-        ctx.write_json(o.folder + "profiles.json", o.profiles_json())
+        ctx.write_json(o.folder + "profiles.json", pipeline.profiles_json(o.profiles, o.analyzed.analysis))
     result = results.profile_fields(on)
     if cfg.enumerate:
         studies = [{"mesh_shape": o.shape,

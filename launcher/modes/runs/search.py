@@ -5,14 +5,13 @@ baselines, answered), and the files the run dir gets. The options and what each 
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Mapping
 
 from launcher.sharding import pipeline, results
 from launcher.sharding.algorithms.base import Hooks
-from launcher.sharding.user.api import AutoPlan, load_step
-from launcher.sharding.search.report import bar_chart, comparison_text, rows_of
+from launcher.sharding.user.api import load_step
+from launcher.sharding.report import bar_chart, comparison_text, rows_of
 from launcher.modes.search import algorithm_of
 from launcher.runtime import trace
 from launcher.runtime.context import TaskContext
@@ -30,45 +29,31 @@ def run(ctx: TaskContext) -> dict:
                   final_run=lambda: trace.recording(ctx, "search"), is_main=ctx.is_main)
     out = pipeline.run_search(subject, algorithm, mesh_shape=cfg.mesh_shape, learning_rate=cfg.learning_rate,
                               hooks=hooks)
-    step = _answer(ctx, subject, out)
+    _answer(ctx, out)
     fields = results.search_fields(out, algorithm.options, str(ctx.path(f"{out.planned.row}_plan.json")),
                                    str(ctx.path("plan.json")))
     files = _comparison(ctx, fields)
+    step = {"step": cfg.step} if cfg.step else {}
     return {**fields, **files, **step, "mode_wall_s": time.perf_counter() - t0}
 
 
-def _answer(ctx: TaskContext, subject: Any, out: pipeline.Searched) -> dict:
-    """``plan.json``, the answer (docs/cfp.md, "The answer"); ``<searched>_plan.json``, the
-    searched plan's own; ``after_ir.txt``, the answer's program (and
-    ``<searched>_after_ir.txt`` the searched plan's, where it is not the answer). For a user's
-    step (mode.step) the plans are ``AutoPlan``s, which ``AutoPlan.load`` reads. Returns the
-    result fields of a user's step: its step, and how the answer did against the user's own
-    shardings where they ran."""
+def _answer(ctx: TaskContext, out: pipeline.Searched) -> None:
+    """``plan.json``, the answer (docs/cfp.md, "The answer"), and ``<searched>_plan.json``, the
+    searched plan's own, as their users load them (``results.plan_files``: a built-in model's
+    plans for ``mode=train mode.plan=``, a user's step's ``AutoPlan``s as ``autoshard`` hands them
+    back); ``after_ir.txt``, the answer's program (and ``<searched>_after_ir.txt`` the searched
+    plan's, where it is not the answer)."""
     answer = out.answer
-    own_file = f"{answer.searched}_plan.json"
-    step: dict = {}
-    if not out.planned.on.analyzed.program.is_model:  # a user's step
-        searched_plan = AutoPlan.searched_by(subject, out)
-        plan = searched_plan.answered(subject, answer)
-        ctx.write_text(own_file, _auto_json(searched_plan))
-        ctx.write_text("plan.json", _auto_json(plan))
-        step = {"step": ctx.mode_cfg.step, **{k: v for k, v in plan.comparison().items() if k == "vs_user_paired"}}
-    else:
-        ctx.write_text(own_file, out.plan.to_json())
-        ctx.write_text("plan.json", answer.plan.to_json())
+    for name, text in results.plan_files(out).items():
+        ctx.write_text(name, text)
     ctx.write_text("after_ir.txt", answer.run.compiled.as_text())
     if answer.name != answer.searched:
         ctx.write_text(f"{answer.searched}_after_ir.txt", out.searched.compiled.as_text())
-    return step
-
-
-def _auto_json(plan: Any) -> str:
-    return json.dumps(plan.to_json(), indent=1, default=float) + "\n"
 
 
 def _comparison(ctx: TaskContext, fields: Mapping[str, Any]) -> dict:
     """``comparison.txt`` (also logged) and ``comparison.png``, made from the result's fields as
-    the console makes them (``launcher/sharding/search/report.py``); their paths, as result fields."""
+    the console makes them (``launcher/sharding/report.py``); their paths, as result fields."""
     text = comparison_text(fields)
     ctx.log.info("\n%s", text)
     ctx.write_text("comparison.txt", text)

@@ -1,15 +1,18 @@
-"""What a sharding algorithm provides, and the registry of them (as ``runtime/ranks.py``
-registers environments: by subclassing).
+"""The public API of a sharding algorithm: what it is given, what it provides, and the registry
+of them (as ``runtime/ranks.py`` registers environments: by subclassing).
 
 An algorithm plans a program on the logical meshes the orchestration analysed
-(``pipeline.run_search``): it returns one ``Planned``, a plan on one mesh with what it
-predicted. Everything else is the orchestration's, the same for every algorithm: the analysis,
-the race beside the baselines (and beside other algorithms' plans named in ``mode.baselines``
-by their ``row``), the answer, the result fields and the files. Adding an algorithm is one
-module defining a subclass (outside the package: ``mode.algorithm_module``, or imported before
-``autoshard``), docs/architecture.md.
+(``pipeline.run_search``): given an ``OnMesh`` per mesh (the mesh, the program and its
+analysis), it returns one ``Planned``, a plan on one of them with what it predicted; ``OnMesh``
+makes the plan of a choice per ParallelBlock and its runner (``plan_of``, ``runner``).
+Everything else is the orchestration's, the same for every algorithm: the analysis, the race
+beside the baselines (and beside other algorithms' plans named in ``mode.baselines`` by their
+``row``), the answer, the result fields and the files. Adding an algorithm is one module
+defining a subclass that imports this module alone (outside the package: ``mode.algorithm_module``,
+or imported before ``autoshard``; ``tests/toy_algorithm.py`` is one), docs/architecture.md.
 
-This module imports no JAX: the command line checks ``mode.algorithm`` with it.
+This module imports no JAX: the command line checks ``mode.algorithm`` with it (``OnMesh``'s
+helpers import what they run when called).
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mappi
 
 from launcher.errors import UserError
 from launcher.plugins import import_all
+from launcher.sharding.options import BASELINES, USER_BASELINE, SearchOptions
 
-if TYPE_CHECKING:  # it imports JAX: the command line imports this module
+if TYPE_CHECKING:  # they import JAX: the command line imports this module
+    from jax.sharding import Mesh
+
     from launcher.models.plans import Plan
+    from launcher.sharding.analysis.core import Analysis
+    from launcher.sharding.profile.profiler import Profiles
+    from launcher.sharding.program import TrainingProgram
+    from launcher.sharding.search.measure import PlanRunner
 
 Log = Callable[[str], None]
 Progress = Callable[[int, str], ContextManager]
@@ -36,9 +46,52 @@ class Hooks:
     writes the profile store."""
     log: Log = lambda line: None
     progress: Optional[Progress] = None
-    write: Callable[[Mapping[str, Any]], None] = lambda files: None
+    write: Callable[[Mapping[str, str | dict]], None] = lambda files: None
     final_run: Optional[Callable[[], ContextManager]] = None
     is_main: bool = True
+
+
+@dataclass
+class Analyzed:
+    """The analysis pass's result on one mesh (``pipeline.analyze``)."""
+    analysis: Analysis
+    program: Optional[TrainingProgram]   # None for an HLO module
+    seconds: float
+
+
+@dataclass
+class OnMesh:
+    """What an algorithm plans from on one logical mesh: its analysis (and the program), the
+    mesh, CFP's profiles of it once profiled."""
+    analyzed: Analyzed
+    mesh: Mesh
+    profiles: Optional[Profiles] = None   # None until profiled (pipeline.profile_meshes)
+    folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.analyzed.analysis.mesh_shape)
+
+    def files(self) -> dict[str, str]:
+        """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
+        return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
+
+    def plan_of(self, assignment: Sequence[int], name: str, stored: frozenset = frozenset(),
+                across: Optional[str] = None) -> Plan:
+        """The plan giving ParallelBlock ``i`` its plan ``assignment[i]`` on this mesh, in the
+        models' plan format under ``name`` (its layouts in ``constraints``: ``plan.json``, which
+        ``mode=train mode.plan=`` runs; ``stored``: inputs kept split between steps, ``across``:
+        the mesh axis between processes, ``apply.plan_json``)."""
+        from launcher.sharding.apply import plan_json  # noqa: PLC0415 - JAX: the command line imports this module
+
+        return plan_json(self.analyzed.analysis, assignment, name, stored, across)
+
+    def runner(self, assignment: Sequence[int], *, name: str, seed: int = 0) -> PlanRunner:
+        """That plan's program compiled on this mesh, to race as ``name`` (``Planned.runner``)."""
+        from launcher.sharding.search.measure import plan_runner  # noqa: PLC0415 - JAX, likewise
+
+        return plan_runner(self.analyzed.analysis, self.analyzed.program, dict(enumerate(assignment)), self.mesh,
+                           seed=seed, name=name)
 
 
 @dataclass
@@ -46,10 +99,10 @@ class Planned:
     """One algorithm's plan for a program: the mesh it is on, its layouts, the runner that races
     it, and what the algorithm predicted and reports."""
     algorithm: str                 # the algorithm's name (mode.algorithm)
-    row: str                       # its row in the race and the comparison (cfp, alpa_ilp)
-    on: Any                        # pipeline.OnMesh: the mesh, its analysis and the program
+    row: str                       # its row in the race and the comparison (its algorithm's row)
+    on: OnMesh                     # the mesh it is on: its analysis and the program
     plan: Plan                     # its layouts (constraints), plan.json
-    runner: Any                    # search.measure's runner of the plan on its mesh
+    runner: PlanRunner             # its program compiled on that mesh (OnMesh.runner)
     source: str                    # which plan the algorithm kept, in words (search optimum, ILP...)
     predicted_step_time_s: Optional[float]
     predicted_memory_bytes: Optional[float]
@@ -57,7 +110,8 @@ class Planned:
     fields: dict = field(default_factory=dict)           # its own result.json fields (beside the race's)
     baseline_fields: dict = field(default_factory=dict)  # its own, where it races as a baseline
     files: dict = field(default_factory=dict)            # its own run-dir files
-    details: Any = None            # the algorithm's own objects (CFP's shortlist, the ILP's solution)
+    # The algorithm's own objects, which only it and its callers read (CFP's shortlist, the ILP's solution).
+    details: object = None
 
     @property
     def mesh_shape(self) -> list[int]:
@@ -66,9 +120,12 @@ class Planned:
 
 class Algorithm:
     """A sharding algorithm. Subclasses set ``name`` (registered under it) and define ``plan``;
-    the other class attributes have defaults from the name. ``option_names`` are the settings of
-    its own it reads from ``settings`` (``mode.algorithm_options.<name>``, or a mode option such
-    as the ILP's ``mode.ilp_time_limit_s``; ``autoshard(<name>=...)``) beside ``SearchOptions``'."""
+    the other class attributes have defaults from the name. Its own options are settings it
+    reads from ``settings`` by name beside the ``SearchOptions`` every algorithm takes:
+    ``option_defaults`` (each with its default: for an algorithm of the package a mode option,
+    ``mode.<name>``), or ``option_names`` (without one); any of them also
+    ``mode.algorithm_options.<name>``, and ``autoshard(<name>=...)``. An algorithm keeps them in
+    its own options class (the ILP's ``IlpOptions``)."""
 
     name: ClassVar[str] = ""          # mode.algorithm=<name>, autoshard(algorithm=<name>)
     row: ClassVar[str] = ""           # its plan's row in the race (default: its name)
@@ -79,7 +136,9 @@ class Algorithm:
     source: ClassVar[str] = ""        # result.json's answer.source where its plan is the answer
     # On a 2-D mesh, analyse only plans that split two roles (search/meshes.py); False: every plan.
     two_axis_only: ClassVar[bool] = True
-    option_names: ClassVar[tuple[str, ...]] = ()
+    option_defaults: ClassVar[Mapping[str, object]] = {}   # its own options, with their defaults
+    option_names: ClassVar[tuple[str, ...]] = ()   # every option of its own (default: option_defaults')
+    is_default: ClassVar[bool] = False   # the algorithm a search runs unless told (mode.algorithm, autoshard)
     _registry: ClassVar[dict[str, type["Algorithm"]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -89,16 +148,23 @@ class Algorithm:
             cls.title = cls.title or f"{cls.name}'s plan"
             cls.heading = cls.heading or cls.title[:1].upper() + cls.title[1:]
             cls.source = cls.source or cls.name
+            cls.option_names = cls.option_names or tuple(cls.option_defaults)
             Algorithm._registry[cls.name] = cls
 
-    def __init__(self, options: Any, settings: Mapping[str, Any] = {}) -> None:  # noqa: B006 - read only
-        """``options``: the run's ``SearchOptions`` (the profile's in ``options.profile``);
+    def __init__(self, options: SearchOptions, settings: Mapping[str, object] = {}) -> None:  # noqa: B006 - read only
+        """``options``: the run's ``SearchOptions`` (the profile's in ``options.profile``; its
+        baselines refused here where they are neither built-in plans nor an algorithm's row);
         ``settings``: the mode's config or autoshard's keywords, for ``option_names``."""
+        check_baselines(options.baselines)
         self.options, self.settings = options, settings
 
-    def plan(self, on: Sequence[Any], hooks: Hooks) -> Planned:
-        """The plan for ``on`` (``pipeline.OnMesh`` per logical mesh, analysed; the program is
-        each one's ``analyzed.program``), on one of them."""
+    def setting(self, name: str) -> object:
+        """Its own option ``name``: as set, else its default (``option_defaults``; None if none)."""
+        return self.settings.get(name, self.option_defaults.get(name))
+
+    def plan(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
+        """The plan for ``on`` (an ``OnMesh`` per logical mesh, analysed; the program is each
+        one's ``analyzed.program``), on one of them."""
         raise NotImplementedError
 
     # -- the registry --------------------------------------------------------------------------
@@ -119,6 +185,20 @@ class Algorithm:
         """The algorithm whose plan races as ``row`` (a name in ``mode.baselines``), if any."""
         return next((a for a in algorithms().values() if a.row == row), None)
 
+    @staticmethod
+    def default() -> type["Algorithm"]:
+        """The algorithm a search runs unless told (the one whose class says ``is_default``); a result
+        written before results named their algorithm is its."""
+        return next(a for a in algorithms().values() if a.is_default)
+
+    @staticmethod
+    def package_options() -> dict[str, object]:
+        """The package's own algorithms' options with their defaults (``option_defaults``), by
+        name: keys of mode=search (beside ``mode.algorithm_options``, which takes any
+        algorithm's), and of the answers ``autoshard`` keeps in the profile store."""
+        return {name: default for a in algorithms().values() if a.__module__.startswith(f"{__package__}.")
+                for name, default in a.option_defaults.items()}
+
 
 def algorithms(module: Optional[str] = None) -> dict[str, type[Algorithm]]:
     """Every registered algorithm by name: this package's modules, and ``module`` (importable
@@ -127,6 +207,30 @@ def algorithms(module: Optional[str] = None) -> dict[str, type[Algorithm]]:
 
     import_all(package, module, "mode.algorithm_module", cwd=True)
     return dict(Algorithm._registry)
+
+
+def builtin_baselines(baselines: Sequence[str]) -> tuple[str, ...]:
+    """Of ``baselines`` (``SearchOptions.baselines``), the built-in plans (and the user's own layout)."""
+    return tuple(b for b in baselines if Algorithm.of_row(b) is None)
+
+
+def algorithm_baselines(baselines: Sequence[str]) -> tuple[str, ...]:
+    """Of ``baselines``, other algorithms' plans, by their row (alpa_ilp: the ILP's)."""
+    return tuple(b for b in baselines if Algorithm.of_row(b) is not None)
+
+
+def check_baselines(baselines: Sequence[str]) -> None:
+    """UserError naming a baseline that is neither a built-in plan, the user's own layout nor an
+    algorithm's row (``mode.baselines``)."""
+    others = [b for b in builtin_baselines(baselines) if b not in (*BASELINES, USER_BASELINE)]
+    if others:  # the other built-in plans are models/plans.py's, which imports JAX: only then
+        from launcher.models.plans import BUILTINS  # noqa: PLC0415  JAX: the CLI imports this module
+
+        rows = [a.row for a in algorithms().values()]
+        for name in others:
+            if name not in BUILTINS:
+                raise UserError(f"mode.baselines: {name!r} is not a built-in plan nor an algorithm's; "
+                                f"choose from {', '.join([*BUILTINS, *rows])}")
 
 
 def plan_title(row: str) -> str:

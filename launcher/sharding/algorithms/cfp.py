@@ -1,13 +1,45 @@
-"""CFP's profiling search as an algorithm: its profile pass over every mesh analysed (segment
-combinations timed once per repeated segment, into the profile store), then its search pass (the
-DP per mesh under the memory budget, the shortlist measured on the whole step). The analysis
-before, and the race after, are the orchestration's (``pipeline.run_search``)."""
+"""CFP ("Profiling-based Intra-operator Parallelism Generation by Preserving Communication-Free
+Structures") as an algorithm, its three passes as the paper has them:
+
+1. **analysis**: the step's ParallelBlocks and their plans, and its unique segments, on each
+   logical mesh (the orchestration's, ``pipeline.analyze_meshes``, the same for every algorithm);
+2. **profile**: every plan combination of each unique segment timed once, into the profile store
+   (``Cfp.plan``: ``pipeline.profile_meshes``, ``launcher/sharding/profile/``);
+3. **search**: the DP's optimum per mesh under the memory budget (``search/dp.py``), then a
+   shortlist (the optimum, its runners-up, the plans nearest the baselines) measured on the whole
+   step, the fastest kept (``Cfp.search``, ``choose``).
+
+The race of the plan kept beside the baselines, and the answer, are the orchestration's
+(``pipeline.race_plans``). CFP's options are the profile's (``ProfileOptions``) and the
+shortlist's (``SearchOptions.verify_*``).
+
+This module imports no JAX at its top (the command line reads the registry); each pass imports
+what it runs.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned
+from launcher.errors import NoPlanFits, UserError
+from launcher.sharding.algorithms.base import Algorithm, Hooks, Log, OnMesh, Planned, Progress, builtin_baselines
+from launcher.sharding.options import SearchOptions
+from launcher.sharding.search.meshes import crossings, for_each_mesh, merge_shortlists
+
+if TYPE_CHECKING:  # they import JAX
+    from launcher.sharding.search.dp import Candidate, SearchResult
+    from launcher.sharding.search.measure import Runner, StepRunner
+
+
+@dataclass
+class CfpSearched:
+    """CFP's own figures of its plan (``Cfp.search``; ``Planned.details``)."""
+    found: SearchResult            # the DP's optimum on the picked plan's mesh
+    picked: Candidate              # the plan kept after measuring the shortlist
+    candidates: list[dict]         # a row per shortlisted plan
+    nearest: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # name -> (mesh shape, plan per block)
 
 
 class Cfp(Algorithm):
@@ -16,12 +48,195 @@ class Cfp(Algorithm):
     heading = "CFP plan"
     description = "CFP's profiling search"
     color = "tab:red"
+    is_default = True
 
-    def plan(self, on: Sequence[Any], hooks: Hooks) -> Planned:
+    def plan(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
+        """Passes 2 and 3 over the meshes analysed (``on``): profiled, then searched."""
         from launcher.sharding import pipeline  # noqa: PLC0415 - JAX: the command line imports the registry
 
         options = self.options
         on = pipeline.profile_meshes(on, options.profile, is_main=hooks.is_main, log=hooks.log,
                                      progress=hooks.progress, baselines=options.baselines)
-        hooks.write({o.folder + "profiles.json": o.profiles_json() for o in on})
-        return pipeline.cfp_plan(on, options, log=hooks.log, progress=hooks.progress)
+        hooks.write({o.folder + "profiles.json": pipeline.profiles_json(o.profiles, o.analyzed.analysis) for o in on})
+        return self.search(on, hooks)
+
+    def search(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
+        """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
+        each under the profile's memory budget, and the fastest of their shortlists measured on
+        the whole step (``choose``): the plan, with what the DP predicted."""
+        import jax  # noqa: PLC0415 - JAX, likewise
+
+        from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX, likewise
+        from launcher.sharding.profile.budget import UNITS_OVER_STEP  # noqa: PLC0415 - JAX, likewise
+        from launcher.sharding.search.dp import search as dp_search  # noqa: PLC0415 - JAX, likewise
+
+        options, log = self.options, hooks.log
+        budget = options.profile.memory_budget_bytes
+        # Under a budget the segments' sum is a first filter (budget.UNITS_OVER_STEP times it); what
+        # fits is decided by the whole step's memory (``choose``, ``search/fit.py``).
+        founds, reasons = for_each_mesh(
+            [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget,
+                                                       UNITS_OVER_STEP),
+            refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
+        meshes: list[dict] = []
+        for o, found, why in zip(on, founds, reasons, strict=True):
+            if found is None:
+                meshes.append({"mesh_shape": o.shape, "skipped": why})
+                continue
+            meshes.append({"mesh_shape": o.shape, "search_optimum": found.assignment,
+                           "search_time_s": found.search_time_s, "predicted_step_time_s": found.predicted_time_s,
+                           "predicted_memory_gb": found.predicted_memory_bytes / 2**30,
+                           "profiled_configs": o.profiles.profiled_configs, "profile_time_s": o.profiles.seconds})
+            log("search optimum on mesh %s (segment profiles): %s, segment combinations %s, predicted %.6f s, %.6f "
+                "GB per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
+                                                    found.predicted_time_s, found.predicted_memory_bytes / 2**30,
+                                                    found.search_time_s))
+        chosen, candidates, nearest = choose(on, founds, options, name=self.row, log=log, progress=hooks.progress)
+        picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
+        log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
+                                                                              picked.source))
+        # Its memory: the whole step's as XLA allocates it under the plan (compiled, not yet run),
+        # not the segments' sum, which over-counts it.
+        step_memory = chosen.peak_memory_bytes
+        log("predicted step time %.6f s, memory %.6f GB per device (the whole step compiled; its segments add up "
+            "to %.6f GB)" % (picked.predicted_time_s, step_memory / 2**30, picked.predicted_memory_bytes / 2**30))
+        analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
+        fields = {
+            "meshes": meshes,
+            "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source},
+            "search_optimum": {"assignment": found.assignment,
+                               "segment_combinations": [list(c) for c in found.combos]},
+            "candidates": candidates,
+            "predicted_step_time_s": picked.predicted_time_s,
+            "predicted_memory_gb": step_memory / 2**30,
+            "segments_memory_gb": picked.predicted_memory_bytes / 2**30,
+            "profiled_configs": sum(p.profiled_configs for p in profiles),
+            "measured_configs": sum(p.measured for p in profiles),
+            "reused_configs": sum(p.reused for p in profiles),
+            "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
+            "profile_time_s": sum(p.seconds for p in profiles),
+        }
+        # Over several processes, the axis between them, named (``plans.arranged``).
+        across = AXIS_NAMES[picked.across or 0] if jax.process_count() > 1 else None
+        if across is not None:
+            log("the axis across processes: %s of mesh %s" % (across, where.shape))
+        fields["plan"]["across_processes"] = across
+        return Planned(self.name, self.row, where, where.plan_of(picked.assignment, self.row, picked.stored, across),
+                       chosen, picked.source, picked.predicted_time_s, step_memory, meshes, fields,
+                       details=CfpSearched(found, picked, candidates, nearest))
+
+
+def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], options: SearchOptions = SearchOptions(),
+           *, name: str = Cfp.name, log: Log = lambda line: None, progress: Optional[Progress] = None
+           ) -> tuple[Runner | StepRunner, list[dict], dict[str, tuple[list[int], list[int]]]]:
+    """The plan to run: the fastest of the shortlist measured on the whole step
+    (``search.measure.pick``), compiled to race as ``name``. The shortlist: each mesh's DP optimum
+    (``founds``, None where nothing fit), the plans nearest the baselines (``verify_nearest``;
+    each on the mesh shaped like it, ``search/meshes.py``) and the rest of the meshes' shortlists
+    up to ``verify_top_k``, within the profile's memory budget. The fastest plan nearest a
+    baseline is kept unless another is faster by ``verify_margin`` (a fraction) in the
+    shortlist's ``verify_repeats`` rounds of ``verify_iterations`` steps and then alone against
+    it (``search.measure.pick``). Returns the chosen runner (its ``mesh_index`` set), a row per
+    candidate, and the nearest plans ({name: (mesh shape, plan per block)})."""
+    import jax  # noqa: PLC0415 - JAX: the command line imports the registry
+
+    from launcher.sharding.apply import make_mesh  # noqa: PLC0415
+    from launcher.sharding.search.dp import Candidate, predict, shortlist  # noqa: PLC0415
+    from launcher.sharding.search.fit import compiled_key, within_budget  # noqa: PLC0415
+    from launcher.sharding.search.measure import pick  # noqa: PLC0415
+    from launcher.sharding.search.nearest import nearest_on_meshes  # noqa: PLC0415
+
+    progress = progress or (lambda total, what: contextlib.nullcontext())
+    verify_top_k, verify_nearest = options.verify_top_k, options.verify_nearest
+    baselines = builtin_baselines(options.baselines)
+    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
+    budget, seed = options.profile.memory_budget_bytes, options.seed
+    live = [i for i, f in enumerate(founds) if f is not None]
+    program = on[0].analyzed.program
+    devices = list(on[0].mesh.devices.flat)
+    nearest = nearest_on_meshes([on[i].analyzed.analysis for i in live], program, baselines, devices, log) \
+        if verify_nearest else {}
+    nearest = {n: (live[j], plan) for n, (j, plan) in nearest.items()}
+    for n in baselines if verify_nearest else ():
+        if n in nearest:
+            log("plan nearest %s: %s on mesh %s" % (n, nearest[n][1], on[nearest[n][0]].shape))
+        else:
+            log("plan nearest %s: none (it does not fit the model or the meshes searched)" % n)
+    compiled: dict = {}
+    if budget:   # what fits, as the whole step allocates it (search/fit.py)
+        fronts = [[Candidate(founds[i].assignment, founds[i].predicted_time_s, founds[i].predicted_memory_bytes,
+                             "search optimum")]
+                  + [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
+                     for r in founds[i].runners_up] for i in live]
+        near = {n: (i, Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {n}"))
+                for n, (i, plan) in nearest.items()}
+        fitted = within_budget(on, live, fronts, near, budget, max(verify_top_k, 1), seed=seed, log=log)
+        short, incumbents, compiled = fitted.short, fitted.incumbents, fitted.runners
+    else:
+        shorts = []
+        for i in live:
+            mine = {n: plan for n, (j, plan) in nearest.items() if j == i}
+            shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
+                                    max(verify_top_k, 1), budget, mine))
+        short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+        near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
+        incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+    short += across_processes(on, short, jax.process_count(), log)
+    bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
+        if len(short) > 1 else contextlib.nullcontext()
+    meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
+              for i, c in short}
+    with bar as bar_value:
+        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
+                             for i, c in short],
+                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
+                            progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
+                            compiled=[compiled.get(compiled_key(i, c)) for i, c in short])
+    chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
+    _log_shortlist(rows, repeats, iterations, margin, log)
+    return chosen, rows, {n: (on[i].shape, plan) for n, (i, plan) in nearest.items()}
+
+
+def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
+                     ) -> list[tuple[int, Candidate]]:
+    """Each mesh's search optimum again with another of its axes crossing processes (``crossings``:
+    a job of several processes; the devices ordered by process, the first axis crosses them by
+    default): plans that differ only in which axis goes between hosts, measured against each
+    other in the shortlist (a data axis across hosts and tensor parallelism within, or the
+    reverse)."""
+    from dataclasses import replace  # noqa: PLC0415  only here
+
+    from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX: the command line imports the registry
+
+    out = []
+    for i, c in short:
+        for k in crossings(on[i].shape, processes) if c.source == "search optimum" else ():
+            if k != 0:
+                out.append((i, replace(c, source=f"{c.source}, {AXIS_NAMES[k]} across processes", across=k)))
+    if out:
+        log("across processes: %d plans the same as a mesh's optimum but for the axis between processes" % len(out))
+    return out
+
+
+def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, log: Log) -> None:
+    """Each shortlisted plan's figures, the duel where one was raced, and why the plan kept is."""
+    for i, row in enumerate(rows):
+        if row["measured_step_time_s"] is not None:
+            cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""
+            log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median%s)%s"
+                % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
+                   row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
+    kept = next(r for r in rows if r["chosen"])
+    for row in rows:
+        if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
+            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
+                "round by round; %s (mode.verify_margin=%g)"
+                % (row["source"], row["assignment"], row["duel_rounds"], iterations, row["duel_over_incumbent_paired"],
+                   "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
+    fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
+                  default=None)
+    if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:
+        log("kept %s (%s): %s measured %.3f of its time round by round, not the %.3f (mode.verify_margin=%g) "
+            "needed to replace a plan nearest a baseline"
+            % (kept["source"], kept["assignment"], fastest["source"], fastest["over_incumbent_paired"], 1 - margin,
+               margin))

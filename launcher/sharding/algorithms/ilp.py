@@ -1,16 +1,29 @@
 """The Alpa-style ILP (``launcher/sharding/ilp/``) as an algorithm: nothing profiled; on every mesh
 analysed the collectives are calibrated into the profile store (once per mesh and machine), the
 ILP solved under the profile's memory budget, and the plan its cost model predicts fastest kept.
-Raced alone (``mode.algorithm=ilp``) or beside CFP's plan (``alpa_ilp`` in ``mode.baselines``)."""
+Raced alone (``mode.algorithm=ilp``) or beside CFP's plan (``alpa_ilp`` in ``mode.baselines``).
+Its own option, the solver's time limit (``mode.ilp_time_limit_s``, ``autoshard(ilp_time_limit_s=...)``),
+is ``IlpOptions``'."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from launcher.sharding.algorithms.base import Algorithm, Hooks, Planned
+from launcher.sharding.algorithms.base import Algorithm, Hooks, OnMesh, Planned
 from launcher.sharding.ilp import NAME
-from launcher.sharding.options import IlpOptions
+from launcher.sharding.options import Options, ProfileOptions, SearchOptions
+
+
+@dataclass(frozen=True)
+class IlpOptions(Options):
+    """The Alpa-style ILP's options (``launcher/sharding/ilp/``)."""
+
+    # Its collective cost model is calibrated into the profile's store (once per mesh, with the
+    # profile's repeats), and it solves under the profile's memory budget.
+    profile: ProfileOptions = ProfileOptions()
+    time_limit_s: float = 300.0  # HiGHS's limit per mesh; the best plan found by then is kept
 
 
 class AlpaIlp(Algorithm):
@@ -21,16 +34,15 @@ class AlpaIlp(Algorithm):
     description = "the Alpa-style ILP"
     color = "tab:orange"
     two_axis_only = False   # every strategy analysed: the ILP drops those that leave an axis repeating work
-    option_names = ("ilp_time_limit_s",)
+    option_defaults = {"ilp_time_limit_s": IlpOptions.time_limit_s}
 
-    def __init__(self, options: Any, settings: Mapping[str, Any] = {}) -> None:  # noqa: B006 - read only
+    def __init__(self, options: SearchOptions, settings: Mapping[str, object] = {}) -> None:  # noqa: B006 - read only
         super().__init__(options, settings)
-        self.ilp = IlpOptions(profile=options.profile,
-                              time_limit_s=settings.get("ilp_time_limit_s", IlpOptions.time_limit_s))
+        self.ilp = IlpOptions(profile=options.profile, time_limit_s=float(self.setting("ilp_time_limit_s")))
 
-    def plan(self, on: Sequence[Any], hooks: Hooks) -> Planned:
+    def plan(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
         from launcher.sharding.ilp.plan import ilp_over_meshes  # noqa: PLC0415 - JAX
-        from launcher.sharding.profile.store import ProfileStore  # noqa: PLC0415
+        from launcher.sharding.measuring.store import ProfileStore  # noqa: PLC0415
 
         p = self.ilp.profile
         store = ProfileStore(Path(p.store_dir).expanduser().resolve())

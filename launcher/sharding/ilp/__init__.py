@@ -8,11 +8,10 @@ are measured side by side on the same program and mesh (``mode.baselines=[..., a
 
     operators.py   Alpa's graph: a node per contraction, the operators between contractions
                    merged into their producer (Alpa's "following"); its strategies
-    costmodel.py   the communication cost model: latency + bytes / bandwidth per collective
-                   and mesh axes; resharding priced axis by axis (no JAX)
-    calibrate.py   measuring that model on the mesh, once, into the profile store
     formulate.py   the ILP's terms: node costs (collectives), edge costs (resharding), the
-                   liveness memory rows
+                   liveness memory rows, priced by the collective cost model calibrated on the
+                   mesh (``measuring/costmodel.py``, ``measuring/calibrate.py``: CFP's profile
+                   prices resharding with it too)
     solve.py       HiGHS (highspy): Alpa's linearisation, the memory budget, bad input
     plan.py        the steps in order; the solution as a CFP block assignment where it is one,
                    else as per-contraction layouts; ``plan.json`` and the runner

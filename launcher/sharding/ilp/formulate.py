@@ -1,5 +1,5 @@
 """Alpa's intra-operator ILP over the operator graph (``operators.py``), priced by the calibrated
-communication model (``costmodel.py``).
+communication model (``measuring/costmodel.py``).
 
 One choice per node (a contraction and the operators that follow it): strategy ``p`` of node
 ``u`` costs ``node[u][p]`` seconds, a pair of choices of two nodes that exchange tensors costs
@@ -45,7 +45,7 @@ from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.propagation import ELEMENTWISE, PASS_THROUGH, REDUCTIONS
 from launcher.sharding.analysis.strategies import Spec, allreduce_axes, operand_specs
 from launcher.sharding.apply import Layouts, _fits
-from launcher.sharding.ilp.costmodel import CommModel
+from launcher.sharding.measuring.costmodel import CommModel
 from launcher.sharding.ilp.operators import OperatorGraph, devices_used
 from launcher.sharding.profile.boundaries import find_boundaries
 from launcher.sharding.profile.units import Unit

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.strategies import Strategy, notation
 from launcher.sharding.apply import AXIS_NAMES, plan_constraints, plan_json
 from launcher.sharding.ilp import NAME
-from launcher.sharding.ilp.calibrate import calibrate
-from launcher.sharding.ilp.costmodel import CommModel
+from launcher.sharding.measuring.calibrate import calibrate
+from launcher.sharding.measuring.costmodel import CommModel
 from launcher.sharding.ilp.formulate import Problem, formulate
 from launcher.sharding.ilp.operators import OperatorGraph, check_decidable, operator_graph
 from launcher.sharding.ilp.solve import Solution, require_solver, solve
@@ -149,7 +149,7 @@ def ilp_plan(a: Analysis, mesh: Any, store: Any, *, memory_budget_bytes: Optiona
            solution.status, solution.solve_time_s, formulate_s))
     blocks = to_blocks(a, og.choice(solution.choice))
     if blocks is not None:
-        plan = replace(plan_json(a, blocks), name=NAME)
+        plan = plan_json(a, blocks, NAME)
     else:
         axes = tuple((AXIS_NAMES[i], n) for i, n in enumerate(a.mesh_shape))
         plan = Plan(NAME, axes, {"params": {}, "activations": {}, "inputs": {}},

@@ -66,8 +66,8 @@ from launcher.sharding.profile.segment_program import (
     segment_program,
     synthetic_inputs,
 )
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import EarlyStop, Timer, overhead_program
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import EarlyStop, Timer, overhead_program
 from launcher.sharding.profile.units import Unit, first_units
 from launcher.runtime import compile_share, hosts
 

@@ -4,6 +4,7 @@ field here is part of its format: change one and every stored entry is measured 
 A segment combination's key holds the model's signature (its analysis), the mesh, the devices,
 the timing (warm or cold caches), the template (its blocks' signatures) and the combination;
 measurements that depend on the mesh only (resharding, all-reduce latency) leave the model out.
+The devices' part of every key, and the collective cost model's key, are ``measuring/keys.py``'s.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-import jax
-
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.measuring.keys import device_signature
 from launcher.sharding.profile.units import Unit
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
@@ -30,11 +30,6 @@ PROFILE_VERSION = 5
 
 def model_signature(a: Analysis) -> str:
     return hashlib.sha1(json.dumps(a.to_json(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def device_signature(mesh: Any) -> str:
-    d = mesh.devices.flat[0]
-    return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
 
 
 class StoreKeys:
@@ -65,16 +60,3 @@ class StoreKeys:
 
     def whole_overhead(self) -> dict:
         return {**self.base, "kind": "whole-overhead"}
-
-
-# The ILP's communication cost model (launcher/sharding/ilp/calibrate.py) has a version of its own:
-# bump it when what calibration measures changes. It is not PROFILE_VERSION, so changing how
-# segments are profiled does not recalibrate the collectives, nor the other way round.
-COLLECTIVE_MODEL_VERSION = 1
-
-
-def collective_model_key(mesh: Any) -> dict:
-    """The key of the ILP's collective cost model of ``mesh``: it depends on the mesh's shape,
-    the device kind and count and the process count (``device_signature``), not on any model."""
-    return {"version": COLLECTIVE_MODEL_VERSION, "kind": "collective-model", "mesh": list(mesh.devices.shape),
-            "devices": device_signature(mesh)}

@@ -19,12 +19,12 @@ search. Gradient all-reduces get the same treatment (``programs.py``).
 The parts, one concern each: ``units.py`` (what is profiled), ``candidates.py`` (the candidate
 loop: compile, time, store), ``boundaries.py`` (tensors crossing between units, and the
 resharding pairs they need), ``keys.py`` (profile-store keys), ``programs.py`` (the programs
-timed besides the segments), ``timing.py`` (how a program is timed: in turns with its overhead
-program, retaken when the hypervisor interrupted it, optionally from cold caches, the slowest
-process's time). ``Profiler`` runs them in order and returns ``Profiles``.
+timed besides the segments), ``measuring/timing.py`` (how a program is timed: in turns with its
+overhead program, retaken when the hypervisor interrupted it, optionally from cold caches,
+the slowest process's time). ``Profiler`` runs them in order and returns ``Profiles``.
 
-Every result goes into the profile store (``store.py``) as soon as it is measured, so an
-interrupted run resumes and a later one reuses. Rank 0 writes it and every process reads it
+Every result goes into the profile store (``measuring/store.py``) as soon as it is measured, so
+an interrupted run resumes and a later one reuses. Rank 0 writes it and every process reads it
 back, so with several hosts it must be on a shared filesystem (like the run dir).
 
 CFP's profiling shortcuts (``candidates.Shortcuts``: ``memory_budget_bytes``,
@@ -46,8 +46,8 @@ import numpy as np
 
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.graph import itemsize
-from launcher.sharding.ilp.calibrate import calibrate, calibrated
-from launcher.sharding.ilp.calibrate import programs as calibration_programs
+from launcher.sharding.measuring.calibrate import calibrate, calibrated
+from launcher.sharding.measuring.calibrate import programs as calibration_programs
 from launcher.sharding.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.sharding.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.sharding.options import ProfileOptions
@@ -59,8 +59,8 @@ from launcher.sharding.profile.programs import (
     reshard_time,
     whole_overhead_entry,
 )
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import CacheFlush, Timer
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import CacheFlush, Timer
 from launcher.sharding.profile.units import Unit, profiling_units
 from launcher.errors import UserError
 from launcher.runtime import hosts
@@ -142,7 +142,7 @@ class Profiles:
         return total
 
 
-# What pricing resharding takes (``ilp/costmodel.py: reshard_seconds``).
+# What pricing resharding takes (``measuring/costmodel.py: reshard_seconds``).
 RESHARD_COLLECTIVES = ("all-gather", "all-to-all")
 
 
@@ -228,9 +228,9 @@ class Profiler:
     def reshard_costs(self, boundaries: list[Boundary], table: dict) -> tuple[dict[tuple, float], int]:
         """The resharding each boundary needs between combinations the table has (the search
         uses no other): each measured (``measure_resharding``, as CFP's artifact does), else
-        priced by the mesh's collectives (the ILP's cost model, ``ilp/calibrate.py``: a few
-        dozen programs timed once per mesh and machine, for every model, where the pairs are
-        hundreds per model)."""
+        priced by the mesh's collectives (the cost model the ILP prices with too,
+        ``measuring/calibrate.py``: a few dozen programs timed once per mesh and machine, for
+        every model, where the pairs are hundreds per model)."""
         costs, measured = {}, 0
         profiled = [[k for k, c in enumerate(u.combos()) if c in table[u.kind]] for u in self.units]
         pairs = layout_pairs(boundaries, profiled)

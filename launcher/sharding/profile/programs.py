@@ -24,7 +24,7 @@ from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.strategies import Spec, allreduce_axes
 from launcher.sharding.apply import Layouts, pspec
 from launcher.sharding.profile.segment_program import _host_value, build, segment_program, synthetic_inputs
-from launcher.sharding.profile.timing import Timer, lower_quartile, overhead_program, slowest_process
+from launcher.sharding.measuring.timing import Timer, lower_quartile, overhead_program, slowest_process
 from launcher.sharding.profile.units import Unit
 
 

@@ -1,5 +1,6 @@
-"""CFP's search pass: dynamic programming over the profiled segments, then the shortlist and the
-searched plan measured on the whole step beside the baselines (map: ``launcher/sharding/__init__.py``).
+"""The parts of CFP's search pass, which ``algorithms/cfp.py`` runs: dynamic programming over the
+profiled segments, the nearest plans, the shortlist measured on the whole step; and the race every
+algorithm's plan runs beside the baselines (``measure.py``; map: ``launcher/sharding/__init__.py``).
 
 Its modules are imported by name and this file imports none of them: ``meshes.py`` stays light
 (no JAX), since the mode schemas, which the CLI imports, use it; ``dp.py`` reaches the profiler

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from launcher.sharding.algorithms.base import plan_title
 from launcher.sharding.search.nearest import nearest
 
 BEHIND = 1.02   # the searched plan over the fastest baseline, paired, beyond which the table says why
 
 
-def behind_note(planned: Any, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[str]:
-    """The note for CFP's ``planned`` measured ``ratio`` times ``baseline`` (module doc), or None
-    when it is not behind by ``BEHIND``, or when the baseline has no nearest plan on its mesh."""
+def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[str]:
+    """The note for ``planned`` (``title``: how the table names it) measured ``ratio`` times
+    ``baseline`` (module doc), or None when it is not behind by ``BEHIND``."""
     if ratio <= BEHIND:
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
     found = nearest(a, program, baseline, devices) if program is not None else None
     assignment = planned.fields.get("plan", {}).get("assignment")
-    head = f"{plan_title(planned.row)} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
+    head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
     if found is None or assignment is None:
         return f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
     differ = [b for b, (mine, near) in enumerate(zip(assignment, found.assignment, strict=True)) if mine != near]

@@ -11,10 +11,12 @@ interrupted (steal time, ``quiet.py``) is run again. A round's cost is the mean 
 the median round counts; TFLOPS divide the model's analytic FLOPs per step by it. Memory is per
 device, from XLA's buffer assignment (``models.train.memory_stats``).
 
-A user's own step (``launcher/sharding/user/step.py``: no model protocol) runs on ``StepRunner``
-instead, with the same interface: its example arguments laid out by the plan, the state it
-returns fed back as the next step's (the data stay the example batch), each step timed alone;
-its baselines are dp, fsdp and the user's own shardings (``user_step.baseline_shardings``).
+A user's own step (no model protocol) runs on ``StepRunner`` instead, with the same interface:
+its example arguments laid out by the plan, the state it returns fed back as the next step's (the
+data stay the example batch), each step timed alone; its baselines are dp, fsdp and the user's
+own shardings. What a run asks of such a step, the program answers itself
+(``launcher/sharding/user/step.py: StepProgram``), so this module imports nothing of the user's
+folder.
 """
 
 from __future__ import annotations
@@ -22,18 +24,18 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding.user import step as user_step
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.apply import across_of, assignment_transform, make_mesh, whole_step
-from launcher.sharding.profile.quiet import quiet
-from launcher.sharding.profile.timing import Timer, slowest_process
+from launcher.sharding.comparison import paired_over, paired_ratios, winner
+from launcher.sharding.measuring.quiet import quiet
+from launcher.sharding.measuring.timing import Timer, slowest_process
 from launcher.sharding.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import Plan, builtin
@@ -95,7 +97,7 @@ class Runner(_SharedCompile, Trainer):
 
 class StepRunner(_SharedCompile, CompiledStep):
     """A user's step (``program.model`` None) compiled with its arguments laid out as
-    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``user_step.py``). The
+    ``in_shardings``: ``Runner``'s interface on the step's own arguments (``StepProgram``). The
     state the step returns is fed back (and donated), so successive steps train; its outputs
     besides are replicated, its loss recorded where it has one."""
 
@@ -105,9 +107,9 @@ class StepRunner(_SharedCompile, CompiledStep):
         self.candidate: Any = None
         self.mesh_index = 0
         mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
-        outs = user_step.out_shardings(program, in_shardings, NamedSharding(mesh, PartitionSpec()))
+        outs = program.out_shardings(in_shardings, NamedSharding(mesh, PartitionSpec()))
         t0 = time.perf_counter()
-        self.args = user_step.materialize(program, in_shardings, seed)
+        self.args = program.materialize(in_shardings, seed)
         self._compile(lambda: jax.jit(step, in_shardings=tuple(in_shardings), out_shardings=outs,
                                       donate_argnums=program.feeds_back).lower(*self.args), since=t0)
 
@@ -115,10 +117,10 @@ class StepRunner(_SharedCompile, CompiledStep):
         t = time.perf_counter()
         out = jax.block_until_ready(self.compiled(*self.args))
         seconds = time.perf_counter() - t
-        loss = user_step.loss_of(self.program, out)
+        loss = self.program.loss_of(out)
         if loss is not None:
             self.losses.append(loss)
-        self.args = user_step.next_args(self.program, self.args, out)
+        self.args = self.program.next_args(self.args, out)
         return seconds
 
     def result(self) -> PlanRun:
@@ -126,10 +128,14 @@ class StepRunner(_SharedCompile, CompiledStep):
                        self.compile_time_s, self.compiled)
 
 
+PlanRunner = Union[Runner, StepRunner]   # a plan's program compiled on its mesh, to race
+
+
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
-                name: str = "cfp", stored: frozenset = frozenset()) -> Runner | StepRunner:
-    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``
-    (``stored``: inputs kept split between steps, ``apply.plan_constraints``)."""
+                name: str = "searched", stored: frozenset = frozenset()) -> PlanRunner:
+    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``, to race
+    as ``name`` (``OnMesh.runner`` is the algorithms' way to it; ``stored``: inputs kept split
+    between steps, ``apply.plan_constraints``)."""
     if not program.is_model:
         step, in_shardings, _ = whole_step(a, assignment, mesh, stored)
         return StepRunner(name, program, step, in_shardings, seed=seed)
@@ -139,18 +145,18 @@ def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: 
                   transform_step=assignment_transform(a, assignment, stored))
 
 
-def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> Runner | StepRunner:
+def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> PlanRunner:
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices. A user's step: its baseline of that name
-    (``user_step.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
+    (``StepProgram.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
     runner = _baseline(program, plan_name, devices, seed)
     runner.steps(1)
     return runner
 
 
-def _baseline(program: Any, plan_name: str, devices: Sequence[Any], seed: int) -> Runner | StepRunner:
+def _baseline(program: Any, plan_name: str, devices: Sequence[Any], seed: int) -> PlanRunner:
     if not program.is_model:
-        in_shardings = user_step.baseline_shardings(program, plan_name, make_mesh([len(devices)], devices))
+        in_shardings = program.baseline_shardings(plan_name, make_mesh([len(devices)], devices))
         return StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
     return Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
 
@@ -227,14 +233,15 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
 
 
 def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, iterations: int,
-             repeats: int, seed: int = 0, name: str = "cfp", progress: Any = None) -> PlanRun:
+             repeats: int, seed: int = 0, name: str = "searched", progress: Any = None) -> PlanRun:
     runner = plan_runner(a, program, assignment, mesh, seed=seed, name=name)
     return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
 
 
 def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
          incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None,
-         drop_slower_than: float = 0.0, compiled: Sequence[Any] = ()) -> tuple[Runner, list[dict]]:
+         drop_slower_than: float = 0.0, name: str = "searched", compiled: Sequence[Any] = ()
+         ) -> tuple[PlanRunner, list[dict]]:
     """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
     (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
     of different logical meshes of the same devices race together, in ``repeats`` interleaved
@@ -252,13 +259,15 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     after half the rounds, a plan over that many times the fastest in each of them runs no more
     (its figures are those of its rounds), except the fastest incumbent, which the winner must
     beat. ``compiled``: a runner per entry compiled already (None: compile it here; ``fit.py``
-    compiles the plans within a memory budget first). Returns the chosen runner (compiled,
-    rounds cleared, its ``candidate`` set) and a row per candidate."""
+    compiles the plans within a memory budget first). Returns the chosen runner (compiled, to
+    race as ``name``, rounds cleared, its ``candidate`` set) and a row per candidate."""
     given = list(compiled) or [None] * len(entries)
     with compile_share.shared():  # each process compiles some of the candidates and loads the others
         runners = [r if r is not None else plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed,
-                                                       stored=c.stored)
+                                                       name=name, stored=c.stored)
                    for (a, program, mesh, c), r in zip(entries, given, strict=True)]
+    for r in runners:
+        r.name = name
     measured: list[float | None] = [None] * len(runners)
     ratios: list[float | None] = [None] * len(runners)
     over_incumbent: list[float | None] = [None] * len(runners)
@@ -312,80 +321,16 @@ def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
     return max(below, len(rounds[0]) - below) > of // 2
 
 
-def winner(rounds: Sequence[Sequence[float]], incumbents: Sequence[int] = (), margin: float = 0.0) -> int:
-    """The plan (index into ``rounds``: each plan's time in each round) with the least
-    ``paired_ratios``, except that the fastest of the ``incumbents`` (plans known to be as fast
-    as a hand-written one: those nearest the baselines) stays unless the winner's time over its
-    own, round by round, has a median below ``1 - margin``. A few short rounds cannot tell plans
-    apart within their noise, and where they cannot the plan that matches a baseline is the safe
-    one: on bert-tiny (4x2) the DP's optimum came out 1% ahead of the plan nearest dp_tp in 4
-    rounds of 5 steps, and 7-15% behind it in 10 or 14 rounds of 10."""
-    ratios = paired_ratios(rounds)
-    best = min(range(len(rounds)), key=lambda i: ratios[i])
-    if incumbents and best not in incumbents:
-        safe = min(incumbents, key=lambda i: ratios[i])
-        if paired_over(rounds[best], rounds[safe]) > 1 - margin:
-            return safe
-    return best
-
-
-def paired_over(times: Sequence[float], reference: Sequence[float]) -> float:
-    """The median over rounds of a plan's time over ``reference``'s in the same round."""
-    return statistics.median(t / u for t, u in zip(times, reference, strict=True))
-
-
-def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
-    """Per plan (its time in each round), the median over rounds of its time over that round's
-    median plan time. The plans of a round run minutes apart at most, those of different rounds
-    further: on a machine whose speed drifts, ratios within a round compare plans where medians
-    of raw times would compare the moments they ran at. A plan cut from the race (``Cut``)
-    counts in the rounds it ran."""
-    per_round = [statistics.median(times[k] for times in rounds if len(times) > k)
-                 for k in range(max(map(len, rounds)))]
-    return [statistics.median(t / m for t, m in zip(times, per_round, strict=False)) for times in rounds]
-
-
 def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
     """``runs`` (one race's, in the same order on every process) with each round's time the
     slowest process's: one SPMD step ends when its slowest process does, and every process then
-    holds the same figures, so each decides (``verdict``) and reports alike."""
+    holds the same figures, so each decides (``comparison.verdict``) and reports alike."""
     slowest = slowest_process([t for r in runs for t in r.repeat_times_s])
     out, at = [], 0
     for r in runs:
         out.append(replace(r, repeat_times_s=slowest[at:at + len(r.repeat_times_s)]))
         at += len(r.repeat_times_s)
     return out
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Which plan of a final race is the answer (``verdict``), and the figures it was decided on."""
-    answer: int                        # index into the race's plans: 0 (the searched plan) or best_baseline
-    best_baseline: int | None          # the fastest baseline, round by round; None where none ran
-    searched_over_best: float | None   # the searched plan's time over best_baseline's, paired
-    rounds: int                        # the rounds decided on
-
-    @property
-    def answer_over_best(self) -> float | None:
-        return 1.0 if self.answer == self.best_baseline else self.searched_over_best
-
-
-def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin: float) -> Verdict:
-    """The answer of a final race (``rounds``: each plan's time in each round; plan 0 the searched
-    plan): the searched plan only where it beats the fastest of ``baselines`` by ``margin``,
-    round by round, else that baseline (``winner``, the baselines as incumbents): a plan handed
-    to the user is never one the same rounds measured slower than a plan beside it, and a tie
-    within the rounds' noise goes to the hand-written plan. Only plans that ran every round
-    count: a baseline the race dropped (``Cut``) was far behind the fastest."""
-    n = len(rounds[0])
-    full = [0, *(i for i in baselines if len(rounds[i]) == n)]
-    if len(full) == 1:
-        return Verdict(0, None, None, n)
-    ran = [rounds[i] for i in full]
-    ratios = paired_ratios(ran)
-    best = min(range(1, len(full)), key=lambda k: ratios[k])
-    return Verdict(full[winner(ran, range(1, len(full)), margin)], full[best], paired_over(ran[0], ran[best]), n)
-
 
 
 def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,

@@ -39,7 +39,6 @@ from launcher.sharding.analysis.graph import Graph, trace
 from launcher.sharding.analysis.references import Mismatch, Reference, axis_map, cfp_spec
 from launcher.sharding.analysis.strategies import Spec
 from launcher.sharding.search.meshes import natural_shape
-from launcher.sharding.user.step import input_layouts
 from launcher.errors import BAD_INPUT
 from launcher.models.plans import BUILTINS, builtin
 from launcher.models.sharding import use_rules
@@ -184,7 +183,7 @@ def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -
     if program.is_model:
         known = builtin_layouts(a, program, builtin(name))
     else:
-        known = input_layouts(a, program, name, list(devices) or jax.devices())
+        known = program.input_layouts(a, name, list(devices) or jax.devices())
     if known is None:
         return None
     known = references.into_loops(a.graph, known, a.mesh_shape)

@@ -1,7 +1,7 @@
 """Auto-sharding a user's own training step: CFP's passes (or the Alpa-style ILP) over any
 function the user jits, the plan handed back as shardings the user's code applies.
 
-    from launcher.sharding.user.api import autoshard, AutoPlan
+    from launcher import autoshard, AutoPlan     # this module's names, as users import them
 
     plan = autoshard(train_step, state, batch, store_dir="profiles")   # every device JAX sees
     step = plan.apply(train_step)              # jitted, under the plan's layouts
@@ -11,7 +11,7 @@ function the user jits, the plan handed back as shardings the user's code applie
     plan.save("plan.json")                     # AutoPlan.load("plan.json").apply(train_step) elsewhere
 
 What is read from the step and its arguments (which are data, which state is fed back, what is
-static) is ``user_step.py``'s; the passes are ``pipeline.py``'s, as mode=search runs them for the
+static) is ``step.py``'s; the passes are ``pipeline.py``'s, as mode=search runs them for the
 built-in models, with the baselines a user would compare with: dp, fsdp and the user's own
 ``in_shardings``. ``mode=search mode.step=pkg.module:make_step`` runs the same search from the
 command line (``load_step``: a factory returning the step and its example arguments, or a
@@ -32,7 +32,6 @@ import dataclasses
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 from dataclasses import dataclass, field, fields, replace
@@ -46,13 +45,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from launcher.sharding import pipeline
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
 from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
-from launcher.sharding.options import USER_BASELINE, IlpOptions, ProfileOptions, SearchOptions
+from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import PlanRun
 from launcher.sharding.search.meshes import AUTO
-from launcher.sharding.profile.keys import device_signature
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.search.report import table_text
+from launcher.sharding.measuring.keys import device_signature
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.comparison import Comparison, compare
+from launcher.sharding.report import Row, table_text
 from launcher.sharding.user.console import Console, log_path
 from launcher.sharding.user.reading import combine, program_args, split, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
@@ -84,7 +84,7 @@ class Step:
     loss: Any = None                              # default: its one scalar (reading.py)
 
 
-def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: str = "cfp",
+def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: Optional[str] = None,
               data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
               state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
               log: Optional[Callable[[str], None]] = None, reuse: bool = True, **options: Any) -> "AutoPlan":
@@ -93,8 +93,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
     any pytree: Flax NNX state or modules, Linen variables, Equinox modules, dicts).
     ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
-    kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``"cfp"`` (profile the
-    step's segments, then search) or ``"ilp"`` (the Alpa-style ILP, nothing profiled).
+    kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``cfp`` (the default:
+    profile the step's segments, then search) or ``ilp`` (the Alpa-style ILP, nothing profiled),
+    or any algorithm registered (``launcher/sharding/algorithms/``).
     ``data_argnums``: which arguments are data (default: the last one).
     ``in_shardings``: the shardings the user's own code gives the arguments (as for
     ``jax.jit``), raced as the ``user`` baseline (default: the layouts the example arguments
@@ -112,12 +113,13 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     device, 0 for none), ``store_dir`` (the profile store, reused by later searches),
     ``baselines`` (built-in names raced beside the plan: dp, fsdp; ``alpa_ilp`` the ILP's plan
     beside CFP's), ``iterations``, ``run_repeats``, ``max_segment_space``, ``verify_top_k``,
-    ..., and the algorithms' own (``ilp_time_limit_s``).
+    ..., and the algorithms' own (``Algorithm.option_names``: the ILP's time limit, ...).
 
-    Returns the ``AutoPlan``. UserError (one line) for bad input: see ``user_step.step_program``.
+    Returns the ``AutoPlan``. UserError (one line) for bad input: see ``step.step_program``.
     """
     # The program's own mesh context (jax.set_mesh), if any, is left: the search lays the step out
     # on meshes of its own, and so does the plan (``Applied``).
+    algorithm = algorithm or Algorithm.default().name
     with jaxcompat.outside_mesh_context():
         return _autoshard(step_fn, example_args, mesh_shape, algorithm, data_argnums, in_shardings, state_argnums,
                           loss, log, reuse, options)
@@ -173,14 +175,17 @@ def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, a
 def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions,
                 settings: dict) -> dict:
     """What an answer depends on: the traced step and its arguments, the devices, the options
-    (the store it is kept in aside), the user's own layout."""
+    (the store it is kept in aside), the user's own layout. A profile-store key: its fields are
+    the store's format."""
     options = {**dataclasses.asdict(search), "profile": {k: v for k, v in dataclasses.asdict(search.profile).items()
                                                           if k != "store_dir"}}
     user = ([str(s.spec) for s in jax.tree.leaves(program.in_shardings)] if program.in_shardings is not None else None)
     return {"version": VERSION, "kind": "autoshard-answer", "program": program.signature,
             "args": describe_leaves(program.args), "devices": device_signature(make_mesh([jax.device_count()])),
             "mesh_shape": str(mesh_shape), "algorithm": algorithm, "options": json.loads(json.dumps(options, default=str)),
-            "ilp_time_limit_s": settings.get("ilp_time_limit_s", IlpOptions.time_limit_s), "user": user, "loss": program.reading.loss_path}
+            # The package's algorithms' own options, at the values given or their defaults (Algorithm.option_defaults).
+            **{name: settings.get(name, default) for name, default in Algorithm.package_options().items()},
+            "user": user, "loss": program.reading.loss_path}
 
 
 def _stored_answer(store: ProfileStore, key: dict) -> Optional["AutoPlan"]:
@@ -320,41 +325,28 @@ class AutoPlan:
         return self.measured["step_time_s"]
 
     def comparison(self) -> dict:
-        """What the race measured, named as it ran: ``fastest`` (the plan of least median step
-        time, searched or baseline) and its time; ``best_baseline`` (the fastest baseline: never
-        the searched plan) and the answer's time over it (``vs_best_baseline``, medians;
-        ``vs_best_baseline_paired``, round by round); the searched plan's own over it
-        (``searched_vs_best_baseline_paired``); and against the user's own shardings where they
-        ran (``vs_user_paired``: below 1, the answer beat them). A baseline dropped from the race
-        (``drop_slower_than``) is compared over the rounds it ran."""
-        runs = self._runs()
-        searched = self._searched_row
-        baselines = {n: r for n, r in runs.items() if n != searched}
-        fastest = min(runs, key=lambda n: runs[n].step_time_s)
-        out: dict[str, Any] = {"answer": self.row, "fastest": fastest, "fastest_step_time_s": runs[fastest].step_time_s}
-        if not baselines:
-            return out
-        best = min(baselines, key=lambda n: baselines[n].step_time_s)
-        mine = runs[self.row]
-        out.update(best_baseline=best, vs_best_baseline=mine.step_time_s / runs[best].step_time_s,
-                   vs_best_baseline_paired=_paired(mine, runs[best]))
-        if searched in runs:
-            out["searched_vs_best_baseline_paired"] = _paired(runs[searched], runs[best])
-        if USER_BASELINE in runs:
-            out["vs_user_paired"] = _paired(mine, runs[USER_BASELINE])
-        return out
+        """What the race measured, named as it ran (``comparison.Comparison.fields``, as the
+        search's result and table have it): ``fastest`` (the plan of least median step time,
+        searched or baseline) and its time; ``best_baseline`` (the fastest baseline round by round,
+        of those that ran every round: never the searched plan) and the answer's time over it
+        (``vs_best_baseline``, medians; ``vs_best_baseline_paired``, round by round); the searched
+        plan's own over it (``searched_vs_best_baseline_paired``); and against the user's own
+        shardings where they ran (``vs_user_paired``: below 1, the answer beat them)."""
+        return self.compared().fields()
+
+    def compared(self) -> Comparison:
+        """The race this plan came from, compared (``comparison.compare``), its answer this plan."""
+        runs = {self.row: self.measured, **self.baselines}
+        searched = self._searched_row if self._searched_row in runs else self.row
+        return compare({name: r["repeat_times_s"] for name, r in runs.items()}, searched, answer=self.row)
 
     def table(self) -> str:
-        """The comparison table (``search/report.py``), as mode=search writes comparison.txt."""
+        """The comparison table (``report.py``), as mode=search writes comparison.txt."""
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
         across = [f"mesh {self.mesh_shape}: {self.across} across processes"] if self.across else []
-        return table_text(self._runs(), self.skipped, title=title, answer=self.row,
+        runs = {name: Row.of(r) for name, r in {self.row: self.measured, **self.baselines}.items()}
+        return table_text(runs, self.skipped, title=title, answer=self.row,
                           notes=across + ([self.why] if self.why else []))
-
-    def _runs(self) -> dict[str, PlanRun]:
-        return {name: PlanRun(name, r["repeat_times_s"], r.get("losses", []), int(r["memory_gb"] * 2**30),
-                              r["flops"], r.get("compile_time_s", 0.0))
-                for name, r in {self.row: self.measured, **self.baselines}.items()}
 
     # --- using it ------------------------------------------------------------------------------
 
@@ -458,13 +450,6 @@ class AutoPlan:
 _NOT_SAVED = {"searched", "own"}  # this session's objects
 
 
-def _paired(a: PlanRun, b: PlanRun) -> float:
-    """``a``'s time over ``b``'s round by round (the median), over the rounds both ran."""
-    n = min(len(a.repeat_times_s), len(b.repeat_times_s))
-    return 1.0 if a is b else statistics.median(x / y for x, y in zip(a.repeat_times_s[:n], b.repeat_times_s[:n],
-                                                                         strict=True))
-
-
 def _placed(x: Any, sharding: Any) -> Any:
     """``x`` laid out as ``sharding``: as it is where it already is, on the plan's own mesh (an
     equivalent layout on another mesh, the program's own, is moved: jit takes one mesh)."""
@@ -552,6 +537,6 @@ def load_step(target: str, code_dir: Optional[str] = None, log: Callable[[str], 
         made = Step(made[0], made[1])
     if not isinstance(made, Step) or not callable(made.fn) or not isinstance(made.args, (tuple, list)):
         raise UserError(f"mode.step={target} returned a {type(made).__name__}; a step factory returns (step_fn, "
-                        "example_args) or launcher.sharding.user.api.Step(fn, args, data_argnums=..., in_shardings=...)")
+                        "example_args) or launcher.Step(fn, args, data_argnums=..., in_shardings=...)")
     return step_program(made.fn, made.args, data_argnums=made.data_argnums, in_shardings=made.in_shardings,
                         state_argnums=made.state_argnums, loss=made.loss, log=log)

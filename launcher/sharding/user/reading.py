@@ -1,4 +1,4 @@
-"""What a user's step is read as (``user_step.step_program``), so that nothing in it is guessed.
+"""What a user's step is read as (``step.py: step_program``), so that nothing in it is guessed.
 
 The program CFP analyses, profiles and runs is ``step(*args) -> (*new_state, outputs)``: made
 once from the user's function (``Reading.step``) and undone where the plan is applied

@@ -80,8 +80,8 @@ def describe_leaves(tree: Any) -> list[dict]:
 
 def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: Optional[Sequence[int]] = None,
                  in_shardings: Any = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
-                 loss: Any = None, log: Callable[[str], None] = lambda line: None) -> TrainingProgram:
-    """``fn(*args)`` as a ``TrainingProgram``: read as ``reading.py`` says (NNX objects as their
+                 loss: Any = None, log: Callable[[str], None] = lambda line: None) -> StepProgram:
+    """``fn(*args)`` as a ``TrainingProgram`` (a ``StepProgram``): read as ``reading.py`` says (NNX objects as their
     joint state, host arrays as JAX takes them, the state fed back, the loss), refused in one
     line (UserError) where it cannot be: no argument, no array among them, positions out of
     range, a step that cannot be traced on them, one with no contraction for the search to
@@ -113,7 +113,7 @@ def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: O
         in_shardings = _nnx_shardings(name, in_shardings, reading, pargs)
     user = (_user_shardings(name, in_shardings, shapes) if in_shardings is not None
             else _given_shardings(name, arrays, reading.data_argnums, log))
-    return TrainingProgram(step, shapes, data_argnums=reading.data_argnums, values=arrays if given else None,
+    return StepProgram(step, shapes, data_argnums=reading.data_argnums, values=arrays if given else None,
                            feeds_back=reading.feeds_back, out_shapes=out_shapes, loss_leaf=reading.loss_leaf,
                            flops=contraction_flops(contractions.values()), in_shardings=user, name=name,
                            signature=program_signature(g), reading=reading)
@@ -360,3 +360,31 @@ def loss_of(program: TrainingProgram, out: Any) -> Optional[float]:
         return None
     return float(jax.tree.leaves(out)[program.loss_leaf])
 
+
+# ---------------------------------------------------------------------------------------------
+# What the passes ask of it
+
+
+class StepProgram(TrainingProgram):
+    """A user's step as the passes take it (``step_program``): the program, and what the race
+    (``search/measure.py``'s ``StepRunner``) and the nearest plans (``search/nearest.py``) ask of
+    a step that has no model protocol, answered by this module. The passes ask it of the program
+    they are given, so they import nothing of this folder, which builds on them."""
+
+    def baseline_shardings(self, name: str, mesh: Any) -> tuple:
+        return baseline_shardings(self, name, mesh)
+
+    def input_layouts(self, a: Any, name: str, devices: Sequence[Any]) -> Optional[dict[int, Spec]]:
+        return input_layouts(a, self, name, devices)
+
+    def out_shardings(self, in_shardings: tuple, replicated: Any) -> Any:
+        return out_shardings(self, in_shardings, replicated)
+
+    def materialize(self, in_shardings: tuple, seed: int = 0) -> tuple:
+        return materialize(self, in_shardings, seed)
+
+    def next_args(self, args: Sequence[Any], out: Any) -> tuple:
+        return next_args(self, args, out)
+
+    def loss_of(self, out: Any) -> Optional[float]:
+        return loss_of(self, out)

@@ -4,14 +4,14 @@ For every group of mesh axes (axis 0, axis 1, both) and every collective Alpa's 
 prices (all-reduce, all-gather, reduce-scatter, all-to-all), a ``shard_map`` program doing only
 that collective (``CHAIN`` times in a row, each on the last one's result) is timed at each of
 ``SIZES`` bytes per device, in turns with its overhead program (the same arguments and results,
-no work: ``profile/timing.py``); the difference of their lower quartiles over ``repeats`` runs
+no work: ``timing.py``); the difference of their lower quartiles over ``repeats`` runs
 (at least ``MIN_REPEATS``), over ``CHAIN``, is what one collective costs: a cost is a floor that a
 shared machine's noise only adds to, as for the profile pass's all-reduce latency. A line
 ``latency + bytes / bandwidth`` is fitted through the sizes (``costmodel.fit_line``). One more
 program times a matmul on every device at once, for the per-device FLOP rate the predicted step
 time uses.
 
-The whole model is one store entry (``profile/keys.py: collective_model_key``: mesh shape,
+The whole model is one store entry (``keys.py: collective_model_key``: mesh shape,
 device kind and count, process count), written only once every line is measured: a run that
 fails half way leaves nothing behind, and any later run on the same mesh reuses the entry (the
 ILP of every model on that mesh prices with the same lines). As in the profile pass, every
@@ -30,10 +30,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding.ilp.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
-from launcher.sharding.profile.keys import collective_model_key
-from launcher.sharding.profile.store import ProfileStore
-from launcher.sharding.profile.timing import Timer, lower_quartile, overhead_program
+from launcher.sharding.measuring.costmodel import COLLECTIVES, CommModel, Line, axis_groups, fit_line
+from launcher.sharding.measuring.keys import collective_model_key
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.measuring.timing import Timer, lower_quartile, overhead_program
 from launcher.runtime import compile_share, hosts
 
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)

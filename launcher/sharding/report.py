@@ -5,7 +5,6 @@ the race's runs or, as the run dir and the console show them, from a search's re
 from __future__ import annotations
 
 import io
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -19,22 +18,7 @@ if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with t
     from launcher.sharding.search.measure import PlanRun
 
 
-def best_baseline(searched: PlanRun, baselines: Mapping[str, PlanRun], name: str | None = None) -> dict:
-    """The result fields comparing the searched plan with the fastest baseline (``name``, as the
-    answer decided it, ``measure.verdict``; else the least median step time): the ratio of
-    median step times, and paired (the median over rounds of the ratio within each round; the
-    plans of a round ran together, so the machine's drift between rounds cancels)."""
-    if not baselines:
-        return {}
-    name = name or min(baselines, key=lambda n: baselines[n].step_time_s)
-    best = baselines[name]
-    paired = statistics.median(s / b for s, b in zip(searched.repeat_times_s, best.repeat_times_s, strict=True))
-    return {"best_baseline": name, "vs_best_baseline": searched.step_time_s / best.step_time_s,
-            "vs_best_baseline_paired": paired}
-
-
-def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str],
-               title: str = "CFP plan against the baselines (same devices)", rounds: int = 0,
+def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str], title: str, rounds: int = 0,
                why_fewer: str = "", answer: str = "", notes: Sequence[str] = ()) -> str:
     """The plans run, one row each, the ``answer``'s marked; below it, the plans that ran fewer
     than ``rounds`` rounds (``why_fewer``), the baselines that could not run, each named once,
@@ -76,7 +60,7 @@ class Row:
 
 def rows_of(result: Mapping[str, Any]) -> dict[str, Row]:
     """The race's rows from a search's result fields: the searched plan's, then each baseline's."""
-    searched = (result.get("answer") or {}).get("searched", "cfp")
+    searched = (result.get("answer") or {}).get("searched") or Algorithm.default().row
     return {searched: Row.of(result), **{name: Row.of(b) for name, b in (result.get("baselines") or {}).items()}}
 
 
@@ -85,7 +69,7 @@ def comparison_text(result: Mapping[str, Any]) -> str:
     of the plans raced, the answer marked, the plans that ran fewer rounds and the baselines that
     could not run named below it, and which plan is the answer and why."""
     answer = result.get("answer") or {}
-    searched = answer.get("searched", "cfp")
+    searched = answer.get("searched") or Algorithm.default().row   # a result from before results said
     why = answer.get("why", "")
     if why and answer.get("name") == searched:
         why += " (plan.json)"

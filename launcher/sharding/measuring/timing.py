@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
-from launcher.sharding.profile.quiet import quiet
+from launcher.sharding.measuring.quiet import quiet
 from launcher.runtime import hosts
 
 # Bytes each accelerator (GPU, TPU) rewrites to evict its cache: triton.testing.do_bench's 256
