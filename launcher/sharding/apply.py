@@ -272,8 +272,10 @@ def plan_constraints(a: Analysis, assignment: Mapping[int, int], stored: Abstrac
     ``stored``: the inputs (positions among the step's) kept split over every device between
     steps instead, on their largest dimension the device count divides (the state, as ZeRO-3 and
     fsdp store it: XLA gathers each where the plan computes with it), where one does; the
-    optimizer's update is then left unpinned, so XLA runs it on the stored shards (a replicated
-    update would hold the whole state again)."""
+    backward pass and the optimizer's update are then left unpinned, so XLA reduces the
+    gradients onto the stored shards and updates them there (pinned, whole gradients and a
+    replicated update would hold the state again: on the scanned LM, 4.31 MiB with the backward
+    pinned, 3.57 MiB without, fsdp 3.63 MiB, per device)."""
     layouts, g = Layouts(a, assignment), a.graph
     constraints: dict[str, Any] = {"program": program_signature(g)}
     every = tuple(range(len(a.mesh_shape)))
@@ -287,7 +289,7 @@ def plan_constraints(a: Analysis, assignment: Mapping[int, int], stored: Abstrac
         constraints[f"in:{name}"] = spec_json(spec)
     pinned = layouts.pinned()
     if stored:
-        pinned = {v: s for v, s in pinned.items() if g.producer[v] is None or g.ops[g.producer[v]].phase != "opt"}
+        pinned = {v: s for v, s in pinned.items() if g.producer[v] is None or g.ops[g.producer[v]].phase == "fwd"}
     constraints.update(pin_constraints(g, pinned))
     return constraints
 

@@ -142,7 +142,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
 
     from launcher.sharding.apply import make_mesh  # noqa: PLC0415
     from launcher.sharding.search.dp import Candidate, predict, shortlist  # noqa: PLC0415
-    from launcher.sharding.search.fit import compiled_key, within_budget  # noqa: PLC0415
+    from launcher.sharding.search.fit import compiled_key, state_inputs, within_budget  # noqa: PLC0415
     from launcher.sharding.search.measure import pick  # noqa: PLC0415
     from launcher.sharding.search.nearest import nearest_on_meshes  # noqa: PLC0415
 
@@ -181,6 +181,16 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
         short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
         near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
         incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+        # A plan lays each input out as its first consumer computes with it, so the plan nearest
+        # a baseline that stores the state split (fsdp) computes like it but stores it whole: the
+        # same plan with the state stored split is measured beside it, an incumbent too.
+        stored = state_inputs(program)
+        for n, (i, plan) in nearest.items() if stored else ():
+            c = Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {n}, state stored split",
+                          stored=stored)
+            if all(compiled_key(i, c) != compiled_key(j, d) for j, d in short):
+                incumbents.append(len(short))
+                short.append((i, c))
     short += across_processes(on, short, jax.process_count(), log)
     bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()

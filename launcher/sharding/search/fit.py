@@ -119,7 +119,9 @@ def within_budget(on: Sequence[Any], live: Sequence[int], fronts: Sequence[Seque
             variant = replace(c, source=f"{c.source}, state stored split", stored=stored)
             if len([f for f in fitting if f[0] == i]) < k and compiler.memory(i, variant) <= budget:
                 fitting.append((i, variant))
-    near = [(i, c) for i, c in nearest.values() if compiler.memory(i, c) <= budget]
+    stored_near = [(i, replace(c, source=f"{c.source}, state stored split", stored=state_inputs(on[i].analyzed.program)))
+                   for i, c in nearest.values() if state_inputs(on[i].analyzed.program)]
+    near = [(i, c) for i, c in [*nearest.values(), *stored_near] if compiler.memory(i, c) <= budget]
     short: list[tuple[int, Candidate]] = []
     for i, c in sorted(fitting, key=lambda ic: ic[1].predicted_time_s)[:k] + near:
         if all(compiled_key(i, c) != compiled_key(j, d) for j, d in short):
