@@ -1,11 +1,12 @@
 """Auto-sharding programs written as users write them, from Python, as a user would call it.
 
-    python bench/bench_autoshard.py [--programs scanned_lm nnx_fsdp linen_lm equinox_mlp numpy_mlp]
+    python bench/bench_autoshard.py [--programs scanned_lm nnx_fsdp linen_lm equinox_mlp numpy_mlp own_mesh_adam]
                                     [--devices 8] [--iterations 10] [--repeats 14]
 
 Each program of ``tests/user_programs.py`` (a scanned decoder LM with a hand-written FSDP x TP
 layout; Flax's NNX FSDP toy, an optimizer holding its model's params; a Linen LM stepped as lm1b;
-an Equinox MLP passed whole; an MLP with float64 NumPy parameters), in a process of its own with
+an Equinox MLP passed whole; an MLP with float64 NumPy parameters; plain JAX with its state on its
+own mesh and a typed dropout key), in a process of its own with
 ``--devices`` virtual CPU devices and a fresh profile store:
 
 1. ``autoshard(step, *args)`` with its defaults (every logical mesh, dp and fsdp raced, the
@@ -53,7 +54,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "bench_autoshard.json"
-PROGRAMS = ("scanned_lm", "nnx_fsdp", "linen_lm", "equinox_mlp", "numpy_mlp")
+PROGRAMS = ("scanned_lm", "nnx_fsdp", "linen_lm", "equinox_mlp", "numpy_mlp", "own_mesh_adam")
 BOUND = 1.05   # CFP's own plan over the best baseline, beyond the A/A floor
 
 
@@ -160,14 +161,17 @@ def parallax_runner(s, program):
             with jax.set_mesh(self.mesh):
                 wrapped = parallax.jit(s.fn, strategy=parallax.ShardingStrategy.AUTO)
                 args = tuple(jax.device_get(tuple(s.args)))
-                jitted, shardings = wrapped._get_jitted_fn(*args)   # its plan: parallax's own jit, as __call__ runs it
-                self.args = jax.tree.map(jax.device_put, args, shardings)
+                jitted, self.shardings = wrapped._get_jitted_fn(*args)   # its plan: parallax's own jit
+                self.args = jax.tree.map(jax.device_put, args, self.shardings)
                 self._compile(lambda: jitted.lower(*self.args))
 
         def _one_step(self):
             with jax.set_mesh(self.mesh):
                 t = time.perf_counter()
-                out = jax.block_until_ready(self.compiled(*self.args))
+                # As parallax.jit's __call__ runs it: the arguments put where its plan takes them
+                # (the state it returned may be laid out otherwise), then the step.
+                args = jax.tree.map(jax.device_put, self.args, self.shardings)
+                out = jax.block_until_ready(self.compiled(*args))
                 seconds = time.perf_counter() - t
             reading = self.program.reading
             outs = list(out) if reading.returns_tuple else [out]

@@ -365,7 +365,12 @@ def serialize_executable(compiled: Any) -> bytes:
     in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
 
-    return pickle.dumps((*serialize(compiled), memory_analysis(compiled)))
+    order = _device_order(compiled)
+    if order is not None and order != sorted(order) and not _loads_on_devices():
+        # 0.4.35 loads an executable on the devices in their default order: one compiled for a
+        # mesh of them in another (the processes along another axis) would run on the wrong ones.
+        raise ValueError("this JAX cannot load an executable on devices in another order")
+    return pickle.dumps((*serialize(compiled), memory_analysis(compiled), order))
 
 
 def load_executable(payload: bytes) -> tuple[Any, Any]:
@@ -374,10 +379,34 @@ def load_executable(payload: bytes) -> tuple[Any, Any]:
     executable's own is not the same on 0.4.35: it reports no aliased (donated) bytes, so a
     step's memory read on the process that loaded it came out larger than on the one that
     compiled it."""
-    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX: the CLI imports this module
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  likewise
 
-    executable, in_tree, out_tree, memory = pickle.loads(payload)
-    return deserialize_and_load(executable, in_tree, out_tree), memory
+    executable, in_tree, out_tree, memory, order = pickle.loads(payload)
+    if order is None or not _loads_on_devices():
+        return deserialize_and_load(executable, in_tree, out_tree), memory
+    by_id = {d.id: d for d in jax.devices()}
+    return deserialize_and_load(executable, in_tree, out_tree, execution_devices=[by_id[i] for i in order]), memory
+
+
+def _device_order(compiled: Any) -> list[int] | None:
+    """The ids of the devices a compiled program runs on, in its mesh's order (its first
+    argument or result laid out on a mesh), or None."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    for s in jax.tree.leaves((compiled.input_shardings, compiled.output_shardings)):
+        devices = getattr(getattr(s, "mesh", None), "devices", None)
+        if devices is not None:
+            return [int(d.id) for d in devices.flat]
+    return None
+
+
+def _loads_on_devices() -> bool:
+    """Whether ``deserialize_and_load`` takes the devices to load on (``execution_devices``:
+    releases after 0.4.35)."""
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX, likewise
+
+    return "execution_devices" in inspect.signature(deserialize_and_load).parameters
 
 
 _MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code", "host_temp")

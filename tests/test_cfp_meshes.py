@@ -4,6 +4,8 @@ in tests/test_cfp_search.py (test_two_processes_agree_and_the_saved_plan_trains)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from launcher.sharding.analysis.strategies import enumerate_strategies
 from launcher.sharding.search.dp import Candidate
 from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, merge_shortlists, mesh_shapes,
                                              natural_shape)
-from launcher.models.plans import arranged
+from launcher.models.plans import Plan, arranged
 from launcher.errors import NoPlanFits, UserError
 
 pytestmark = pytest.mark.core
@@ -53,6 +55,11 @@ def test_devices_are_ordered_by_process_and_the_axis_across_them_is_chosen():
     assert procs(across, 1) == {(0, 1)} and procs(across, 0) == {(0,), (1,)}
     cube = arranged(devs, (2, 2, 2), across=2)
     assert procs(cube, 2) == {(0, 1)} and procs(cube, 0) == procs(cube, 1) == {(0,), (1,)}
+    # plan.json names the axis between processes, and a plan read back lays its mesh out so.
+    plan = Plan("cfp", (("cfp0", 4), ("cfp1", 2)), {}, {}, across="cfp1")
+    again = Plan.from_dict(json.loads(plan.to_json()))
+    assert again.across == "cfp1" and json.loads(plan.to_json())["across"] == "cfp1"
+    assert "across" not in json.loads(Plan("dp", (("data", 8),), {}).to_json())
 
 
 def test_3d_meshes_split_the_batch_over_the_axis_across_processes():

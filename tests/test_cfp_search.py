@@ -674,7 +674,9 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     # The plans nearest dp and dp_tp were raced, and only a plan clearly faster than it round by round (by
     # mode.verify_margin, 0.02), in the shortlist's rounds and then alone against it, could be kept instead.
     chosen = next(c for c in result["candidates"] if c["chosen"])
-    assert sum(c["incumbent"] for c in result["candidates"]) == 2   # dp, dp_tp; ep does not apply to GPT
+    # dp, dp_tp (ep does not apply to GPT), each also with the state stored split
+    assert sum(c["incumbent"] for c in result["candidates"]) == 4
+    assert sum("state stored split" in c["source"] for c in result["candidates"]) == 2
     assert chosen["incumbent"] or (chosen["over_incumbent_paired"] < 0.98 and
                                    chosen["duel_over_incumbent_paired"] < 0.98), result["candidates"]
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}
