@@ -1,9 +1,12 @@
 """A memory budget that holds (issue 45): what fits is what XLA allocates for the whole step
 under a plan (``search/fit.py``), the segments' sum a first filter only. An Adam MLP whose state
 dominates its memory, searched on this process's 8 virtual CPU devices with the smallest
-settings: once without a budget (dp's memory measured), then under budgets below it."""
+settings: once without a budget (dp's memory measured), then under budgets below it; and the
+note under the table when a searched plan runs behind the fastest baseline."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +14,11 @@ import optax
 import pytest
 
 from launcher.errors import UserError
+from launcher.sharding import pipeline
+from launcher.sharding.search.behind import behind_note
+from launcher.sharding.search.nearest import nearest
 from launcher.sharding.user.api import autoshard
+from launcher.sharding.user.step import step_program
 
 SMALL = dict(repeats=2, iterations=2, run_repeats=2, verify_top_k=2, verify_iterations=2, verify_repeats=2,
              mesh_shape=[8], baselines=["dp", "fsdp"])
@@ -67,3 +74,19 @@ def test_a_budget_no_plan_meets_is_refused_naming_the_least_memory_measured(unco
                   **SMALL)
     measured = float(str(e.value).split("measured is ")[1].split(" GB")[0]) * 2**30
     assert budget < measured <= 1.01 * max(memory.values())
+
+
+def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_table():
+    """Which blocks (and segments) of the plan differ from the plan nearest the baseline it ran
+    behind, and why that nearest plan is not the baseline's own layout (search/behind.py)."""
+    step, args = adam_mlp()
+    program = step_program(step, args)
+    on = SimpleNamespace(analyzed=pipeline.analyze(program, mesh_shape=[8]), shape=[8])
+    a = on.analyzed.analysis
+    near = nearest(a, program, "fsdp", jax.devices())
+    mine = [(p + 1) % a.blocks[b].num_plans for b, p in enumerate(near.assignment)]   # every block otherwise
+    planned = SimpleNamespace(on=on, fields={"plan": {"assignment": mine}})
+    assert behind_note(planned, "CFP's plan", "fsdp", 1.01, jax.devices()) is None   # within 2%
+    note = behind_note(planned, "CFP's plan", "fsdp", 1.3, jax.devices())
+    assert note.startswith("CFP's plan ran 1.300x fsdp (over 1.02x): it differs from the plan nearest fsdp in blocks 0")
+    assert "(segment" in note and "that plan is not fsdp's layout: fsdp stores" in note
