@@ -11,6 +11,7 @@ one line naming what was found.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import os
@@ -275,6 +276,30 @@ def _auto_axes(n: int) -> dict:
     return auto_axes(n)
 
 
+def outside_mesh_context() -> ContextManager:
+    """No mesh in context (``jax.set_mesh(None)``) for what runs inside: a program that set its
+    own mesh (``jax.set_mesh``, Explicit axes above all) traces every jit under it, and a step
+    jitted on another mesh (a plan's) is refused there ("context mesh ... should match the aval
+    mesh"). Before 0.6 there is no such context: nothing to leave."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    return jax.set_mesh(None) if hasattr(jax, "set_mesh") else contextlib.nullcontext()
+
+
+def wrap_keys(data: Any, key_dtype: Any) -> Any:
+    """Typed PRNG keys of ``key_dtype`` (``key<fry>``) from their key data (``key_shape(key_dtype)``
+    trailing). The dtype knows its implementation only through a private attribute, in every
+    release from 0.4.35 to 0.10."""
+    import jax  # noqa: PLC0415  JAX: jaxcompat is imported before a task sets its devices
+
+    return jax.random.wrap_key_data(data, impl=key_dtype._impl)
+
+
+def key_shape(key_dtype: Any) -> tuple[int, ...]:
+    """The trailing shape of one key's data (threefry: (2,))."""
+    return tuple(key_dtype._impl.key_shape)
+
+
 def cost_analysis(compiled_or_lowered: Any) -> dict[str, float]:
     """XLA's cost analysis as one dict: releases before 0.5.0 returned a list with one dict per
     executable (one, here), later ones the dict itself; None (no analysis) becomes {}."""
@@ -336,7 +361,12 @@ def serialize_executable(compiled: Any) -> bytes:
     in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
 
-    return pickle.dumps((*serialize(compiled), memory_analysis(compiled)))
+    order = _device_order(compiled)
+    if order is not None and order != sorted(order) and not _loads_on_devices():
+        # 0.4.35 loads an executable on the devices in their default order: one compiled for a
+        # mesh of them in another (the processes along another axis) would run on the wrong ones.
+        raise ValueError("this JAX cannot load an executable on devices in another order")
+    return pickle.dumps((*serialize(compiled), memory_analysis(compiled), order))
 
 
 def load_executable(payload: bytes) -> tuple[Any, Any]:
@@ -345,10 +375,34 @@ def load_executable(payload: bytes) -> tuple[Any, Any]:
     executable's own is not the same on 0.4.35: it reports no aliased (donated) bytes, so a
     step's memory read on the process that loaded it came out larger than on the one that
     compiled it."""
-    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX: the CLI imports this module
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  likewise
 
-    executable, in_tree, out_tree, memory = pickle.loads(payload)
-    return deserialize_and_load(executable, in_tree, out_tree), memory
+    executable, in_tree, out_tree, memory, order = pickle.loads(payload)
+    if order is None or not _loads_on_devices():
+        return deserialize_and_load(executable, in_tree, out_tree), memory
+    by_id = {d.id: d for d in jax.devices()}
+    return deserialize_and_load(executable, in_tree, out_tree, execution_devices=[by_id[i] for i in order]), memory
+
+
+def _device_order(compiled: Any) -> list[int] | None:
+    """The ids of the devices a compiled program runs on, in its mesh's order (its first
+    argument or result laid out on a mesh), or None."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+
+    for s in jax.tree.leaves((compiled.input_shardings, compiled.output_shardings)):
+        devices = getattr(getattr(s, "mesh", None), "devices", None)
+        if devices is not None:
+            return [int(d.id) for d in devices.flat]
+    return None
+
+
+def _loads_on_devices() -> bool:
+    """Whether ``deserialize_and_load`` takes the devices to load on (``execution_devices``:
+    releases after 0.4.35)."""
+    from jax.experimental.serialize_executable import deserialize_and_load  # noqa: PLC0415  JAX, likewise
+
+    return "execution_devices" in inspect.signature(deserialize_and_load).parameters
 
 
 _MEMORY_FIELDS = ("argument", "output", "temp", "alias", "generated_code", "host_temp")

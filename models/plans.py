@@ -18,7 +18,8 @@ through JSON:
     }
 
 ``mesh_axes`` is ordered (outermost first); a size of null takes whatever the device count
-leaves. A rule maps to a mesh axis name, a list of them, or null. ``constraints`` is reserved
+leaves. The devices are taken ordered by process (then id), so the outermost axis is the one
+that crosses processes (hosts), unless ``"across"`` names another (``arranged``). A rule maps to a mesh axis name, a list of them, or null. ``constraints`` is reserved
 for the CFP search (operator id -> PartitionSpec-like list, see ``launcher/sharding/apply.py``);
 plans carry it unchanged and the launcher applies it through ``models.train``'s step transform.
 """
@@ -41,7 +42,18 @@ from .sharding import Rules, mesh_axes_of, spec_for
 from .step import init_state, make_optimizer
 
 RULE_KINDS = ("params", "activations", "inputs")
-_KEYS = {"name", "mesh_axes", "rules", "constraints"}
+_KEYS = {"name", "mesh_axes", "rules", "constraints", "across"}
+
+
+def arranged(devices: Sequence[Any], shape: Sequence[int], across: Optional[int] = None) -> np.ndarray:
+    """``devices`` as an array of ``shape``: ordered by process (then id), the processes changing
+    along axis ``across`` (default 0): a multi-host job's data axis across hosts, its other axes
+    within them (MaxText's dcn and ici axes). ``across`` sized a multiple of the process count."""
+    ordered = sorted(devices, key=lambda d: (getattr(d, "process_index", 0), d.id))
+    k = across or 0
+    rest = [s for i, s in enumerate(shape) if i != k]
+    grid = np.asarray(ordered, dtype=object).reshape((shape[k], *rest))
+    return np.moveaxis(grid, 0, k)
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,7 @@ class Plan:
     mesh_axes: tuple[tuple[str, Optional[int]], ...]
     rules: Mapping[str, Rules]
     constraints: Mapping[str, Any] = field(default_factory=dict)
+    across: Optional[str] = None   # the mesh axis the processes change along (None: the outermost)
 
     def __post_init__(self) -> None:
         where = f"plan {self.name!r}"
@@ -100,14 +113,15 @@ class Plan:
         return sizes
 
     def mesh(self, devices: Sequence[jax.Device]) -> Mesh:
-        """The plan's mesh over ``devices`` (in order, outermost axis first).
+        """The plan's mesh over ``devices`` (ordered by process, ``arranged``: the outermost axis,
+        or ``across``, crossing processes).
 
         Auto axes (``jax_versions.auto_mesh``) rather than ``jax.make_mesh``'s Explicit default, so XLA
         propagates shardings between the points the plan pins.
         """
         sizes = self.axis_sizes(len(devices))
-        grid = np.asarray(devices, dtype=object).reshape(tuple(sizes.values()))
-        return auto_mesh(grid, tuple(sizes))
+        across = list(sizes).index(self.across) if self.across in sizes else None
+        return auto_mesh(arranged(devices, tuple(sizes.values()), across), tuple(sizes))
 
     def with_axis_sizes(self, **sizes: int) -> "Plan":
         """The same plan with some mesh axes resized, e.g. ``builtin("dp_tp").with_axis_sizes(model=4)``."""
@@ -200,6 +214,7 @@ class Plan:
             "rules": {k: {n: (list(r) if isinstance(r, (list, tuple)) else r) for n, r in self.rules_for(k).items()}
                       for k in RULE_KINDS},
             "constraints": dict(self.constraints),
+            **({"across": self.across} if self.across is not None else {}),
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -230,7 +245,8 @@ class Plan:
                     raise ModelError(f"{source}: rule {kind}.{name} = {rule!r}; use a mesh axis name, a list of "
                                     "them, or null")
         return cls(name=str(d["name"]), mesh_axes=tuple((a, s) for a, s in axes),
-                   rules={k: dict(v) for k, v in rules.items()}, constraints=dict(d.get("constraints") or {}))
+                   rules={k: dict(v) for k, v in rules.items()}, constraints=dict(d.get("constraints") or {}),
+                   across=d.get("across"))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "Plan":

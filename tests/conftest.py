@@ -100,9 +100,9 @@ def pytest_sessionfinish(session, exitstatus):
 # processes), and the modules that reuse the uninterrupted training run tests/train_reference.py
 # makes once per process (tests/test_lint.py checks both lists against the files). Every other
 # test is a unit of its own. SLURM needs no unit: each worker's cluster has its own ports and folder.
-MODULE_FIXTURES = {"test_autoshard.py", "test_cfp_layouts.py", "test_cfp_search.py", "test_cfp_workloads.py",
-                   "test_hlo_replay.py", "test_hlo_replay_fixtures.py", "test_plans.py", "test_ray.py",
-                   "test_sweep.py"}
+MODULE_FIXTURES = {"test_autoshard.py", "test_autoshard_budget.py", "test_autoshard_state.py", "test_cfp_layouts.py",
+                   "test_cfp_search.py", "test_cfp_workloads.py", "test_hlo_replay.py", "test_hlo_replay_fixtures.py",
+                   "test_plans.py", "test_ray.py", "test_sweep.py"}
 TRAIN_REFERENCE = {"test_checkpoint.py", "test_requeue.py", "test_restart.py", "test_trace.py"}
 
 

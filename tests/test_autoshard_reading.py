@@ -60,7 +60,7 @@ def test_the_loss_is_the_scalar_named_loss_among_several_and_otherwise_asked_for
         new, m = with_metrics(p, x)
         return new, m["accuracy"], m["loss"]
 
-    with pytest.raises(UserError, match=r"returns several floating-point scalars besides its state \(\[1\], \[2\]\) "
+    with pytest.raises(UserError, match=r"returns 2 floating-point scalars besides its state \(\[1\], \[2\]\) "
                                         r"and none is named loss: say which is the loss with loss='\[1\]'"):
         step_program(unnamed, (mlp_params(), X))
     assert step_program(unnamed, (mlp_params(), X), loss="[2]").reading.loss_path == "[2]"
@@ -70,6 +70,35 @@ def test_the_loss_is_the_scalar_named_loss_among_several_and_otherwise_asked_for
     with pytest.raises(UserError, match=r"picks \[0\]\['w1'\], a float32\[16, 32\]: the loss is a floating-point "
                                         "scalar"):
         step_program(unnamed, (mlp_params(), X), loss="[0]['w1']")
+
+
+def test_the_loss_is_read_from_metrics_as_trainers_name_it_and_a_refusal_stays_one_short_line():
+    """nanodo's metrics: the loss under "__train_loss" and "train_loss" (one value), beside
+    hundreds of statistics; a dict of statistics none of which is named loss is asked about in one
+    line of about 300 characters, whatever their number."""
+    def with_stats(p, x, named=True):
+        loss, g = jax.value_and_grad(mlp_loss)(p, x)
+        new = jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+        stats = {f"grads/all/layer_{i}/rms_of_the_gradient_of_that_layer": jnp.sqrt(jnp.mean(g["w1"] ** 2)) * i
+                 for i in range(300)}
+        named_so = {"__train_loss": loss, "train_loss": loss, "log_perplexity": loss * 2} if named else {}
+        return new, {**named_so, **stats, "learning_rate": jnp.asarray(0.1)}
+
+    said = []
+    program = step_program(with_stats, (mlp_params(), X), log=said.append)
+    assert program.reading.loss_path == "[1]['train_loss']"
+    assert "the loss is [1]['train_loss']" in said[0] and len(said[0]) < 300
+
+    with pytest.raises(UserError) as e:
+        step_program(lambda p, x: with_stats(p, x, named=False), (mlp_params(), X))
+    line = str(e.value)
+    assert "\n" not in line and len(line) <= 300, line
+    assert "301 floating-point scalars" in line and "and none is named loss: say which is the loss with loss=" in line
+    # Two values named loss: the plainer name is the loss ("train_loss" over "z_loss").
+    def with_aux(p, x):
+        new, m = with_stats(p, x)
+        return new, {"train_loss": m["train_loss"], "z_loss": m["log_perplexity"]}
+    assert step_program(with_aux, (mlp_params(), X)).reading.loss_path == "[1]['train_loss']"
 
 
 def test_a_step_returning_no_state_is_refused_unless_said_so():

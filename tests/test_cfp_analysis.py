@@ -291,8 +291,8 @@ def test_program_without_contraction_is_refused():
 def test_mesh_axis_dividing_no_dimension_is_refused():
     with pytest.raises(UserError, match=r"mesh axis 0 of size 7 .* divides no dimension"):
         analyze(*mlp_program(), [7])
-    with pytest.raises(UserError, match="1-D or 2-D"):
-        analyze(*mlp_program(), [2, 2, 2])
+    with pytest.raises(UserError, match="1-D, 2-D or 3-D"):
+        analyze(*mlp_program(), [2, 2, 2, 1])
 
 
 def test_bad_hlo_input_is_refused(tmp_path):

@@ -4,12 +4,17 @@ in tests/test_cfp_search.py (test_two_processes_agree_and_the_saved_plan_trains)
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
 from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.sharding.analysis.strategies import enumerate_strategies
 from launcher.sharding.search.dp import Candidate
-from launcher.sharding.search.meshes import auto_shapes, for_each_mesh, merge_shortlists, mesh_shapes, natural_shape
+from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, merge_shortlists, mesh_shapes,
+                                             natural_shape)
+from launcher.models.plans import Plan, arranged
 from launcher.errors import NoPlanFits, UserError
 
 pytestmark = pytest.mark.core
@@ -22,6 +27,50 @@ def test_auto_searches_the_1d_mesh_and_every_2d_factorisation():
     assert auto_shapes(7) == [[7]] and auto_shapes(1) == [[1]]
     assert mesh_shapes("auto", 8) == auto_shapes(8)
     assert mesh_shapes([], 8) == [[8]] and mesh_shapes([2, 4], 8) == [[2, 4]]
+
+
+def test_over_several_processes_auto_adds_the_3d_meshes_whose_first_axis_crosses_them():
+    assert auto_shapes(8, processes=2) == [[8], [4, 2], [2, 4], [2, 2, 2]]
+    assert auto_shapes(16, processes=2) == [[16], [8, 2], [4, 4], [2, 8], [2, 4, 2], [2, 2, 4]]
+    assert auto_shapes(8, processes=8) == auto_shapes(8)   # one device each: nothing within a process to split
+    assert mesh_shapes("auto", 8, 2)[-1] == [2, 2, 2]
+    # Which axes the processes may change along: those their count divides, on a mesh of several axes.
+    assert crossings([2, 4], 2) == [0, 1] and crossings([2, 2, 2], 2) == [0, 1, 2]
+    assert crossings([8], 2) == [] and crossings([4, 2], 1) == []
+
+
+def test_devices_are_ordered_by_process_and_the_axis_across_them_is_chosen():
+    class Dev:
+        def __init__(self, i, p):
+            self.id, self.process_index = i, p
+
+    # Two processes of 4 devices each, listed out of order.
+    devs = [Dev(i, i // 4) for i in (5, 0, 7, 2, 1, 4, 6, 3)]
+    ids = lambda grid: [[d.id for d in row] for row in grid]
+    procs = lambda grid, k: {tuple(sorted({d.process_index for d in line}))
+                             for line in np.moveaxis(grid, k, -1).reshape(-1, grid.shape[k])}
+    assert ids(arranged(devs, (2, 4))) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert procs(arranged(devs, (2, 4)), 0) == {(0, 1)} and procs(arranged(devs, (2, 4)), 1) == {(0,), (1,)}
+    across = arranged(devs, (4, 2), across=1)   # the second axis between the processes
+    assert procs(across, 1) == {(0, 1)} and procs(across, 0) == {(0,), (1,)}
+    cube = arranged(devs, (2, 2, 2), across=2)
+    assert procs(cube, 2) == {(0, 1)} and procs(cube, 0) == procs(cube, 1) == {(0,), (1,)}
+    # plan.json names the axis between processes, and a plan read back lays its mesh out so.
+    plan = Plan("cfp", (("cfp0", 4), ("cfp1", 2)), {}, {}, across="cfp1")
+    again = Plan.from_dict(json.loads(plan.to_json()))
+    assert again.across == "cfp1" and json.loads(plan.to_json())["across"] == "cfp1"
+    assert "across" not in json.loads(Plan("dp", (("data", 8),), {}).to_json())
+
+
+def test_3d_meshes_split_the_batch_over_the_axis_across_processes():
+    c = Contraction(op=0, kind="dot", lhs=0, rhs=1, out=2, lhs_shape=(8, 8, 8), rhs_shape=(8, 8),
+                    out_shape=(8, 8, 8), dims=(Dim("batch", 8, 0, None, 0), Dim("lhs_free", 8, 1, None, 1),
+                                               Dim("rhs_free", 8, None, 1, 2), Dim("contracting", 8, 2, 0, None)))
+    three = enumerate_strategies(c, [2, 2, 2], two_axis_only=True)
+    two = enumerate_strategies(c, [2, 2], two_axis_only=True)
+    assert len(three) == len(two) == 12   # the pairs of the two axes within each process
+    for s in three:
+        assert 0 in s.axes[0], s          # the batch, split over the axis between processes
 
 
 def test_each_builtin_plan_has_the_mesh_it_lays_itself_out_on():

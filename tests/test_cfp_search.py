@@ -661,18 +661,27 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     for key in ("plan", "predicted_step_time_s", "step_time_s", "memory_gb", "tflops", "flop_count",
                 "profiled_configs", "exhaustive_space", "search_time_s", "profile_time_s", "baselines"):
         assert key in result, key
-    # mode=cfp searches every logical mesh of the 8 devices (mode.mesh_shape=auto), each profiled
-    # on its own, and keeps the fastest plan whatever its mesh.
+    # mode=cfp searches every logical mesh of the 8 devices (mode.mesh_shape=auto), over the two
+    # processes the 3-D one whose first axis crosses them too, each profiled on its own, and keeps
+    # the fastest plan whatever its mesh.
     meshes = result["meshes"]
-    assert [m["mesh_shape"] for m in meshes] == [[8], [4, 2], [2, 4]]
+    assert [m["mesh_shape"] for m in meshes] == [[8], [4, 2], [2, 4], [2, 2, 2]]
     assert result["global_devices"] == 8 and meshes[0]["profiled_configs"] == 5
     assert result["profiled_configs"] == sum(m["profiled_configs"] for m in meshes)
     assert result["plan"]["mesh_shape"] in [m["mesh_shape"] for m in meshes]
-    assert {tuple(c["mesh_shape"]) for c in result["candidates"]} == {(8,), (4, 2), (2, 4)}
+    assert {tuple(c["mesh_shape"]) for c in result["candidates"]} == {(8,), (4, 2), (2, 4), (2, 2, 2)}
+    # Each mesh's optimum raced again with another axis between the processes; the answer's axis
+    # between them named in the result, cfp_plan.json and under the table.
+    across = [c["source"] for c in result["candidates"] if "across processes" in c["source"]]
+    assert len(across) == 1 + 1 + 2, result["candidates"]   # [4, 2], [2, 4]: cfp1; [2, 2, 2]: cfp1, cfp2
+    assert result["plan"]["across_processes"] == cfp_plan["across"] in ("cfp0", "cfp1", "cfp2")
+    assert f"{result['plan']['across_processes']} across processes" in table
     # The plans nearest dp and dp_tp were raced, and only a plan clearly faster than it round by round (by
     # mode.verify_margin, 0.02), in the shortlist's rounds and then alone against it, could be kept instead.
     chosen = next(c for c in result["candidates"] if c["chosen"])
-    assert sum(c["incumbent"] for c in result["candidates"]) == 2   # dp, dp_tp; ep does not apply to GPT
+    # dp, dp_tp (ep does not apply to GPT), each also with the state stored split
+    assert sum(c["incumbent"] for c in result["candidates"]) == 4
+    assert sum("state stored split" in c["source"] for c in result["candidates"]) == 2
     assert chosen["incumbent"] or (chosen["over_incumbent_paired"] < 0.98 and
                                    chosen["duel_over_incumbent_paired"] < 0.98), result["candidates"]
     assert set(result["baselines"]["dp"]) >= {"step_time_s", "tflops", "memory_gb"}

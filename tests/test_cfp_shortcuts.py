@@ -33,7 +33,7 @@ from launcher.sharding.profile.keys import StoreKeys
 from launcher.sharding.program import training_program
 from launcher.models.gpt import GPT
 from launcher.sharding.profile.units import profiling_units
-from launcher.sharding.profile.budget import gb_at_least, state_floor_bytes
+from launcher.sharding.profile.budget import UNITS_OVER_STEP, gb_at_least, state_floor_bytes
 import time
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
@@ -133,8 +133,11 @@ def profile(a, mesh, store, shortcuts, repeats=6):
     options = ProfileOptions.exhaustive(repeats=repeats, warmup=1, overlap_compile=False,
                                         memory_budget_gb=(shortcuts.memory_budget_bytes or 0) / 2**30,
                                         early_stop_ratio=shortcuts.early_stop_ratio)
-    prof = Profiler(a, mesh, store, options, log=lines.append).run()
-    return prof, lines
+    profiler = Profiler(a, mesh, store, options, log=lines.append)
+    # The shortcuts themselves, at the segments' sum (a search's options allow the sum
+    # UNITS_OVER_STEP times the budget: budget.py).
+    profiler.loop.shortcuts = profiler.shortcuts = shortcuts
+    return profiler.run(), lines
 
 
 def test_over_budget_candidates_are_not_timed_and_a_larger_budget_times_them(tmp_path):
@@ -376,7 +379,8 @@ def test_two_processes_take_the_same_decisions(tmp_path):
     budget_gb = (levels[-1] + levels[-2]) / 2 / 2**30
     model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
     run_cli("mode=profile", *model, "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", "mode.repeats=4",
-            f"mode.memory_budget_gb={budget_gb!r}", "mode.early_stop_ratio=1e-6",
+            # (a search's options allow the segments' sum UNITS_OVER_STEP times the budget: budget.py)
+            f"mode.memory_budget_gb={budget_gb / UNITS_OVER_STEP!r}", "mode.early_stop_ratio=1e-6",
             f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "run", timeout=900)
     result = read_result(tmp_path / "run")
     over = sum(f > budget_gb * 2**30 for f in floors.values())

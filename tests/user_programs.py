@@ -20,7 +20,13 @@ has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
   the accuracy; ``scan=True``: its blocks run by ``nn.scan``.
 - ``make_equinox_mlp``: an Equinox MLP passed whole (its activation functions are leaves too).
 - ``make_numpy_mlp``: JAX's SPMD MNIST example's habit: parameters made with NumPy (float64),
-  a plain ``(params, batch) -> (params, loss)`` step.
+  a plain ``(params, batch) -> (params, loss)`` step; ``returns="params"``: as the example
+  itself, the new list of ``(w, b)`` alone, the list laid out on a mesh of its own
+  (``jax.make_mesh``: Explicit axes where JAX has them) by ``jax.device_put``.
+- ``make_own_mesh_adam``: plain JAX with its state already on its own (data, model) mesh
+  (``device_put`` parameters, Adam's state from ``jax.jit(tx.init)``: single-device arrays) and a
+  dropout key as a fourth argument the step never returns (typed ``jax.random.key``, or
+  ``key="old"``: a ``uint32[2]`` ``PRNGKey``) folded with the optimizer's step count.
 """
 
 from __future__ import annotations
@@ -123,8 +129,10 @@ def fsdp_tp_layout(params, opt_state, batch, model: int = 2):
     return params_sh, opt_sh, batch_sh
 
 
-def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01) -> Step:
-    """The Flax NNX FSDP toy (module doc); returns the ``nnx.jit`` step and its arguments."""
+def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01, returns_objects: bool = False) -> Step:
+    """The Flax NNX FSDP toy (module doc); returns the ``nnx.jit`` step and its arguments.
+    ``returns_objects``: the step returns ``(model, optimizer, loss)``, which ``nnx.jit`` allows
+    and a loop rebinds (``model, optimizer, loss = train_step(model, optimizer, x, y)``)."""
     from flax import nnx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
 
     mesh = Mesh(np.array(jax.devices()).reshape(2, -1), ("data", "model"))
@@ -169,7 +177,7 @@ def make_nnx_fsdp(width: int = 32, batch: int = 32, lr: float = 0.01) -> Step:
             return jnp.mean((y - model(x)) ** 2)
         loss, grad = nnx.value_and_grad(loss_fn)(model)
         optimizer.update(grad)
-        return loss
+        return (model, optimizer, loss) if returns_objects else loss
 
     rng = np.random.default_rng(0)
     x = np.linspace(-2, 2, batch)[:, None]                       # float64, as the example's data
@@ -286,7 +294,7 @@ def make_equinox_mlp(width: int = 64, depth: int = 2, batch: int = 32, lr: float
     return Step(step, (model, opt_state, x, y), data_argnums=(2, 3))
 
 
-def make_numpy_mlp(sizes: tuple = (64, 128, 10), batch: int = 32, lr: float = 0.1) -> Step:
+def make_numpy_mlp(sizes: tuple = (64, 128, 10), batch: int = 32, lr: float = 0.1, returns: str = "loss") -> Step:
     """Parameters made with NumPy (float64) as JAX's SPMD MNIST example makes them; SGD by hand."""
     rng = np.random.default_rng(0)
     params = [(0.1 * rng.standard_normal((m, n)), 0.1 * rng.standard_normal(n))
@@ -304,6 +312,51 @@ def make_numpy_mlp(sizes: tuple = (64, 128, 10), batch: int = 32, lr: float = 0.
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         return [(w - lr * dw, b - lr * db) for (w, b), (dw, db) in zip(params, grads, strict=True)], loss
 
+    def update_only(params, batch):   # the example's own: the new parameters, no loss
+        return update(params, batch)[0]
+
     x = rng.standard_normal((batch, sizes[0]))
     labels = np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
+    if returns == "params":
+        mesh = own_mesh((jax.device_count(),), ("data",))
+        params = jax.device_put(jax.tree.map(np.float32, params), NamedSharding(mesh, P()))
+        data = jax.device_put((x.astype(np.float32), labels.astype(np.float32)), NamedSharding(mesh, P("data")))
+        return Step(update_only, (params, data))
     return Step(update, (params, (x, labels)))
+
+
+def own_mesh(shape: tuple, names: tuple) -> Mesh:
+    """A program's own mesh as it makes it today: ``jax.make_mesh``, whose axes are Explicit by
+    default from JAX 0.7 (a plain ``Mesh`` before)."""
+    if hasattr(jax.sharding, "AxisType"):
+        return jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Explicit,) * len(shape))
+    return Mesh(np.array(jax.devices()).reshape(shape), names)
+
+
+def make_own_mesh_adam(width: int = 64, batch: int = 16, key: str = "typed") -> Step:
+    """The module doc's ``make_own_mesh_adam``: ``train_step(params, opt_state, batch, key) ->
+    (params, opt_state, loss)``."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, -1), ("data", "model"))
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    params = {"w1": jax.random.normal(k1, (32, width)) / np.sqrt(32),
+              "w2": jax.random.normal(k2, (width, 8)) / np.sqrt(width)}
+    params = jax.device_put(params, {"w1": NamedSharding(mesh, P(None, "model")),
+                                     "w2": NamedSharding(mesh, P("model", None))})
+    tx = optax.adam(1e-2)
+    opt_state = jax.jit(tx.init)(params)
+    x = jax.random.normal(k3, (batch, 32))
+    batch_ = jax.device_put((x, jnp.tanh(x[:, :8])), NamedSharding(mesh, P("data")))
+
+    def loss_fn(p, x, y, rng):
+        h = jax.nn.relu(x @ p["w1"])
+        h = h * jax.random.bernoulli(rng, 0.9, h.shape) / 0.9     # dropout
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    def train_step(params, opt_state, batch, rng):
+        rng = jax.random.fold_in(rng, opt_state[0].count)        # a new mask each step
+        loss, grads = jax.value_and_grad(loss_fn)(params, *batch, rng)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = jax.random.key(1) if key == "typed" else jax.random.PRNGKey(1)
+    return Step(train_step, (params, opt_state, batch_, rng), data_argnums=(2,))

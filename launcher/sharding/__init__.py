@@ -22,7 +22,8 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
                            its baselines, StepProgram; user/reading.py: state, batch and loss as
                            users write them; user/api.py: autoshard -> AutoPlan: apply,
                            shardings, save/load, and mode=search mode.step's factory; the names
-                           users import from ``launcher``)
+                           users import from ``launcher``; user/console.py: what autoshard shows,
+                           quiet by default: a bar and the table, the details in a log file)
     autoshard.py           deprecated: an earlier release's import path of user/api.py (a shim)
     apply.py               shared: block plans -> layouts on a real mesh (Layouts), the mesh, the
                            constrained whole step, and the step transforms models.train takes
@@ -52,7 +53,8 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
       profiler.py          Profiler (runs the parts below in order) -> Profiles
       units.py             what is profiled: segments, or parts of them, and their combinations
       candidates.py        the candidate loop: compile, time, store each combination
-      budget.py            a memory budget no plan can meet, refused as soon as that is known
+      budget.py            a memory budget no plan can meet, refused as soon as that is known;
+                           the segments' sum a first filter (UNITS_OVER_STEP)
       boundaries.py        tensors crossing between units; the resharding pairs they need
       keys.py              profile-store keys (PROFILE_VERSION)
       programs.py          programs timed besides segments: resharding, all-reduce latency,
@@ -64,6 +66,8 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
       meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
                            every pass that works mesh by mesh goes through
       nearest.py           the plan nearest each built-in plan
+      fit.py               plans within a memory budget as XLA allocates the whole step under them
+      behind.py            where the searched plan ran behind the fastest baseline: which segments, why
       measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
                            race, pick, baselines, and mode=profile's communication study
       comm.py              collectives of a compiled program (volume by kind)

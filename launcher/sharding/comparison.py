@@ -97,6 +97,10 @@ class Comparison:
     times: tuple[tuple[float, ...], ...]     # each one's time per round (the slowest process's)
     verdict: Verdict                         # decided on ``times`` (indices into ``names``)
     margin: float                            # mode.verify_margin, where the race decided the answer
+    # Under mode.memory_budget_gb: the plans whose measured memory is over it (never the answer,
+    # nor the fastest baseline), and the budget in bytes.
+    over_budget: tuple[str, ...] = ()
+    budget_bytes: Optional[float] = None
 
     @property
     def searched(self) -> str:
@@ -164,13 +168,17 @@ class Comparison:
 
 
 def compare(times: Mapping[str, Sequence[float]], searched: str, margin: float = 0.0,
-            answer: Optional[str] = None) -> Comparison:
+            answer: Optional[str] = None, over_budget: Sequence[str] = (),
+            budget_bytes: Optional[float] = None) -> Comparison:
     """The race of ``times`` ({plan: its time per round}; ``searched`` among them, every other a
     baseline) compared: its answer decided by ``verdict`` with ``margin``, or ``answer`` where it
-    was decided already (a saved plan's), read against the same fastest baseline."""
+    was decided already (a saved plan's), read against the same fastest baseline. ``over_budget``:
+    plans over the memory budget, never the answer nor the fastest baseline (the searched plan
+    among them: the fastest baseline within the budget is the answer, whatever the margin)."""
     names = (searched, *(n for n in times if n != searched))
     rounds = tuple(tuple(times[n]) for n in names)
-    v = verdict(rounds, range(1, len(names)), margin)
+    within = [i for i in range(1, len(names)) if names[i] not in over_budget]
+    v = verdict(rounds, within, margin if searched not in over_budget else 1.0)
     if answer is not None:
         v = replace(v, answer=names.index(answer))
-    return Comparison(names, rounds, v, margin)
+    return Comparison(names, rounds, v, margin, tuple(over_budget), budget_bytes)

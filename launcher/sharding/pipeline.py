@@ -54,16 +54,17 @@ from launcher.sharding.options import (
     ProfileOptions,
     SearchOptions,
 )
-from launcher.sharding.profile.budget import refuse_if_nothing_fits
+from launcher.sharding.profile.budget import gb_at_least, refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
 from launcher.sharding.search.measure import communication_study as study
+from launcher.sharding.search.behind import behind_note
 from launcher.sharding.search.meshes import for_each_mesh, is_auto, mesh_shapes
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
-from launcher.errors import UserError
+from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
 
 Log = Callable[[str], None]
@@ -85,9 +86,11 @@ def default_mesh_shape(mesh_shape: Sequence[int] = ()) -> list[int]:
     return list(mesh_shape) or [jax.device_count()]
 
 
-def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None) -> Mesh:
-    """The logical mesh (axes cfp0, cfp1) over ``devices`` (default: all global devices)."""
-    return build(list(mesh_shape), devices)
+def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None, across: Optional[int] = None
+              ) -> Mesh:
+    """The logical mesh (axes cfp0, cfp1, cfp2) over ``devices`` (default: all global devices),
+    ordered by process, the processes changing along axis ``across`` (default the first)."""
+    return build(list(mesh_shape), devices, across)
 
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
@@ -127,7 +130,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
     (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
     one shape given is refused."""
     auto = is_auto(mesh_shape)
-    shapes = mesh_shapes(mesh_shape, jax.device_count())
+    shapes = mesh_shapes(mesh_shape, jax.device_count(), jax.process_count())
     if auto:
         log("mode.mesh_shape=auto: searching the logical meshes %s of the %d devices" % (shapes, jax.device_count()))
     meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first
@@ -266,6 +269,7 @@ class Answer:
     comparison: Comparison       # the race compared: the answer, the fastest baseline, the ratios
     run: PlanRun                 # the answer's run
     plan: Optional[Plan]         # plan.json (None: a user step's baseline)
+    behind: str = ""             # where the searched plan ran behind the fastest baseline: which segments, why
 
     @property
     def name(self) -> str:
@@ -309,6 +313,15 @@ class Answer:
         """Which plan is the answer and why, in plain words: what the race measured (the searched
         plan's time over the fastest baseline's, round by round) and what the answer asks of it."""
         own, best = plan_title(self.searched), self.best_baseline
+        over = self.comparison.over_budget
+        budget = (f"; over the memory budget ({self.comparison.budget_bytes / 2**20:.2f} MiB per device) as "
+                  f"measured, so never the answer: {', '.join(over)}" if over else "")
+        if self.searched in over:
+            return f"{own} is over the memory budget: the answer is the fastest plan within it, " \
+                   f"{plan_title(self.name)}{budget}"
+        return self._why(own, best) + budget + (f". {self.behind}" if self.behind else "")
+
+    def _why(self, own: str, best: Optional[str]) -> str:
         if best is None:
             return f"no baseline ran every round beside it: the answer is {own}"
         ratio = self.searched_vs_best_baseline_paired
@@ -320,14 +333,23 @@ class Answer:
         return f"{measured}: not faster{asked}, so the answer is {plan_title(self.name)}"
 
 
-def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float
-           ) -> Answer:
+def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float,
+           budget: Optional[float] = None) -> Answer:
     """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
     searched plan first, then the baselines; ``runners`` theirs): ``comparison.compare``'s.
     ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
     another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized
-    as it ran, so ``mode=train mode.plan=`` runs it on the same mesh."""
-    compared = compare({r.name: r.repeat_times_s for r in runs}, runs[0].name, margin)
+    as it ran, so ``mode=train mode.plan=`` runs it on the same mesh. ``budget`` (bytes per
+    device): only a plan whose measured memory is within it is the answer (the others race, and
+    the comparison names them); none: NoPlanFits naming the least memory measured."""
+    over = tuple(r.name for r in runs if budget and r.memory_bytes > budget)
+    if len(over) == len(runs):
+        least = min(runs, key=lambda r: r.memory_bytes)
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory a plan measured "
+                         f"is {least.memory_bytes / 2**30:.6g} GB per device ({least.name}); give "
+                         f"mode.memory_budget_gb={gb_at_least(least.memory_bytes)} or more")
+    compared = compare({r.name: r.repeat_times_s for r in runs}, runs[0].name, margin, over_budget=over,
+                       budget_bytes=budget)
     i = compared.verdict.answer
     if i == 0 or Algorithm.of_row(runs[i].name) is not None:
         plan = plans(i)
@@ -396,7 +418,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
-    cut = Cut(frozenset(range(1, 1 + len(more))), drop_after, drop_slower_than) if drop_slower_than else None
+    # Under a budget, a baseline over it (its compiled memory) races but is never the yardstick a
+    # baseline within it is dropped against: the answer is the fastest plan that fits.
+    budget = options.profile.memory_budget_bytes
+    among = frozenset(i for i in range(1, 1 + len(more)) if not budget or runners[i].peak_memory_bytes <= budget)
+    cut = Cut(among, drop_after, drop_slower_than) if drop_slower_than and among else None
     with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
         raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut))
     raced, extra_runs = raced[:len(runners)], raced[len(runners):]
@@ -412,6 +438,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
             + (f" ({len(r.repeat_times_s)} of {run_repeats} rounds: over {drop_slower_than:g}x the fastest baseline "
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
-    chosen = answer(runners, raced, plans.get, options.verify_margin)
+    chosen = answer(runners, raced, plans.get, options.verify_margin, budget)
+    if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
+            and Algorithm.of_row(chosen.best_baseline) is None:
+        chosen.behind = behind_note(planned, plan_title(planned.row), chosen.best_baseline,
+                                    chosen.searched_vs_best_baseline_paired,
+                                    list(where.mesh.devices.flat)) or ""
     log(chosen.why())
     return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})

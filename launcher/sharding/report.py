@@ -76,6 +76,10 @@ def comparison_text(result: Mapping[str, Any]) -> str:
     elif why:
         why += f" (plan.json; {plan_title(searched)} is {Path(answer.get('searched_plan_file', '')).name})"
     drop = result.get("drop_slower_than")
+    plan = result.get("plan") if isinstance(result.get("plan"), dict) else {}
+    if plan.get("across_processes"):   # a job of several processes: the searched plan's axis between them
+        why = (f"{plan_title(searched)}: mesh {plan.get('mesh_shape')}, {plan['across_processes']} across processes "
+               f"(plan.json's across)\n" + why).strip()
     return table_text(rows_of(result), result.get("baselines_skipped") or {},
                       title=f"{plan_heading(searched)} against the baselines (same devices)",
                       rounds=len(result.get("repeat_times_s") or []),

@@ -76,13 +76,15 @@ class OnMesh:
         """Its analysis's run-dir files (``parallel_blocks.txt``, ...), by path."""
         return {self.folder + name: text for name, text in self.analyzed.analysis.files().items()}
 
-    def plan_of(self, assignment: Sequence[int], name: str) -> Plan:
+    def plan_of(self, assignment: Sequence[int], name: str, stored: frozenset = frozenset(),
+                across: Optional[str] = None) -> Plan:
         """The plan giving ParallelBlock ``i`` its plan ``assignment[i]`` on this mesh, in the
         models' plan format under ``name`` (its layouts in ``constraints``: ``plan.json``, which
-        ``mode=train mode.plan=`` runs)."""
+        ``mode=train mode.plan=`` runs; ``stored``: inputs kept split between steps, ``across``:
+        the mesh axis between processes, ``apply.plan_json``)."""
         from launcher.sharding.apply import plan_json  # noqa: PLC0415 - JAX: the command line imports this module
 
-        return plan_json(self.analyzed.analysis, assignment, name)
+        return plan_json(self.analyzed.analysis, assignment, name, stored, across)
 
     def runner(self, assignment: Sequence[int], *, name: str, seed: int = 0) -> PlanRunner:
         """That plan's program compiled on this mesh, to race as ``name`` (``Planned.runner``)."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from launcher.errors import NoPlanFits, UserError
 from launcher.sharding.algorithms.base import Algorithm, Hooks, Log, OnMesh, Planned, Progress, builtin_baselines
 from launcher.sharding.options import SearchOptions
-from launcher.sharding.search.meshes import for_each_mesh, merge_shortlists
+from launcher.sharding.search.meshes import crossings, for_each_mesh, merge_shortlists
 
 if TYPE_CHECKING:  # they import JAX
     from launcher.sharding.search.dp import Candidate, SearchResult
@@ -64,12 +64,19 @@ class Cfp(Algorithm):
         """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
         each under the profile's memory budget, and the fastest of their shortlists measured on
         the whole step (``choose``): the plan, with what the DP predicted."""
+        import jax  # noqa: PLC0415 - JAX, likewise
+
+        from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX, likewise
+        from launcher.sharding.profile.budget import UNITS_OVER_STEP  # noqa: PLC0415 - JAX, likewise
         from launcher.sharding.search.dp import search as dp_search  # noqa: PLC0415 - JAX, likewise
 
         options, log = self.options, hooks.log
         budget = options.profile.memory_budget_bytes
+        # Under a budget the segments' sum is a first filter (budget.UNITS_OVER_STEP times it); what
+        # fits is decided by the whole step's memory (``choose``, ``search/fit.py``).
         founds, reasons = for_each_mesh(
-            [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget),
+            [o.shape for o in on], lambda i: dp_search(on[i].profiles, len(on[i].analyzed.analysis.blocks), budget,
+                                                       UNITS_OVER_STEP),
             refuse=UserError, none_fit=lambda why: NoPlanFits("no plan fits on any mesh searched: " + why), log=log)
         meshes: list[dict] = []
         for o, found, why in zip(on, founds, reasons, strict=True):
@@ -88,8 +95,11 @@ class Cfp(Algorithm):
         picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
         log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
                                                                               picked.source))
-        log("predicted step time %.6f s, memory %.6f GB per device" % (picked.predicted_time_s,
-                                                                        picked.predicted_memory_bytes / 2**30))
+        # Its memory: the whole step's as XLA allocates it under the plan (compiled, not yet run),
+        # not the segments' sum, which over-counts it.
+        step_memory = chosen.peak_memory_bytes
+        log("predicted step time %.6f s, memory %.6f GB per device (the whole step compiled; its segments add up "
+            "to %.6f GB)" % (picked.predicted_time_s, step_memory / 2**30, picked.predicted_memory_bytes / 2**30))
         analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
         fields = {
             "meshes": meshes,
@@ -98,15 +108,21 @@ class Cfp(Algorithm):
                                "segment_combinations": [list(c) for c in found.combos]},
             "candidates": candidates,
             "predicted_step_time_s": picked.predicted_time_s,
-            "predicted_memory_gb": picked.predicted_memory_bytes / 2**30,
+            "predicted_memory_gb": step_memory / 2**30,
+            "segments_memory_gb": picked.predicted_memory_bytes / 2**30,
             "profiled_configs": sum(p.profiled_configs for p in profiles),
             "measured_configs": sum(p.measured for p in profiles),
             "reused_configs": sum(p.reused for p in profiles),
             "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
             "profile_time_s": sum(p.seconds for p in profiles),
         }
-        return Planned(self.name, self.row, where, where.plan_of(picked.assignment, self.row), chosen, picked.source,
-                       picked.predicted_time_s, picked.predicted_memory_bytes, meshes, fields,
+        # Over several processes, the axis between them, named (``plans.arranged``).
+        across = AXIS_NAMES[picked.across or 0] if jax.process_count() > 1 else None
+        if across is not None:
+            log("the axis across processes: %s of mesh %s" % (across, where.shape))
+        fields["plan"]["across_processes"] = across
+        return Planned(self.name, self.row, where, where.plan_of(picked.assignment, self.row, picked.stored, across),
+                       chosen, picked.source, picked.predicted_time_s, step_memory, meshes, fields,
                        details=CfpSearched(found, picked, candidates, nearest))
 
 
@@ -122,7 +138,11 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
     shortlist's ``verify_repeats`` rounds of ``verify_iterations`` steps and then alone against
     it (``search.measure.pick``). Returns the chosen runner (its ``mesh_index`` set), a row per
     candidate, and the nearest plans ({name: (mesh shape, plan per block)})."""
-    from launcher.sharding.search.dp import shortlist  # noqa: PLC0415 - JAX: the command line imports the registry
+    import jax  # noqa: PLC0415 - JAX: the command line imports the registry
+
+    from launcher.sharding.apply import make_mesh  # noqa: PLC0415
+    from launcher.sharding.search.dp import Candidate, predict, shortlist  # noqa: PLC0415
+    from launcher.sharding.search.fit import compiled_key, state_inputs, within_budget  # noqa: PLC0415
     from launcher.sharding.search.measure import pick  # noqa: PLC0415
     from launcher.sharding.search.nearest import nearest_on_meshes  # noqa: PLC0415
 
@@ -142,23 +162,70 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
             log("plan nearest %s: %s on mesh %s" % (n, nearest[n][1], on[nearest[n][0]].shape))
         else:
             log("plan nearest %s: none (it does not fit the model or the meshes searched)" % n)
-    shorts = []
-    for i in live:
-        mine = {n: plan for n, (j, plan) in nearest.items() if j == i}
-        shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
-                                max(verify_top_k, 1), budget, mine))
-    short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+    compiled: dict = {}
+    if budget:   # what fits, as the whole step allocates it (search/fit.py)
+        fronts = [[Candidate(founds[i].assignment, founds[i].predicted_time_s, founds[i].predicted_memory_bytes,
+                             "search optimum")]
+                  + [Candidate(r.assignment, r.predicted_time_s, r.predicted_memory_bytes, "runner-up")
+                     for r in founds[i].runners_up] for i in live]
+        near = {n: (i, Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {n}"))
+                for n, (i, plan) in nearest.items()}
+        fitted = within_budget(on, live, fronts, near, budget, max(verify_top_k, 1), seed=seed, log=log)
+        short, incumbents, compiled = fitted.short, fitted.incumbents, fitted.runners
+    else:
+        shorts = []
+        for i in live:
+            mine = {n: plan for n, (j, plan) in nearest.items() if j == i}
+            shorts.append(shortlist(on[i].profiles, founds[i], len(on[i].analyzed.analysis.blocks),
+                                    max(verify_top_k, 1), budget, mine))
+        short = [(live[j], c) for j, c in merge_shortlists(shorts, max(verify_top_k, 1))]
+        near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
+        incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+        # A plan lays each input out as its first consumer computes with it, so the plan nearest
+        # a baseline that stores the state split (fsdp) computes like it but stores it whole: the
+        # same plan with the state stored split is measured beside it, an incumbent too.
+        stored = state_inputs(program)
+        for n, (i, plan) in nearest.items() if stored else ():
+            c = Candidate(list(plan), *predict(on[i].profiles, list(plan)), f"nearest {n}, state stored split",
+                          stored=stored)
+            if all(compiled_key(i, c) != compiled_key(j, d) for j, d in short):
+                incumbents.append(len(short))
+                short.append((i, c))
+    short += across_processes(on, short, jax.process_count(), log)
     bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
         if len(short) > 1 else contextlib.nullcontext()
-    near_plans = {(i, tuple(plan)) for i, plan in nearest.values()}
-    incumbents = [k for k, (i, c) in enumerate(short) if (i, tuple(c.assignment)) in near_plans]
+    meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
+              for i, c in short}
     with bar as bar_value:
-        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, on[i].mesh, c) for i, c in short],
+        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
+                             for i, c in short],
                             iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value, drop_slower_than=options.drop_slower_than, name=name)
+                            progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
+                            compiled=[compiled.get(compiled_key(i, c)) for i, c in short])
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     _log_shortlist(rows, repeats, iterations, margin, log)
     return chosen, rows, {n: (on[i].shape, plan) for n, (i, plan) in nearest.items()}
+
+
+def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
+                     ) -> list[tuple[int, Candidate]]:
+    """Each mesh's search optimum again with another of its axes crossing processes (``crossings``:
+    a job of several processes; the devices ordered by process, the first axis crosses them by
+    default): plans that differ only in which axis goes between hosts, measured against each
+    other in the shortlist (a data axis across hosts and tensor parallelism within, or the
+    reverse)."""
+    from dataclasses import replace  # noqa: PLC0415  only here
+
+    from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX: the command line imports the registry
+
+    out = []
+    for i, c in short:
+        for k in crossings(on[i].shape, processes) if c.source == "search optimum" else ():
+            if k != 0:
+                out.append((i, replace(c, source=f"{c.source}, {AXIS_NAMES[k]} across processes", across=k)))
+    if out:
+        log("across processes: %d plans the same as a mesh's optimum but for the axis between processes" % len(out))
+    return out
 
 
 def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, log: Log) -> None:

@@ -232,9 +232,9 @@ def analyze_graph(g: Graph, mesh_shape: Sequence[int], two_axis_only: bool = Fal
 
 def check_mesh_shape(mesh_shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(int(n) for n in mesh_shape)
-    if not 1 <= len(shape) <= 2 or any(n < 1 for n in shape):
-        raise UserError(f"mode.mesh_shape={list(shape)}: CFP searches 1-D or 2-D logical meshes with positive "
-                        "sizes, e.g. mode.mesh_shape=[8] or mode.mesh_shape=[2,4]")
+    if not 1 <= len(shape) <= 3 or any(n < 1 for n in shape):
+        raise UserError(f"mode.mesh_shape={list(shape)}: CFP searches 1-D, 2-D or 3-D logical meshes with positive "
+                        "sizes, e.g. mode.mesh_shape=[8], [2,4] or [2,2,2] (the first axis across processes)")
     return shape
 
 

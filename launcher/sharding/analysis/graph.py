@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core as jcore
 
 from launcher.jaxcompat import NESTED_JIT_PRIMITIVES
@@ -41,6 +42,25 @@ from launcher.jaxcompat import NESTED_JIT_PRIMITIVES
 INLINE = NESTED_JIT_PRIMITIVES | {"closed_call", "core_call", "remat", "remat2", "checkpoint",
                                   "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
 LOOPS = frozenset({"scan", "while", "cond"})
+
+
+# Typed PRNG keys (``jax.random.key``: dtype ``key<fry>``) have no NumPy dtype to read back from
+# their name: the graph keeps the dtype of each such name it met (``dtype_of``).
+_KEY_DTYPES: dict[str, Any] = {}
+
+
+def is_key_dtype(dtype: Any) -> bool:
+    return not isinstance(dtype, str) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def dtype_of(name: str) -> Any:
+    """The dtype a var's ``dtype`` names: a NumPy dtype, or a typed key's (``key<fry>``)."""
+    return _KEY_DTYPES[name] if name in _KEY_DTYPES else jnp.dtype(name)
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of the dtype ``name`` (a typed key: its key data's)."""
+    return int(dtype_of(name).itemsize)
 
 
 @dataclass(frozen=True)
@@ -90,7 +110,9 @@ class Graph:
     # stacked into that output).
     outer: dict[int, tuple[int, str]] = field(default_factory=dict)
 
-    def new_var(self, shape: Sequence[int], dtype: str) -> int:
+    def new_var(self, shape: Sequence[int], dtype: Any) -> int:
+        if is_key_dtype(dtype):
+            _KEY_DTYPES.setdefault(str(dtype), dtype)
         v = Var(len(self.vars), tuple(int(s) for s in shape), str(dtype))
         self.vars.append(v)
         self.producer.append(None)

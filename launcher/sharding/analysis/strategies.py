@@ -15,6 +15,10 @@ Enumeration rule (what ``enumerate_strategies`` offers):
 - 2-D mesh: every ordered pair of distinct roles over (axis 0, axis 1); then every role split
   over both axes at once (one dimension split by the product); then every role on one axis with
   the other axis replicated. Two axes never split the same role twice;
+- 3-D mesh (a multi-process job's ``auto`` meshes: hosts x a 2-D mesh within each,
+  ``search/meshes.py``): the first axis, the one crossing processes, splits the batch, and the
+  other two take the 2-D rule's assignments beside it (a pair's batch split over the first axis
+  and its own at once); where no batch dimension divides, the 2-D rule alone;
 - a contraction no axis can split offers the one replicated strategy.
 
 ``two_axis_only`` (the 2-D meshes of ``mode.mesh_shape=auto``) keeps only the ordered pairs of
@@ -74,17 +78,32 @@ def enumerate_strategies(c: Contraction, mesh_shape: Sequence[int], two_axis_onl
     if len(live) == 1:
         for role in ROLES:
             add({role: (live[0],)})
-    elif len(live) >= 2:
-        for r0, r1 in itertools.permutations(ROLES, 2):
-            add({r0: (live[0],), r1: (live[1],)})
+    elif len(live) == 2:
+        pairs, rest = _two_axes(live)
+        for assign in pairs:
+            add(assign)
         if two_axis_only and out:
             return out
-        for role in ROLES:
-            add({role: tuple(live)})
-        for a in live:
-            for role in ROLES:
-                add({role: (a,)})
+        for assign in rest:
+            add(assign)
+    elif len(live) >= 3:
+        # The first axis crosses hosts (``search/meshes.py``): it splits the batch, besides
+        # whatever role the others' plan gives it, and the other two are searched as a 2-D mesh.
+        host, (pairs, rest) = live[0], _two_axes(live[1:3])
+        for assign in pairs if two_axis_only else pairs + rest:
+            add({**assign, "batch": (host, *assign.get("batch", ()))})
+        if not out:   # no batch the host axis divides: the hosts repeat the computation
+            for assign in pairs + rest:
+                add(assign)
     return out or [Strategy(((),) * len(c.dims))]
+
+
+def _two_axes(axes: Sequence[int]) -> tuple[list[dict], list[dict]]:
+    """The role assignments of a 2-D mesh's ``axes`` (the module doc): every ordered pair of
+    distinct roles; and the rest, each role over both axes at once, then on one axis alone."""
+    pairs = [{r0: (axes[0],), r1: (axes[1],)} for r0, r1 in itertools.permutations(ROLES, 2)]
+    rest = [{role: tuple(axes)} for role in ROLES] + [{role: (a,)} for a in axes for role in ROLES]
+    return pairs, rest
 
 
 def sub_strategies(strategies: Sequence[Strategy]) -> list[Strategy]:

@@ -22,17 +22,27 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-import jax.numpy as jnp
 
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.analysis.graph import itemsize
 from launcher.errors import UserError
+
+
+# What a plan's segments add up to over what XLA allocates for the whole step under it: each
+# segment's temporaries, its copies of what several segments read, are all counted, while the
+# whole step reuses one buffer for many (up to 1.9x on the scanned LM, bench/results/
+# bench_autoshard.json's budget sweep). The sum is a first filter only: a segment combination, a
+# plan or a mesh is ruled out by it where the sum passes this many times the budget, so none
+# that XLA would fit within the budget is; what fits is then decided by the whole step's own
+# memory analysis (``search/fit.py``). A power of two: budgets scaled by it stay exact.
+UNITS_OVER_STEP = 4.0
 
 
 def state_floor_bytes(a: Analysis) -> int:
     """Per device, the least share of the program inputs the step reads that any plan leaves a
     device: their bytes over the device count (see the module's docstring)."""
     g, n = a.graph, math.prod(a.mesh_shape)
-    total = sum(math.prod(g.shape(v)) * jnp.dtype(g.vars[v].dtype).itemsize for v in g.inputs if g.consumers[v])
+    total = sum(math.prod(g.shape(v)) * itemsize(g.vars[v].dtype) for v in g.inputs if g.consumers[v])
     return total // n
 
 

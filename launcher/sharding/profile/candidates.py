@@ -55,7 +55,7 @@ import numpy as np
 from launcher.models.train import memory_stats
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.profile.budget import least_plan_bytes, no_plan_fits, state_floor_bytes
+from launcher.sharding.profile.budget import UNITS_OVER_STEP, least_plan_bytes, no_plan_fits, state_floor_bytes
 from launcher.sharding.profile.estimate import ranked
 from launcher.sharding.profile.keys import StoreKeys
 from launcher.sharding.profile.segment_program import (
@@ -93,14 +93,20 @@ class Shortcuts:
     memory_budget_bytes: float | None = None   # per device: candidates no plan within it holds are not timed
     early_stop_ratio: float = 0.0              # 0: every candidate timed in full
     early_stop_after: int = EARLY_STOP_AFTER
+    # How far the segments' sum may pass the budget before it rules a plan out (budget.py:
+    # UNITS_OVER_STEP from a search's options; 1 where the sum itself is the budget's measure).
+    units_over_step: float = 1.0
 
     @classmethod
     def of(cls, options: ProfileOptions) -> "Shortcuts":
-        """The shortcuts ``options`` ask for: the budget where ``skip_over_budget``, the early stop."""
-        return cls(options.memory_budget_bytes if options.skip_over_budget else None, options.early_stop_ratio)
+        """The shortcuts ``options`` ask for: the budget where ``skip_over_budget`` (the segments'
+        sum allowed ``UNITS_OVER_STEP`` times it), the early stop."""
+        return cls(options.memory_budget_bytes if options.skip_over_budget else None, options.early_stop_ratio,
+                   units_over_step=UNITS_OVER_STEP)
 
     def over_budget(self, plan_floor_bytes: float) -> bool:
-        return self.memory_budget_bytes is not None and plan_floor_bytes > self.memory_budget_bytes
+        return self.memory_budget_bytes is not None and \
+            plan_floor_bytes > self.memory_budget_bytes * self.units_over_step
 
     def reuses(self, entry: dict) -> bool:
         """Whether a stored entry stands for this run's measurement of its candidate."""
@@ -213,7 +219,7 @@ class CandidateLoop:
         budget = self.shortcuts.memory_budget_bytes
         if budget is None:
             return False
-        known = least_plan_bytes(self.memory, self._combos, self.instances)
+        known = least_plan_bytes(self.memory, self._combos, self.instances) / self.shortcuts.units_over_step
         least = max(known, state_floor_bytes(self.a))
         if not _rank0_flag(least > budget):
             return False
@@ -223,7 +229,9 @@ class CandidateLoop:
         self.infeasible = no_plan_fits(
             budget, least, f"on mesh {list(self.a.mesh_shape)} ",
             f"from the {kinds} of its {len(self._combos)} unit kinds whose every combination's memory is known, "
-            f"{measured} of {sum(self._combos.values())} combinations compiled")
+            f"{measured} of {sum(self._combos.values())} combinations compiled"
+            + (f"; their sum over {self.shortcuts.units_over_step:g}, what it may over-count the step by"
+               if self.shortcuts.units_over_step != 1 else ""))
         return True
 
     def program(self, u: Unit) -> SegmentProgram:

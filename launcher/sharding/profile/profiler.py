@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.analysis.graph import itemsize
 from launcher.sharding.measuring.calibrate import calibrate, calibrated
 from launcher.sharding.measuring.calibrate import programs as calibration_programs
 from launcher.sharding.profile.boundaries import Boundary, find_boundaries, layout_pairs
@@ -161,6 +162,7 @@ class Profiler:
                                   is_main=is_main)
         self.shortcuts, self.overlap = self.loop.shortcuts, self.loop.overlap
         self.top_k, self.measure_resharding = options.profile_top_k, options.measure_resharding
+        self.budget_bytes = options.memory_budget_bytes
         self.priced = False   # resharding priced by the calibrated collectives (reshard_costs)
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
@@ -170,8 +172,9 @@ class Profiler:
         todo = [c for c, m in zip(candidates, missing, strict=True) if m]
         reused = len(candidates) - len(todo)
         budget = self.shortcuts.memory_budget_bytes
-        if budget is not None and state_floor_bytes(self.a) > budget:
-            raise UserError(no_plan_fits(budget, state_floor_bytes(self.a), "",
+        # A true floor (every input is held somewhere): refused at the budget itself, shortcuts or not.
+        if self.budget_bytes is not None and state_floor_bytes(self.a) > self.budget_bytes:
+            raise UserError(no_plan_fits(self.budget_bytes, state_floor_bytes(self.a), "",
                                          f"its parameters, optimizer state and batch alone, split over all "
                                          f"{self.mesh.devices.size} devices"))
         space = self.loop.space()
@@ -243,7 +246,7 @@ class Profiler:
                 self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
                          "model on this mesh)")
             self.priced = True
-            return {p: model.reshard_seconds(p[0][0], np.dtype(p[0][1]).itemsize, p[1], p[2]) for p in pairs}, 0
+            return {p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2]) for p in pairs}, 0
         for p in pairs:
             costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
                                                                                     self.mesh, self.timer))

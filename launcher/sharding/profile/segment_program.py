@@ -17,10 +17,12 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher.sharding.analysis.core import Analysis
+from launcher.sharding.analysis.graph import dtype_of, is_key_dtype, itemsize
 from launcher.sharding.analysis.strategies import Spec, shard_bytes
+from launcher.jaxcompat import key_shape, wrap_keys
 from launcher.sharding.apply import Layouts, constants, evaluate, pins_for, pspec
 
 
@@ -94,12 +96,27 @@ def synthetic_inputs(a: Analysis, sp: SegmentProgram, shardings: list[Any], seed
     out = []
     for v, sharding in zip(sp.inputs, shardings, strict=True):
         var = a.graph.vars[v]
-        host = _host_value(var.shape, var.dtype, seed * 1_000_003 + v)
+        dtype = dtype_of(var.dtype)
+        if is_key_dtype(dtype):  # a typed key: its key data laid out so, wrapped
+            out.append(synthetic_key(var.shape, dtype, sharding, seed * 1_000_003 + v))
+            continue
+        host = _host_value(var.shape, dtype, seed * 1_000_003 + v)
         out.append(jax.make_array_from_callback(var.shape, sharding, lambda idx, h=host: h[idx]))
     return out
 
 
-def _host_value(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+def synthetic_key(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding, seed: int) -> Any:
+    """Typed PRNG keys of ``dtype`` (``key<fry>``) of ``shape`` laid out as ``sharding``, the same on
+    every process."""
+    data_shape = key_shape(dtype)
+    host = np.random.default_rng(seed).integers(0, 2**32, (*shape, *data_shape), dtype=np.uint32)
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec) + len(data_shape))
+    data = jax.make_array_from_callback(host.shape, NamedSharding(sharding.mesh, PartitionSpec(*spec)),
+                                        lambda idx: host[idx])
+    return wrap_keys(data, dtype)
+
+
+def _host_value(shape: tuple[int, ...], dtype: Any, seed: int) -> np.ndarray:
     dt = jnp.dtype(dtype)
     if jnp.issubdtype(dt, jnp.floating):
         return (np.random.default_rng(seed).random(shape, dtype=np.float32) * 0.1).astype(dt)
@@ -109,5 +126,5 @@ def _host_value(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 def boundary_bytes(a: Analysis, sp: SegmentProgram, layouts: list[Spec]) -> int:
     """Per-device bytes of the arguments another segment produces (counted there, as results)."""
     g, boundary = a.graph, set(sp.boundary)
-    return sum(shard_bytes(g.vars[v].shape, spec, jnp.dtype(g.vars[v].dtype).itemsize, a.mesh_shape)
+    return sum(shard_bytes(g.vars[v].shape, spec, itemsize(g.vars[v].dtype), a.mesh_shape)
                for v, spec in zip(sp.inputs, layouts, strict=True) if v in boundary)

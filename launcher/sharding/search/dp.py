@@ -99,20 +99,27 @@ class _Costs:
         return t, sum(self.mem[i][c] for i, c in enumerate(path))
 
 
-def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = None) -> SearchResult:
+def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = None,
+           units_over_step: float = 1.0) -> SearchResult:
+    """The fastest plan (and the runners-up) whose segments' memories add up to at most
+    ``memory_budget_bytes`` times ``units_over_step`` (``budget.UNITS_OVER_STEP`` where the sum is
+    a first filter only, the whole step's memory deciding after: ``search/fit.py``)."""
     t0 = time.perf_counter()
     if prof.infeasible:  # the profile stopped: no plan on its mesh fits its budget
         raise UserError(prof.infeasible)
-    budget = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
+    given = float("inf") if not memory_budget_bytes else float(memory_budget_bytes)
+    budget = given * units_over_step
     costs = _Costs(prof)
     cost, mem, units = [list(t) for t in costs.time], costs.mem, prof.units
     _refuse_untimed_within(costs, budget)
 
     least = sum(min(m) for m in mem)
+    over = (f" (their segments' memories add up to {least / 2**30:.6g} GB, over {units_over_step:g}x the budget, "
+            "what the sum may over-count the step by)" if units_over_step != 1 else " (predicted)")
     if least > budget:
-        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
-                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget or use more "
-                         "devices")
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={given / 2**30:.6g}: the least memory any plan "
+                         f"needs is {least / units_over_step / 2**30:.6g} GB per device{over}; raise the budget or "
+                         "use more devices")
 
     _own_crossings(costs, cost)
     # front[c]: (time, memory, path) entries, path = a combination index per unit so far
@@ -140,8 +147,8 @@ def search(prof: Profiles, num_blocks: int, memory_budget_bytes: float | None = 
 
     ends = sorted((e for entries in front for e in entries), key=lambda e: (e[0], e[1]))
     if not ends:  # every path crossed the budget somewhere
-        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={budget / 2**30:.6g}: the least memory any plan "
-                         f"needs is {least / 2**30:.6g} GB per device (predicted); raise the budget")
+        raise NoPlanFits(f"no plan fits mode.memory_budget_gb={given / 2**30:.6g}: the least memory any plan "
+                         f"needs is {least / units_over_step / 2**30:.6g} GB per device{over}; raise the budget")
 
     def result(path: tuple[int, ...]) -> SearchResult:
         t, m = costs.total(path)
@@ -230,6 +237,11 @@ class Candidate:
     predicted_time_s: float
     predicted_memory_bytes: int
     source: str   # "search optimum", "nearest <built-in plan>", "uniform <k>" or "runner-up"
+    # Inputs (positions among the step's) stored split over every device between steps, the
+    # state as ZeRO-3 stores it (``apply.plan_constraints``); none: as the plan computes with them.
+    stored: frozenset = frozenset()
+    # The mesh axis the processes change along (``plans.arranged``); None: the first.
+    across: int | None = None
 
 
 def shortlist(prof: Profiles, found: SearchResult, num_blocks: int, k: int,

@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.sharding.analysis.core import Analysis
-from launcher.sharding.apply import assignment_transform, make_mesh, whole_step
+from launcher.sharding.apply import across_of, assignment_transform, make_mesh, whole_step
 from launcher.sharding.comparison import paired_over, paired_ratios, winner
 from launcher.sharding.measuring.quiet import quiet
 from launcher.sharding.measuring.timing import Timer, slowest_process
@@ -132,15 +132,17 @@ PlanRunner = Union[Runner, StepRunner]   # a plan's program compiled on its mesh
 
 
 def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
-                name: str = "searched") -> PlanRunner:
+                name: str = "searched", stored: frozenset = frozenset()) -> PlanRunner:
     """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``, to race
-    as ``name`` (``OnMesh.runner`` is the algorithms' way to it)."""
+    as ``name`` (``OnMesh.runner`` is the algorithms' way to it; ``stored``: inputs kept split
+    between steps, ``apply.plan_constraints``)."""
     if not program.is_model:
-        step, in_shardings, _ = whole_step(a, assignment, mesh)
+        step, in_shardings, _ = whole_step(a, assignment, mesh, stored)
         return StepRunner(name, program, step, in_shardings, seed=seed)
-    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}})
+    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}},
+                across=across_of(mesh))
     return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
-                  transform_step=assignment_transform(a, assignment))
+                  transform_step=assignment_transform(a, assignment, stored))
 
 
 def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> PlanRunner:
@@ -238,7 +240,8 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
 
 def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
          incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None,
-         drop_slower_than: float = 0.0, name: str = "searched") -> tuple[PlanRunner, list[dict]]:
+         drop_slower_than: float = 0.0, name: str = "searched", compiled: Sequence[Any] = ()
+         ) -> tuple[PlanRunner, list[dict]]:
     """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
     (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
     of different logical meshes of the same devices race together, in ``repeats`` interleaved
@@ -255,11 +258,16 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     ``drop_slower_than`` (0: none) cuts the race as the final race cuts its baselines (``Cut``):
     after half the rounds, a plan over that many times the fastest in each of them runs no more
     (its figures are those of its rounds), except the fastest incumbent, which the winner must
-    beat. Returns the chosen runner (compiled, to race as ``name``, rounds cleared, its
-    ``candidate`` set) and a row per candidate."""
+    beat. ``compiled``: a runner per entry compiled already (None: compile it here; ``fit.py``
+    compiles the plans within a memory budget first). Returns the chosen runner (compiled, to
+    race as ``name``, rounds cleared, its ``candidate`` set) and a row per candidate."""
+    given = list(compiled) or [None] * len(entries)
     with compile_share.shared():  # each process compiles some of the candidates and loads the others
-        runners = [plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed, name=name)
-                   for a, program, mesh, c in entries]
+        runners = [r if r is not None else plan_runner(a, program, dict(enumerate(c.assignment)), mesh, seed=seed,
+                                                       name=name, stored=c.stored)
+                   for (a, program, mesh, c), r in zip(entries, given, strict=True)]
+    for r in runners:
+        r.name = name
     measured: list[float | None] = [None] * len(runners)
     ratios: list[float | None] = [None] * len(runners)
     over_incumbent: list[float | None] = [None] * len(runners)

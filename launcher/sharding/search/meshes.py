@@ -34,18 +34,31 @@ def is_auto(mesh_shape: Any) -> bool:
     return isinstance(mesh_shape, str) and mesh_shape == AUTO
 
 
-def auto_shapes(n: int) -> list[list[int]]:
+def auto_shapes(n: int, processes: int = 1) -> list[list[int]]:
     """The logical meshes worth searching for ``n`` devices: 1-D, then every 2-D factorisation
-    with both axes longer than one, the longer first axis first (8: [8], [4, 2], [2, 4])."""
-    return [[n]] + [[a, n // a] for a in range(n - 1, 1, -1) if n % a == 0]
+    with both axes longer than one, the longer first axis first (8: [8], [4, 2], [2, 4]); over
+    several processes, then every 3-D mesh whose first axis crosses them and whose other two
+    split each process's devices (2 processes x 4: [2, 2, 2]), as multi-host trainers lay data
+    across hosts and fsdp or tensor parallelism within them (MaxText's dcn and ici axes)."""
+    flat = [[n]] + [[a, n // a] for a in range(n - 1, 1, -1) if n % a == 0]
+    local = n // processes if processes > 1 and n % processes == 0 else 0
+    return flat + [[processes, a, local // a] for a in range(local - 1, 1, -1) if local % a == 0]
 
 
-def mesh_shapes(mesh_shape: Any, n: int) -> list[list[int]]:
-    """``mode.mesh_shape`` as the meshes to search over ``n`` devices: ``auto`` gives
-    ``auto_shapes``; ``[]`` the 1-D mesh; anything else is the one shape given."""
+def mesh_shapes(mesh_shape: Any, n: int, processes: int = 1) -> list[list[int]]:
+    """``mode.mesh_shape`` as the meshes to search over ``n`` devices (of ``processes``): ``auto``
+    gives ``auto_shapes``; ``[]`` the 1-D mesh; anything else is the one shape given."""
     if is_auto(mesh_shape):
-        return auto_shapes(n)
+        return auto_shapes(n, processes)
     return [list(mesh_shape) or [n]]
+
+
+def crossings(shape: Sequence[int], processes: int) -> list[int]:
+    """The axes of a mesh ``shape`` the processes can change along (``plans.arranged``): those of
+    more than one device whose size the process count divides; none in a one-process job."""
+    if processes <= 1 or len([s for s in shape if s > 1]) < 2:
+        return []
+    return [k for k, s in enumerate(shape) if s > 1 and s % processes == 0]
 
 
 def natural_shape(name: str, n: int) -> list[int] | None:

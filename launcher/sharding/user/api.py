@@ -43,7 +43,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher.sharding import pipeline
-from launcher.sharding.apply import constrained_step, make_mesh, pspec, spec_from_json
+from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
 from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
@@ -53,9 +53,11 @@ from launcher.sharding.measuring.keys import device_signature
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.comparison import Comparison, compare
 from launcher.sharding.report import Row, table_text
+from launcher.sharding.user.console import Console, log_path
 from launcher.sharding.user.reading import combine, program_args, split, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
+from launcher import jaxcompat
 from launcher.errors import UserError
 from launcher.runtime import hosts
 from launcher.runtime import user_program
@@ -102,7 +104,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     the step's outputs, or a function returning one (default: its one floating-point scalar).
     ``reuse``: hand back the plan an earlier search of the same step (traced program and
     arguments), devices and options left in the profile store, without searching again (False:
-    search again). ``log``: a line at a time (default: printed by process 0).
+    search again). ``log``: the search's details, a line at a time (default: into a log file
+    beside the profile store, with a progress bar and the table on the screen, ``console.py``;
+    ``log=print``: every line printed).
 
     ``options``: the search's settings, any option of the passes by name
     (``launcher/sharding/options.py``, checked there), among them ``memory_budget_gb`` (per
@@ -113,9 +117,39 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
 
     Returns the ``AutoPlan``. UserError (one line) for bad input: see ``step.step_program``.
     """
+    # The program's own mesh context (jax.set_mesh), if any, is left: the search lays the step out
+    # on meshes of its own, and so does the plan (``Applied``).
     algorithm = algorithm or Algorithm.default().name
+    with jaxcompat.outside_mesh_context():
+        return _autoshard(step_fn, example_args, mesh_shape, algorithm, data_argnums, in_shardings, state_argnums,
+                          loss, log, reuse, options)
+
+
+def _autoshard(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
+               data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
+               loss: Any, log: Optional[Callable[[str], None]], reuse: bool, options: dict) -> "AutoPlan":
+    """``autoshard``; without ``log``, quiet (``console.py``): the details in a log file, a progress
+    bar and the table on the user's screen."""
+    Algorithm.named(algorithm, option="algorithm")
+    search = lambda log, progress=None: _search(step_fn, example_args, mesh_shape, algorithm, data_argnums,
+                                                in_shardings, state_argnums, loss, _keywords(log), progress, reuse,
+                                                options)
+    if log is not None:
+        return search(log)
+    name = getattr(step_fn, "__name__", type(step_fn).__name__)
+    store_root = Path(options.get("store_dir", ProfileOptions.store_dir)).expanduser().resolve()
+    with Console(log_path(store_root, name), is_main=jax.process_index() == 0) as console:
+        console.show(f"autoshard: searching {name} on {jax.device_count()} devices (the details: {console.path}; "
+                     "log=print shows them here)")
+        plan = search(console.log, console.progress)
+        console.show(plan.table())
+    return plan
+
+
+def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
+            data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
+            loss: Any, log: Callable[[str], None], progress: Any, reuse: bool, options: dict) -> "AutoPlan":
     kind = Algorithm.named(algorithm, option="algorithm")
-    log = _keywords(log or _print_main)
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
                            state_argnums=state_argnums, loss=loss, log=log)
     settings = dict(options)
@@ -129,7 +163,7 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
                 f"{store.root} ({earlier.why or earlier.source}); reuse=False searches again")
             return earlier
     out = pipeline.run_search(program, kind(search, settings), mesh_shape=mesh_shape,
-                              hooks=Hooks(log=log, is_main=jax.process_index() == 0))
+                              hooks=Hooks(log=log, progress=progress, is_main=jax.process_index() == 0))
     plan = AutoPlan.of(program, out)
     own = replace(plan.own, why=as_keywords(plan.own.why)) if plan.own is not None else None
     plan = replace(plan, why=as_keywords(plan.why), own=own)
@@ -189,11 +223,6 @@ def as_keywords(text: str) -> str:
     return re.sub(r"\bmode\.([a-z_]+)", r"\1", text)
 
 
-def _print_main(line: str) -> None:
-    if jax.process_index() == 0:
-        print(f"autoshard: {line}", flush=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # The plan
 
@@ -230,6 +259,9 @@ class AutoPlan:
     searched: Any = field(default=None, repr=False, compare=False)
     # The searched plan itself, where another plan is the answer (this one); not saved.
     own: Optional["AutoPlan"] = field(default=None, repr=False, compare=False)
+    # The mesh axis the devices' processes change along (a job of several processes: the axis
+    # between hosts, ``plans.arranged``); None: one process, or the first axis.
+    across: Optional[str] = None
 
     @classmethod
     def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
@@ -248,7 +280,7 @@ class AutoPlan:
                    p.predicted_step_time_s, memory, _run_json(out.searched),
                    {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
-                   loss=reading.loss_path)
+                   loss=reading.loss_path, across=getattr(p.plan, "across", None))
         plan.searched = p.details
         return plan
 
@@ -268,6 +300,7 @@ class AutoPlan:
             source = f"baseline {answer.name}"
         return replace(self, name=answer.name, why=answer.why(), mesh_shape=mesh_shape, constraints=constraints,
                        source=source, predicted_step_time_s=None, predicted_memory_gb=None,
+                       across=getattr(answer.plan, "across", None),
                        measured=runs.pop(answer.name), baselines=runs, own=self)
 
     # --- what it says --------------------------------------------------------------------------
@@ -310,8 +343,10 @@ class AutoPlan:
     def table(self) -> str:
         """The comparison table (``report.py``), as mode=search writes comparison.txt."""
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
+        across = [f"mesh {self.mesh_shape}: {self.across} across processes"] if self.across else []
         runs = {name: Row.of(r) for name, r in {self.row: self.measured, **self.baselines}.items()}
-        return table_text(runs, self.skipped, title=title, answer=self.row, notes=[self.why] if self.why else ())
+        return table_text(runs, self.skipped, title=title, answer=self.row,
+                          notes=across + ([self.why] if self.why else []))
 
     # --- using it ------------------------------------------------------------------------------
 
@@ -322,7 +357,7 @@ class AutoPlan:
         if len(devices) != self.device_count:
             raise UserError(f"this plan was searched on {self.device_count} devices, and this job has {len(devices)}: "
                             f"run on {self.device_count} devices, or autoshard the step again on these")
-        return make_mesh(self.mesh_shape, devices)
+        return make_mesh(self.mesh_shape, devices, AXIS_NAMES.index(self.across) if self.across else None)
 
     def shardings(self, *args: Any) -> tuple:
         """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
@@ -341,7 +376,8 @@ class AutoPlan:
         objects are updated in place (and returned)."""
         pargs, at = program_args(args)
         arrays, static = split(pargs)
-        placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
+        with jaxcompat.outside_mesh_context():
+            placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
         return write_back(args, at, tuple(placed))
 
     def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
@@ -415,7 +451,10 @@ _NOT_SAVED = {"searched", "own"}  # this session's objects
 
 
 def _placed(x: Any, sharding: Any) -> Any:
-    if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim):
+    """``x`` laid out as ``sharding``: as it is where it already is, on the plan's own mesh (an
+    equivalent layout on another mesh, the program's own, is moved: jit takes one mesh)."""
+    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == sharding.mesh \
+            and x.sharding.is_equivalent_to(sharding, x.ndim):
         return x
     if isinstance(x, jax.ShapeDtypeStruct):
         raise UserError("plan.place and plan.apply take arrays; a jax.ShapeDtypeStruct has no values to place")
@@ -436,9 +475,15 @@ class Applied:
         self._compiled: dict[Any, tuple[TrainingProgram, Any, Any]] = {}
 
     def __call__(self, *args: Any) -> Any:
+        with jaxcompat.outside_mesh_context():  # the plan's mesh, not the program's (autoshard)
+            return self._call(args)
+
+    def _call(self, args: tuple) -> Any:
         pargs, _ = program_args(args)
         arrays, static = split(pargs)
-        key = (jax.tree.structure(arrays), jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
+        # Shapes too: arguments shaped otherwise than the plan's are refused in one line (``_build``).
+        key = (jax.tree.structure(arrays), tuple((np.shape(x), str(x.dtype)) for x in jax.tree.leaves(arrays)),
+               jax.tree.structure(static), tuple(map(_key, jax.tree.leaves(static))))
         if key not in self._compiled:
             self._compiled[key] = self._build(args)
         program, jitted, shardings = self._compiled[key]

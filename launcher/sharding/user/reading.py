@@ -26,6 +26,7 @@ once from the user's function (``Reading.step``) and undone where the plan is ap
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -33,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jcore
 
 from launcher.errors import UserError
 
@@ -145,10 +147,15 @@ class Reading:
     # --- the program ----------------------------------------------------------------------------
 
     def raw(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` on the program's arguments: (the NNX objects' new state or None, what ``fn`` returns)."""
+        """``fn`` on the program's arguments: (the NNX objects' new state or None, what ``fn``
+        returns, the NNX objects it was given among it as ``Returned`` markers: ``call`` puts the
+        user's own objects, updated, in their places, as ``nnx.jit`` returns them)."""
         def raw_step(*args: Any) -> Any:
             user_args, objects = self._user_args(args)
             out = fn(*user_args)
+            if objects:
+                nnx = nnx_module()
+                out = jax.tree.map(lambda o: _returned(o, objects), out, is_leaf=nnx.graph.is_graph_node)
             return (nnx_module().state(objects) if objects else None), out
         raw_step.__name__ = getattr(fn, "__name__", type(fn).__name__)
         return raw_step
@@ -181,12 +188,26 @@ class Reading:
                 outs[at] = value
         free = iter(rest)
         outs = [o if k in self.returned_at else next(free) for k, o in enumerate(outs)]
-        return tuple(outs) if self.returns_tuple else outs[0]
+        out = tuple(outs) if self.returns_tuple else outs[0]
+        if self.nnx:   # the objects it returns: the user's own, updated above
+            out = jax.tree.map(lambda o: user_args[self.nnx[o.index]] if isinstance(o, Returned) else o, out)
+        return out
 
 
     def program_position(self, i: int) -> int:
         """The program argument user argument ``i`` is (or is part of: NNX objects' joint state)."""
         return _program_positions(self.n_args, self.nnx)[i % self.n_args]
+
+
+@dataclass(frozen=True)
+class Returned:
+    """Where the step returns the ``index``-th NNX object it was given (``model, optimizer, loss =
+    step(model, optimizer, x, y)``): a static output, the object itself given back by ``call``."""
+    index: int
+
+
+def _returned(o: Any, objects: tuple) -> Any:
+    return next((Returned(j) for j, obj in enumerate(objects) if o is obj), o)
 
 
 def program_args(args: Sequence[Any]) -> tuple[tuple, tuple[int, ...]]:
@@ -238,31 +259,38 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
     probe = Reading(n, nnx_at, graphdef, pdata, (), (), False, 0, None)
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) if is_array(x) else x, pargs)
     try:
-        _, out = _eval_shape(probe.raw(fn), shapes)
+        (_, out), values = _eval_shape(probe.raw(fn), shapes)
     except UserError:
         raise
     except Exception as e:  # the user's function on arguments it does not take: say which, keep the cause
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{name} cannot be traced on its example arguments ({type(e).__name__}: {first}); give "
                         "example arguments shaped as the step takes them, one per parameter") from e
-    returns_tuple = isinstance(out, (tuple, list))
+    # A tuple or list is the step's outputs, unless it is itself a state argument's new value
+    # (JAX's MNIST: params = [(w, b), ...] in, the new list out).
+    returns_tuple = isinstance(out, (tuple, list)) and not any(
+        _alike(out, pargs[i]) for i in pstate if not (nnx_at and i == 0))
     outs = list(out) if returns_tuple else [out]
     feeds, at = _fed_back(name, pargs, pstate, outs, bool(nnx_at), stated is not None, to_program, log)
     rest = tuple(o for k, o in enumerate(outs) if k not in set(at))
-    loss_leaf, loss_path = _loss(name, out, rest, at, returns_tuple, loss, log)
+    loss_leaf, loss_path = _loss(name, out, rest, at, returns_tuple, loss, log, values)
     if loss_leaf is not None:  # among the program's output leaves: the fed-back values' come first
         loss_leaf += sum(len(_array_leaves(pargs[i])) for i in feeds)
     return Reading(n, nnx_at, graphdef, pdata, tuple(feeds), tuple(at), returns_tuple, len(outs), loss_leaf,
                    loss_path, tuple(data), stated), pargs
 
 
-def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> Any:
-    """``jax.eval_shape`` of ``fn`` on ``shapes`` whose non-array leaves (an Equinox module's
-    activation, a Python number) are closed over, as the program closes over them."""
+def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> tuple[Any, dict[int, Any]]:
+    """(``jax.eval_shape`` of ``fn`` on ``shapes`` whose non-array leaves, an Equinox module's
+    activation or a Python number, are closed over as the program closes over them; per array
+    leaf of that, by ``id``, the traced value it is: two leaves of one value, such as nanodo's
+    ``__train_loss`` and ``train_loss``, have the same)."""
     arrays, static = split(shapes)
     step = ArrayStep(fn, static)
-    out = jax.eval_shape(step, *arrays)
-    return step.whole(out)
+    closed, out = jax.make_jaxpr(step, return_shape=True)(*arrays)
+    whole = step.whole(out)
+    values = [v if isinstance(v, jcore.Var) else object() for v in closed.jaxpr.outvars]
+    return whole, {id(x): v for x, v in zip(_array_leaves(whole), values, strict=True)}
 
 
 def _positions(option: str, given: Optional[Sequence[int]], n: int, default: Any, name: str, what: str) -> Any:
@@ -353,7 +381,11 @@ def _fed_back(name: str, pargs: tuple, state: Sequence[int], outs: list, nnx: bo
 
 def _refuse_changed(name: str, arg: Any, i: int, outs: list, taken: set) -> None:
     """A returned value with a state argument's structure but another shape or dtype: the state
-    would change between steps."""
+    would change between steps. Not for an argument that is one array other than floating point
+    (a PRNG key, old or typed, a step counter): a scalar the step returns besides (its loss) is
+    no new value of it; not returned, it keeps its value."""
+    if is_array(arg) and not jnp.issubdtype(jnp.result_type(arg), jnp.floating):
+        return
     for k, o in enumerate(outs):
         if k in taken or jax.tree.structure(o) != jax.tree.structure(arg):
             continue
@@ -369,9 +401,9 @@ def _array_leaves(tree: Any) -> list:
 
 
 def _loss(name: str, out: Any, rest: tuple, at: list, returns_tuple: bool, loss: Loss,
-          log: Callable[[str], None]) -> tuple[Optional[int], str]:
+          log: Callable[[str], None], values: dict[int, Any]) -> tuple[Optional[int], str]:
     """(the loss's index among the array leaves of the outputs besides the fed-back state, its
-    path in the step's outputs)."""
+    path in the step's outputs). ``values``: the traced value of each output leaf (by ``id``)."""
     leaves = [(p, x) for p, x in _paths(out, "out" if not returns_tuple else "") if is_array(x)]
     where = {id(x): p for p, x in leaves}
     index = {id(x): k for k, x in enumerate(_array_leaves(rest))}
@@ -386,19 +418,53 @@ def _loss(name: str, out: Any, rest: tuple, at: list, returns_tuple: bool, loss:
         return index[id(chosen)], where[id(chosen)]
     scalars = [(p, x) for p, x in leaves if id(x) not in skip and np.shape(x) == ()
                and jnp.issubdtype(jnp.result_type(x), jnp.floating)]
-    if len(scalars) == 1:
-        return index[id(scalars[0][1])], scalars[0][0]
-    named = [(p, x) for p, x in scalars if "loss" in p.lower()]
-    if len(named) == 1:
-        log(f"{name}: the loss is {named[0][0]}, the scalar named so among {', '.join(p for p, _ in scalars)} "
-            "(loss=... to choose another)")
-        return index[id(named[0][1])], named[0][0]
     if not scalars:
         log(f"{name}: no floating-point scalar besides the state, so no loss is recorded (loss=... names one)")
         return None, ""
-    raise UserError(f"{name} returns several floating-point scalars besides its state "
-                    f"({', '.join(p for p, _ in scalars)}) and none is named loss: say which is the loss with "
-                    f"loss={scalars[0][0]!r} (a path of the outputs) or loss=lambda out: ...")
+    # One value under several names (nanodo's metrics: "__train_loss" and "train_loss") is one
+    # candidate, named by its most loss-like name.
+    groups: dict[Any, list[tuple[str, Any]]] = {}
+    for p, x in scalars:
+        groups.setdefault(values.get(id(x), id(x)), []).append((p, x))
+    candidates = [min(g, key=lambda px: _loss_rank(px[0])) for g in groups.values()]
+    if len(candidates) == 1:
+        return index[id(candidates[0][1])], candidates[0][0]
+    best = min(_loss_rank(p)[0] for p, _ in candidates)
+    chosen = [(p, x) for p, x in candidates if _loss_rank(p)[0] == best]
+    if best < len(_LOSS_NAMES) and len(chosen) == 1:
+        log(f"{name}: the loss is {chosen[0][0]}, the scalar named so among {len(candidates)} "
+            f"({_few(p for p, _ in candidates)}; loss=... to choose another)")
+        return index[id(chosen[0][1])], chosen[0][0]
+    ranked = [p for p, _ in sorted(candidates, key=lambda px: _loss_rank(px[0]))]
+    for shown in (3, 2, 1):   # one line a reader takes in: at most about 300 characters
+        line = (f"{name} returns {len(candidates)} floating-point scalars besides its state ({_few(ranked, shown)}) and "
+                f"{'none' if best >= len(_LOSS_NAMES) else 'more than one'} is named loss: say which is the loss with "
+                f"loss={ranked[0]!r} (a path of the outputs) or loss=lambda out: ...")
+        if len(line) <= 300:
+            break
+    raise UserError(line)
+
+
+# How the loss is named, most certain first: a path's last key, lower case, leading underscores
+# dropped ("__train_loss" is "train_loss"); a name matching none is not a loss by its name.
+_LOSS_NAMES = (lambda k: k == "loss", lambda k: k in ("train_loss", "total_loss", "training_loss", "loss_value"),
+               lambda k: k.endswith("loss"), lambda k: "loss" in k)
+
+
+def _loss_rank(path: str) -> tuple[int, bool, int]:
+    """(how loss-like its name is, ``_LOSS_NAMES``; its key begins with an underscore; its length)."""
+    found = re.findall(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]", path)
+    key = next((a or b or c for a, b, c in reversed(found)), path) if found else path
+    plain = key.lower().lstrip("_")
+    rank = next((i for i, named in enumerate(_LOSS_NAMES) if named(plain)), len(_LOSS_NAMES))
+    return rank, key.startswith("_"), len(path)
+
+
+def _few(paths: Any, n: int = 3, width: int = 40) -> str:
+    """A few of ``paths``, each cut to ``width`` characters, for a line that stays short."""
+    paths = list(paths)
+    cut = [p if len(p) <= width else p[:width - 3] + "..." for p in paths[:n]]
+    return ", ".join(cut) + (f", and {len(paths) - n} more" if len(paths) > n else "")
 
 
 def _chosen(name: str, out: Any, loss: Loss, leaves: list[tuple[str, Any]]) -> Any:

@@ -36,6 +36,7 @@ booleans zero, keys from a fixed seed; the same on every process.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -51,6 +52,7 @@ from launcher.sharding.apply import make_mesh, program_signature, spec_json
 from launcher.sharding.options import USER_BASELINE as USER
 from launcher.sharding.program import TrainingProgram
 from launcher.sharding.user.reading import ArrayStep, canonical, nnx_module, read, split
+from launcher import jaxcompat
 from launcher.errors import UserError
 
 STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout for (and USER, its own)
@@ -107,12 +109,10 @@ def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: O
                         "weights")
     out_shapes = jax.tree.unflatten(g.out_tree, [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.out_avals])
     given = any(not isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(arrays))
-    if in_shardings is not None and reading.nnx:
-        raise UserError(f"in_shardings of {name}: its Flax NNX objects' own layout is read from their arrays (lay "
-                        "them out as your program does, e.g. created under jax.set_mesh with sharding metadata); "
-                        "give in_shardings only for steps without NNX objects")
+    if in_shardings is not None and reading.nnx and not isinstance(in_shardings, Sharding):
+        in_shardings = _nnx_shardings(name, in_shardings, reading, pargs)
     user = (_user_shardings(name, in_shardings, shapes) if in_shardings is not None
-            else _given_shardings(arrays, reading.data_argnums))
+            else _given_shardings(name, arrays, reading.data_argnums, log))
     return StepProgram(step, shapes, data_argnums=reading.data_argnums, values=arrays if given else None,
                            feeds_back=reading.feeds_back, out_shapes=out_shapes, loss_leaf=reading.loss_leaf,
                            flops=contraction_flops(contractions.values()), in_shardings=user, name=name,
@@ -124,29 +124,73 @@ def _is_nnx_node(x: Any) -> bool:
     return nnx is not None and nnx.graph.is_graph_node(x)
 
 
-def _given_shardings(arrays: tuple, data_argnums: Sequence[int]) -> Optional[tuple]:
-    """The layout the example arguments already have, as the user's own (``user`` baseline):
-    where every array of the state arguments is a jax array laid out by a ``NamedSharding`` on
-    one mesh of every device, and some split. Data leaves without such a layout take dp's
-    (split on the leading dimension), as a loop placing each batch would."""
-    state = [a for i, a in enumerate(arrays) if i not in data_argnums]
-    leaves = jax.tree.leaves(state)
-    if not leaves or not all(isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) for x in leaves):
+def _laid_out_on(x: Any) -> Any:
+    """The mesh of every device ``x`` is laid out on by a ``NamedSharding``, or None."""
+    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh.size == jax.device_count():
+        return x.sharding.mesh
+    return None
+
+
+def _given_shardings(name: str, arrays: tuple, data_argnums: Sequence[int], log: Callable[[str], None]
+                     ) -> Optional[tuple]:
+    """The layout the example arguments already have, as the user's own (``user`` baseline),
+    wherever some are laid out by a ``NamedSharding`` on a mesh of every device (the mesh most
+    of them are on, where several): those leaves as they are, the others (a single-device PRNG
+    key, an array JAX made without a layout, NumPy data) replicated, data leaves split on their
+    leading dimension as a loop placing each batch would; one line says how many were read so.
+    The mesh's axes are taken as Auto (an Explicit-axes mesh's names would refuse the search's
+    constraints). None where nothing is laid out, or where what is is dp's (replicated state on
+    a 1-D mesh)."""
+    leaves = jax.tree.leaves(arrays)
+    meshes = Counter(m for m in map(_laid_out_on, leaves) if m is not None)
+    if not meshes:
         return None
-    meshes = {x.sharding.mesh for x in leaves}
-    if len(meshes) != 1 or next(iter(meshes)).size != jax.device_count() \
-            or not any(any(x.sharding.spec) for x in leaves):
-        return None
-    mesh = meshes.pop()
+    mesh = meshes.most_common(1)[0][0]
+    auto = jaxcompat.auto_mesh(mesh.devices, mesh.axis_names)
     first = mesh.axis_names[0]
+    state_split = any(_laid_out_on(x) == mesh and any(x.sharding.spec)
+                      for i, a in enumerate(arrays) if i not in data_argnums for x in jax.tree.leaves(a))
+    if not state_split and len(mesh.axis_names) == 1:
+        log(f"{name}: the arguments' own layout is dp's (the state replicated, the batch split): raced once, as dp")
+        return None
 
     def laid_out(x: Any, data: bool) -> NamedSharding:
-        if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh:
-            return x.sharding
+        if _laid_out_on(x) == mesh:
+            return NamedSharding(auto, x.sharding.spec)
         lead = data and np.ndim(x) > 0 and np.shape(x)[0] % mesh.shape[first] == 0
-        return NamedSharding(mesh, PartitionSpec(first) if lead else PartitionSpec())
+        return NamedSharding(auto, PartitionSpec(first) if lead else PartitionSpec())
 
+    read = sum(_laid_out_on(x) == mesh for x in leaves)
+    log(f"{name}: its own layout, raced as 'user': {read} of {len(leaves)} array leaves read as laid out on its mesh "
+        f"{dict(mesh.shape)}, the other {len(leaves) - read} replicated (a batch split on its leading dimension); "
+        "in_shardings=... gives another")
     return tuple(jax.tree.map(lambda x, i=i: laid_out(x, i in data_argnums), a) for i, a in enumerate(arrays))
+
+
+def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> tuple:
+    """``in_shardings`` given in the step's own positions, a Flax NNX object's as ``nnx.jit`` takes
+    it (a Sharding for all its arrays, None, or a tree shaped like ``nnx.state(obj)``, as
+    ``nnx.get_named_sharding`` gives), in the program's: the objects' joint state first (a
+    variable two objects share takes the first's), None where nothing is said (replicated)."""
+    given = tuple(in_shardings) if isinstance(in_shardings, (tuple, list)) else ()
+    if len(given) != reading.n_args:
+        raise UserError(f"in_shardings of {name}: give one entry per argument ({reading.n_args}), as for nnx.jit: a "
+                        "Sharding, None, or for a Flax NNX object a tree shaped like nnx.state(obj)")
+    is_leaf = lambda x: x is None or isinstance(x, Sharding)
+    by_path: dict[str, Any] = {}
+    for j, i in enumerate(reading.nnx):
+        if isinstance(given[i], Sharding) or given[i] is None:
+            by_path[f"[{j}]"] = given[i]
+            continue
+        for path, s in jax.tree_util.tree_flatten_with_path(given[i], is_leaf=is_leaf)[0]:
+            by_path.setdefault(f"[{j}]{jax.tree_util.keystr(path)}", s)
+
+    def lookup(path: Any, _: Any) -> Any:
+        key = jax.tree_util.keystr(path)
+        return by_path.get(key, by_path.get(key[:key.index("]") + 1]))
+
+    joint = jax.tree_util.tree_map_with_path(lookup, pargs[0])
+    return (joint, *[s for i, s in enumerate(given) if i not in reading.nnx])
 
 
 def contraction_flops(contractions: Any) -> float:
@@ -172,7 +216,8 @@ def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
         raise UserError(f"in_shardings of {name}: give NamedShardings on one mesh (None: replicated), e.g. "
                         "NamedSharding(mesh, PartitionSpec('data'))")
     mesh = meshes.pop()
-    full = [jax.tree.map(lambda _, s=s: s if s is not None else NamedSharding(mesh, PartitionSpec()), sub)
+    auto = jaxcompat.auto_mesh(mesh.devices, mesh.axis_names)  # Explicit axes would refuse the search's constraints
+    full = [jax.tree.map(lambda _, s=s: NamedSharding(auto, s.spec if s is not None else PartitionSpec()), sub)
             for s, sub in zip(given, subtrees, strict=True)]
     return tuple(prefix.unflatten(full))
 
@@ -261,7 +306,9 @@ def out_shardings(program: TrainingProgram, in_shardings: tuple, replicated: Any
 
 def place(x: Any, sharding: Any) -> jax.Array:
     """``x`` (a host value, or a jax array the same on every process) laid out as ``sharding``,
-    as a new array (the runs donate the state they feed back)."""
+    as a new array (the runs donate the state they feed back). A jax array on any mesh (the
+    program's own, auto or explicit axes) is moved to ``sharding``'s: a step jitted on one mesh
+    takes no argument laid out on another."""
     if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
         data = place(jax.random.key_data(x), NamedSharding(sharding.mesh, sharding.spec))
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))

@@ -1,0 +1,42 @@
+"""Where the searched plan ran behind the fastest baseline: which segments, and why.
+
+The answer never is a plan the race measured slower than a baseline beside it (``measure.verdict``),
+but the searched plan itself can be: the segment profiles rank plans well and not exactly, and the
+plan nearest a baseline is not always the baseline's own layout. When the final race measured
+CFP's own plan over ``BEHIND`` times the fastest baseline, round by round, the table says so
+under it: the segments (and their blocks) where the plan differs from the plan nearest that
+baseline, and why that nearest plan is not the baseline's own layout where it is not
+(``nearest.Nearest.reason``), or, where it is, that the shortlist measured it and kept the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from launcher.sharding.search.nearest import nearest
+
+BEHIND = 1.02   # the searched plan over the fastest baseline, paired, beyond which the table says why
+
+
+def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[str]:
+    """The note for ``planned`` (``title``: how the table names it) measured ``ratio`` times
+    ``baseline`` (module doc), or None when it is not behind by ``BEHIND``."""
+    if ratio <= BEHIND:
+        return None
+    a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
+    found = nearest(a, program, baseline, devices) if program is not None else None
+    assignment = planned.fields.get("plan", {}).get("assignment")
+    head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
+    if found is None or assignment is None:
+        return f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
+    differ = [b for b, (mine, near) in enumerate(zip(assignment, found.assignment, strict=True)) if mine != near]
+    segments = sorted({s.index for s in a.segments for b in differ if s.start <= b < s.end})
+    where = (f"it differs from the plan nearest {baseline} in block{'s' if len(differ) > 1 else ''} "
+             f"{', '.join(map(str, differ[:8]))}{' ...' if len(differ) > 8 else ''}"
+             + (f" (segment{'s' if len(segments) > 1 else ''} {', '.join(map(str, segments))})" if segments else ""))
+    if not differ:
+        where = f"it is the plan nearest {baseline} on mesh {planned.on.shape}"
+    why = (f"that plan is not {baseline}'s layout: {found.reason(a)}" if not found.exact else
+           f"that plan is {baseline}'s own layout; the segment profiles predicted the kept plan faster, and the "
+           "shortlist's short rounds did not tell them apart (more verify_repeats race them longer)")
+    return f"{head}: {where}; {why}"
