@@ -214,7 +214,7 @@ def test_a_saved_plan_loads_in_a_fresh_process_and_trains(searched):
     assert close(loaded["losses"], r["flax_one_device"])
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a whole search from the CLI; the same search from Python is the module's fixture
 def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run(tmp_path, searched):
     r, _ = searched
     settings = [f"mode.{k}={v}" for k, v in {**SMALL, "run_repeats": 2, "iterations": 2}.items()]

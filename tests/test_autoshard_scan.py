@@ -94,7 +94,7 @@ def test_every_way_of_writing_the_layer_loop_is_searched_as_one_and_its_nearest_
     assert mine.losses[:2] == pytest.approx(theirs.losses[:2], rel=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a whole cold search of an LM; the tests below search every way of writing a layer loop
 def test_a_scanned_lm_searched_from_python_trains_with_one_devices_losses(tmp_path):
     step, _ = scanned_lm(layers=2)
     reference = []

@@ -24,7 +24,7 @@ def bench(*args: str, timeout: float = 600, env: dict | None = None) -> subproce
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # the whole GPU sequence on CPU (minutes); its stages each have a default test
 def test_the_cpu_sequence_takes_every_figure_the_gpu_run_takes(tmp_path):
     out = tmp_path / "accelerator-cpu.json"
     proc = bench("--cpu", "--out", str(out), "--work", str(tmp_path / "work"))

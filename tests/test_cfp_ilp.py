@@ -236,7 +236,7 @@ def test_the_ilp_plan_trains_with_the_losses_of_one_device(tmp_path):
 # Through the CLI
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # the ILP through the CLI end to end; its plan trains in a default test
 def test_mode_search_with_the_ilp_writes_a_plan_measured_against_baselines(tmp_path):
     store = f"mode.store_dir={tmp_path / 'store'}"
     # A margin no plan can beat by (99%): the answer falls back to the baseline, dp, whatever the timings.

@@ -614,6 +614,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     # A baseline 1% behind the fastest one in the first round races no more (mode.drop_*).
     proc = run_cli("mode=cfp", *model, *cluster, "mode.iterations=2", "mode.run_repeats=2", "mode.repeats=2",
                    "mode.drop_after=1", "mode.drop_slower_than=1.01", "mode.baselines=[dp,dp_tp,ep]",
+                   "mode.verify_iterations=2", "mode.verify_repeats=2",
                    f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900)
     result = read_result(tmp_path / "cfp")
     # The console ends with the answer, without a terminal too: the comparison table (a row per
@@ -631,7 +632,12 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path):
     assert (answer["source"], answer["name"]) == (("cfp", "cfp") if beat else ("baseline", result["best_baseline"]))
     assert answer["vs_best_baseline_paired"] == (answer["searched_vs_best_baseline_paired"] if beat else 1.0)
     assert answer["why"] in table and f"{answer['name']} (answer)" in table
-    assert answer["why"].endswith("the answer is " + ("CFP's plan" if beat else f"{answer['name']}'s plan"))
+    # The reason ends with the answer, then, where CFP's plan ran over 1.02x the fastest baseline,
+    # which segments differ from the plan nearest it and why (search/behind.py).
+    said, _, behind = answer["why"].partition(". CFP's plan ran ")
+    assert said.endswith("the answer is " + ("CFP's plan" if beat else f"{answer['name']}'s plan"))
+    assert bool(behind) == (answer["searched_vs_best_baseline_paired"] > 1.02), answer["why"]
+    assert not behind or behind.startswith(f"{answer['searched_vs_best_baseline_paired']:.3f}x {answer['best_baseline']} (over 1.02x): ")
     assert f"plan: {tmp_path / 'cfp' / 'plan.json'} ({answer['name']}" in proc.stdout
     cfp_plan = json.loads((tmp_path / "cfp" / "cfp_plan.json").read_text())
     assert result["plan"]["file"] == str(tmp_path / "cfp" / "cfp_plan.json") and cfp_plan["constraints"]

@@ -117,7 +117,7 @@ def test_the_orbax_spec_keeps_the_jax_it_is_for():
 
 # --- through the CLI: 2 processes, each saving and restoring its own shards -----------------------
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a profiler trace per rank beside the checkpoints; resumption from them is the default run's
 def test_checkpoints_and_a_trace_per_rank_are_left_in_the_run_dir():
     run = uninterrupted()
     result = read_result(run)

@@ -22,7 +22,7 @@ from launcher.errors import UserError
 OLDEST = ".".join(map(str, MINIMUM))
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a virtual environment and a wheel installed into it
 def test_installing_xlaunch_keeps_the_jax_that_is_there(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)

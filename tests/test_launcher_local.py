@@ -189,6 +189,7 @@ def test_stopping_the_launcher_at_once_stops_ranks_that_have_not_reported_yet(tm
     assert not _leftover_tasks(run)
 
 
+@pytest.mark.heavy  # waits out a peer timeout (half a minute of sleep)
 def test_a_job_frozen_longer_than_the_peer_timeout_goes_on_when_it_wakes(tmp_path):
     """A paused VM (or a suspended laptop, or `kill -STOP`) freezes every process alike while wall
     time goes on: on waking, old heartbeats are not silence."""

@@ -134,7 +134,8 @@ def _stop_workers():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gpt", "bert", "llama2", "moe"])
+@pytest.mark.parametrize("family", [pytest.param("gpt", marks=pytest.mark.heavy),  # the longest: 45 s of compiles
+                                    "bert", "llama2", "moe"])
 def test_every_plan_on_8_devices_gives_the_single_device_losses(family):
     r = worker(family)
     ref = np.array(r["reference"])

@@ -91,6 +91,7 @@ def test_a_killed_rank_is_named_within_seconds_and_a_cancel_stops_every_task(ray
     one_line_error(run_cli("cancel", str(run), env=ray_cluster.env, check=False), "has already ended (cancelled")
 
 
+@pytest.mark.heavy  # a sweep of Ray jobs; sweeps are the default run's on cluster=local
 @pytest.mark.timeout(400)
 def test_a_sweep_makes_one_ray_job_per_point(ray_cluster, tmp_path):
     proc = run_cli("-m", *on_ray(ray_cluster, "mode=check", "cluster.cpu_devices_per_task=1,2",

@@ -204,7 +204,7 @@ def test_a_job_preempted_in_the_middle_of_training_is_requeued_and_ends_as_if_un
     assert "SIGUSR2: requeueing the job (restart 1" in (run / "logs" / "rank0.log").read_text()
 
 
-@pytest.mark.slow  # not core: the profile store's resumption is the same on every JAX, and it is the longest
+@pytest.mark.heavy  # not core: the profile store's resumption is the same on every JAX, and it is the longest
 @pytest.mark.timeout(900)
 def test_a_job_preempted_in_the_middle_of_profiling_is_requeued_and_measures_nothing_twice(slurm, tmp_path):
     run, store = tmp_path / "run", tmp_path / "store"
@@ -246,7 +246,7 @@ def test_a_job_preempted_in_the_middle_of_profiling_is_requeued_and_measures_not
 
 
 @pytest.mark.core
-@pytest.mark.slow
+@pytest.mark.heavy  # a training run stopped and resumed by hand; SLURM's requeue is the default run's
 @pytest.mark.timeout(900)
 def test_cluster_local_says_it_cannot_requeue_and_the_same_command_resumes(tmp_path):
     reference = read_result(uninterrupted())

@@ -219,7 +219,7 @@ def test_a_sweep_over_a_functions_kwargs_makes_one_run_per_point(tmp_path):
 # --- clusters and containers -------------------------------------------------------------------
 
 @pytest.mark.core
-@pytest.mark.slow
+@pytest.mark.heavy  # a stop signal on SLURM; a stop request reaching the program is the default run's (above)
 @pytest.mark.timeout(900)
 def test_on_slurm_a_script_and_a_resumable_function_survive_a_stop_signal(slurm, tmp_path):
     """Two jobs at once on the tests' SLURM (2 nodes x 1 task x 4 devices each), both signalled as a

@@ -65,9 +65,11 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
 
 
 @pytest.mark.parametrize("family, extra", [
-    ("gpt", []), ("bert", []), ("llama2", []), ("moe", []), ("cfp-gpt", []), ("cfp-moe", []),
+    ("gpt", []), ("bert", []), ("llama2", []), ("moe", []),
+    # CFP's artifact's models in the heavy stage: the same trainer as the four above
+    pytest.param("cfp-gpt", [], marks=pytest.mark.heavy), pytest.param("cfp-moe", [], marks=pytest.mark.heavy),
     # the artifact's learning rate: its constant label is learnt within a few steps at 1e-2
-    ("cfp-llama", ["mode.learning_rate=1e-2"]),
+    pytest.param("cfp-llama", ["mode.learning_rate=1e-2"], marks=pytest.mark.heavy),
     # layers stacked and run by lax.scan (MoE's layer pairs stacked)
     ("moe", ["model.scan_layers=true"]),
 ])
