@@ -42,19 +42,10 @@ from launcher.sharding.user.api import AutoPlan, autoshard
 from launcher.sharding.user.step import step_program
 from launcher.errors import UserError
 from tests.autoshard_models import make_equinox_step, make_flax_step, make_linen_step
+from tests.user_programs import train  # the user's loop
 
 store, out_dir, small, steps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 quiet = lambda line: None
-
-
-def train(step, args, n, keep):
-    # The user's loop: the step returns its new state first (its first `keep` arguments), then the loss.
-    losses = []
-    for _ in range(n):
-        out = step(*args)
-        args = (*out[:keep], *args[keep:])
-        losses.append(float(out[-1]))
-    return losses
 
 
 def one_device(step, args, n, keep):

@@ -360,3 +360,14 @@ def make_own_mesh_adam(width: int = 64, batch: int = 16, key: str = "typed") -> 
 
     rng = jax.random.key(1) if key == "typed" else jax.random.PRNGKey(1)
     return Step(train_step, (params, opt_state, batch_, rng), data_argnums=(2,))
+
+
+def train(step, args, n, keep):
+    """The user's loop, ``n`` steps: the step returns its new state first (its first ``keep``
+    arguments), then the loss; the losses."""
+    losses = []
+    for _ in range(n):
+        out = step(*args)
+        args = (*out[:keep], *args[keep:])
+        losses.append(float(out[-1]))
+    return losses
