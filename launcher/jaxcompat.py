@@ -326,28 +326,37 @@ def bind_equation(eqn: Any, args: list[Any]) -> Any:
     return eqn.primitive.bind(*args, **bind_params)
 
 
-_cache_hits = threading.local()   # this thread's persistent-cache hits (``compile_from_cache``)
-_cache_hits_heard = False
+_compiles = threading.local()   # this thread's XLA compiles and persistent-cache reads (``compile_fresh``)
+_compiles_heard = False
 
 
-def compile_from_cache(lowered: Any) -> tuple[Any, bool]:
-    """``lowered.compile()``, and whether JAX's persistent compilation cache gave it (read back,
-    not compiled). Counted on the calling thread, from JAX's monitoring events (listeners got
-    only the event name before 0.4.36, keyword arguments after)."""
+def compile_fresh(lowered: Any) -> tuple[Any, bool]:
+    """``lowered.compile()``, and whether XLA compiled it in this call: not read back from
+    JAX's persistent compilation cache, nor given again from JAX's in-memory cache (a program
+    compiled before in this process, which may itself have been read back, with no event saying
+    so). Only such a program serializes whole on CPU (``serialize_executable``). Counted on the
+    calling thread from JAX's monitoring events: the backend compile's duration, said around a
+    compile or a cache read alike, and the cache's hits (listeners got only the event name before
+    0.4.36, keyword arguments after)."""
     import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
-    global _cache_hits_heard
-    if not _cache_hits_heard:
-        _cache_hits_heard = True
+    global _compiles_heard
+    if not _compiles_heard:
+        _compiles_heard = True
 
-        def listen(event, *args, **kwargs):
+        def hit(event, *args, **kwargs):
             if event == "/jax/compilation_cache/cache_hits":
-                _cache_hits.n = getattr(_cache_hits, "n", 0) + 1
+                _compiles.hits = getattr(_compiles, "hits", 0) + 1
 
-        jax.monitoring.register_event_listener(listen)
-    before = getattr(_cache_hits, "n", 0)
-    compiled = lowered.compile()
-    return compiled, getattr(_cache_hits, "n", 0) > before
+        def compiled(event, *args, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                _compiles.backend = getattr(_compiles, "backend", 0) + 1
+
+        jax.monitoring.register_event_listener(hit)
+        jax.monitoring.register_event_duration_secs_listener(compiled)
+    before = getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)
+    program = lowered.compile()
+    return program, (getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)) == (before[0], before[1] + 1)
 
 
 def serialize_executable(compiled: Any) -> bytes:
@@ -356,7 +365,7 @@ def serialize_executable(compiled: Any) -> bytes:
     of it; raises where the backend cannot serialize it (a program with host callbacks) or
     pickle cannot carry a structure. Only for a program XLA compiled in this process: one read
     back from the persistent cache serializes without its kernels on CPU (0.10.2: the loading
-    process fails with "Function broadcast_add_fusion not found"), so ``compile_from_cache``
+    process fails with "Function broadcast_add_fusion not found"), so ``compile_fresh``
     says which is which. ``jax.experimental.serialize_executable``, the same in every release
     in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module

@@ -15,9 +15,10 @@ from tests.launch import read_result, run_cli
 pytestmark = pytest.mark.core
 
 
-def share_programs(out: str) -> None:
+def share_programs(out: str, warm: bool = False) -> None:
     """mode=run's target, on every process: six programs (each a collective over all 8 devices;
-    the first donates its argument) and one with a host callback, given inside ``shared()``;
+    the first donates its argument) and one with a host callback, given inside ``shared()``
+    (with ``warm``, each compiled once before, as a job compiles a step it later shares);
     writes what this process compiled, what each program computed and XLA's memory analysis of
     it, beside the same programs compiled here without sharing."""
     import jax  # noqa: PLC0415  a task imports JAX once its devices are set
@@ -41,6 +42,10 @@ def share_programs(out: str) -> None:
         return y * 2
 
     jits = [jax.jit(f, donate_argnums=(0,) if k == 0 else ()) for k, f in enumerate([*steps, noisy])]
+    if warm:
+        for f in jits:
+            f.lower(x).compile()
+    compiled.clear()
     with compile_share.shared():   # leaving it, each process has loaded or made every program
         shared = [compile_share.compile(lambda f=f: f.lower(x)) for f in jits]
     compiled_here = len(compiled)
@@ -59,6 +64,7 @@ def test_each_process_compiles_its_share_and_runs_every_program(tmp_path):
         out = tmp_path / run
         out.mkdir()
         run_cli("mode=run", "mode.target=tests.test_compile_share:share_programs", f"mode.kwargs.out={out}",
+                f"mode.kwargs.warm={run == 'again'}",
                 "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", f"launcher.compile_cache_dir={cache}",
                 run_dir=tmp_path / f"run-{run}", timeout=300)
         result = read_result(tmp_path / f"run-{run}")
@@ -76,6 +82,8 @@ def test_each_process_compiles_its_share_and_runs_every_program(tmp_path):
             # Three of the six each, and the host-callback program on both (its owner cannot send it).
             assert [r["compiled_in_batch"] for r in ranks] == [4, 4]
         elif jaxcompat.cpu_compilation_cache_works():   # (none before JAX 0.5 on CPU)
-            # Process 0 read its programs back from the cache, and such an executable does not
-            # travel whole (its kernels stay behind): process 1 read them from the cache itself.
+            # Process 0 read its programs back from the cache before the batch, and such an
+            # executable does not travel whole (its kernels stay behind), also when compiling it
+            # again in the batch gives it from JAX's in-memory cache with no cache hit said: process
+            # 1 made them itself, or its runs above would fail ("Function ... not found").
             assert result["compile_cache"]["hits"] >= 3

@@ -15,9 +15,9 @@ compile theirs.
 Nothing waits in ``compile``: a process waits only in ``result``, for a program whose owner
 compiles it in its own ``compile`` call, which comes no later in the order every process
 follows; so no two processes can wait on each other. A program the owner cannot serialize (host
-callbacks pickle cannot carry, such as ``jax.debug.print``'s) or read back from JAX's persistent
-compilation cache (which the others read as well, and whose executables do not serialize whole
-on CPU) every process makes itself. With
+callbacks pickle cannot carry, such as ``jax.debug.print``'s) or did not compile in this call
+(read back from JAX's persistent compilation cache, which the others read as well, now or
+before: such executables do not serialize whole on CPU) every process makes itself. With
 one process or outside ``shared()``, ``compile`` compiles here and now, as ``lower().compile()``.
 """
 
@@ -77,10 +77,10 @@ def _here(lower: Lower) -> tuple[Any, float]:
 
 
 def _compile(lowered: Any) -> tuple[Any, float, bool]:
-    """(the program, seconds, whether JAX's persistent compilation cache gave it)."""
+    """(the program, seconds, whether XLA compiled it in this call: ``jaxcompat.compile_fresh``)."""
     t0 = time.perf_counter()
-    compiled, cached = jaxcompat.compile_from_cache(lowered)
-    return compiled, time.perf_counter() - t0, cached
+    compiled, fresh = jaxcompat.compile_fresh(lowered)
+    return compiled, time.perf_counter() - t0, fresh
 
 
 class _Share:
@@ -102,14 +102,15 @@ class _Share:
             return self.theirs[-1]
         self.mine.append(key)
         try:
-            compiled, seconds, cached = _compile(lower())
+            compiled, seconds, fresh = _compile(lower())
         except Exception:
             self._publish(key, 0.0, b"")  # the peers make it themselves, and fail alike
             raise
         payload = b""
-        # From the persistent cache (which the peers read too), or refused by the backend or by
-        # pickle (a host callback that is a local function): each process makes it itself.
-        if not cached:
+        # Read back from the persistent cache (which the peers read too) now or before (given
+        # again from JAX's in-memory cache), or refused by the backend or by pickle (a host
+        # callback that is a local function): each process makes it itself.
+        if fresh:
             try:
                 payload = jaxcompat.serialize_executable(compiled)
             except Exception:  # noqa: BLE001  whatever the backend or pickle refuses
