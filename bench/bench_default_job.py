@@ -13,6 +13,12 @@ and paired: the median over rounds of the ratio within a round), the profile tim
 number of profiled combinations per mesh. Goal (issue #16): every run within 5 minutes on a
 2-core machine, and the searched plan at most 1.05x the best baseline of the same run.
 Results go to bench/results/bench_default_job.json, with the machine's load before each run.
+
+    python bench/bench_default_job.py --presets gpt bert llama2 moe [--runs 2]
+
+Every built-in model preset the same way (``model=<name>-tiny``, each ``--runs`` times in a row,
+issue 45's bound: CFP's own plan at most 1.02x the best baseline, paired, in every run), one
+summary per preset and the worst over all of them, to bench/results/bench_presets.json.
 """
 
 from __future__ import annotations
@@ -66,27 +72,57 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (another job: another file)")
-    ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
-    args = ap.parse_args()
+PRESETS_RESULTS = REPO / "bench" / "results" / "bench_presets.json"
+PRESET_BOUND = 1.02   # issue 45: CFP's own plan over the best baseline, paired, in every run
+
+
+def runs(extra: list[str], n: int) -> dict:
+    """``n`` runs of the job ``extra`` says, each from an empty store, and their summary."""
     with tempfile.TemporaryDirectory(prefix="xlaunch-default-") as tmp:
-        rows = [one_run(args.extra, Path(tmp), i) for i in range(args.runs)]
+        rows = [one_run(extra, Path(tmp), i) for i in range(n)]
     ok = [r for r in rows if "returncode" not in r]
-    summary = {
-        "command": "python -m launcher " + " ".join(args.extra), "runs": rows,
+    return {
+        "command": "python -m launcher " + " ".join(extra), "runs": rows, "failed_runs": len(rows) - len(ok),
         "max_wall_s": max((r["wall_s"] for r in ok), default=None),
         "median_wall_s": statistics.median(r["wall_s"] for r in ok) if ok else None,
         "max_vs_best_baseline": max((r["vs_best_baseline"] for r in ok), default=None),
         "max_vs_best_baseline_paired": max((r["vs_best_baseline_paired"] for r in ok), default=None),
         "max_answer_vs_best_baseline_paired": max((r["answer_vs_best_baseline_paired"] for r in ok), default=None),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None, help="the results file (another job: another file)")
+    ap.add_argument("--presets", nargs="+", metavar="MODEL", help="every named preset (model=<name>-tiny) in turn")
+    ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    if args.presets:
+        presets = {m: runs([f"model={m}-tiny", *args.extra], args.runs) for m in args.presets}
+        worst = max((p["max_vs_best_baseline_paired"] for p in presets.values()
+                     if p["max_vs_best_baseline_paired"] is not None), default=None)
+        summary = {"bound": PRESET_BOUND, "runs_per_preset": args.runs, "presets": presets,
+                   "max_vs_best_baseline_paired": worst,
+                   "failed_runs": sum(p["failed_runs"] for p in presets.values()),
+                   "within_bound": worst is not None and worst <= PRESET_BOUND
+                   and not any(p["failed_runs"] for p in presets.values()),
+                   "machine": machine}
+        out = args.out or PRESETS_RESULTS
+    else:
+        summary = {**runs(args.extra, args.runs), "machine": machine}
+        out = args.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(_headline(summary), indent=2))
+
+
+def _headline(summary: dict) -> dict:
+    """The summary without its rounds."""
+    if "presets" in summary:
+        return {**summary, "presets": {m: _headline(p) for m, p in summary["presets"].items()}}
+    return {k: v for k, v in summary.items() if k != "runs"}
 
 
 if __name__ == "__main__":

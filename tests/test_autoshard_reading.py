@@ -101,6 +101,26 @@ def test_the_loss_is_read_from_metrics_as_trainers_name_it_and_a_refusal_stays_o
     assert step_program(with_aux, (mlp_params(), X)).reading.loss_path == "[1]['train_loss']"
 
 
+def test_the_batch_is_every_trailing_argument_of_one_leading_dimension_past_a_key():
+    # Flax's NNX FSDP toy's shape without NNX: step(params, x, y) returns the loss alone, x and y
+    # the batch; and a dropout key after the batch is no data (kept as it is, not split).
+    def sgd(p, x, y, key):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
+                                     + 0 * jax.random.normal(key))(p)
+        return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), loss
+
+    program = step_program(sgd, (mlp_params(), X, jnp.ones((8, 4)), jax.random.key(1)))
+    assert program.reading.user_data_argnums == (1, 2) and program.feeds_back == (0,)
+    # A batch argument that is one array with the loss's place in the outputs is not taken for
+    # state that changed shape: the step returns its loss, not a new batch.
+    only_loss = lambda p, x, y: mlp_loss(p, x) + jnp.mean(y)
+    program = step_program(only_loss, (mlp_params(), X, jnp.ones((8, 4))), state_argnums=())
+    assert program.reading.user_data_argnums == (1, 2) and program.loss_leaf == 0
+    # Leaves of several leading dimensions stop the batch: params are state.
+    program = step_program(sgd, (mlp_params(), X, jnp.ones((8, 4)), jax.random.key(1)), data_argnums=(2,))
+    assert program.reading.user_data_argnums == (2,)
+
+
 def test_a_step_returning_no_state_is_refused_unless_said_so():
     # nnx.jit's style without NNX objects: the step changes nothing it returns.
     def only_loss(p, x):

@@ -240,9 +240,9 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
     ``args`` and options (module doc). UserError naming what cannot be read, and the fix."""
     args = tuple(args)
     n = len(args)
-    data = _positions("data_argnums", data_argnums, n, (n - 1,), name, "data (batch) arguments")
     nnx_mod = nnx_module()
     nnx_at = tuple(i for i, a in enumerate(args) if nnx_mod is not None and nnx_mod.graph.is_graph_node(a))
+    data = _positions("data_argnums", data_argnums, n, _default_data(args, nnx_at), name, "data (batch) arguments")
     if set(nnx_at) & set(data):
         raise UserError(f"data_argnums={list(data)} names a Flax NNX object (argument {sorted(set(nnx_at) & set(data))}):"
                         " data are the batch; give the positions of the batch arguments")
@@ -291,6 +291,34 @@ def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> tuple[Any, dict[int, A
     whole = step.whole(out)
     values = [v if isinstance(v, jcore.Var) else object() for v in closed.jaxpr.outvars]
     return whole, {id(x): v for x, v in zip(_array_leaves(whole), values, strict=True)}
+
+
+def _default_data(args: tuple, nnx_at: tuple[int, ...]) -> tuple[int, ...]:
+    """The data arguments when ``data_argnums`` is not given: the last argument, past any
+    trailing PRNG keys and counters (``(params, opt_state, batch, key)``), and before it those
+    whose every array leaf has the same leading dimension (Flax's ``step(model, optimizer, x,
+    y)``). Never a Flax NNX object."""
+    def leading(a: Any) -> Optional[set[int]]:
+        leaves = [x for x in jax.tree.leaves(a) if is_array(x)]
+        dims = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+        return dims if leaves and None not in dims and len(dims) == 1 else None
+
+    def scalar_like(a: Any) -> bool:   # a key (typed, or old uint32[2]), a counter, a Python number
+        if not is_array(a):
+            return not jax.tree.leaves(a) or isinstance(a, (int, float))
+        dtype = jnp.result_type(a)
+        return np.ndim(a) == 0 or jnp.issubdtype(dtype, jax.dtypes.prng_key) or (
+            np.shape(a) == (2,) and dtype == jnp.uint32)
+
+    last = len(args) - 1
+    while last > 0 and last not in nnx_at and scalar_like(args[last]):
+        last -= 1
+    if last in nnx_at:
+        return (len(args) - 1,)
+    data, dims = [last], leading(args[last])
+    while dims is not None and data[0] - 1 >= 0 and data[0] - 1 not in nnx_at and leading(args[data[0] - 1]) == dims:
+        data.insert(0, data[0] - 1)
+    return tuple(data)
 
 
 def _positions(option: str, given: Optional[Sequence[int]], n: int, default: Any, name: str, what: str) -> Any:
@@ -380,11 +408,15 @@ def _fed_back(name: str, pargs: tuple, state: Sequence[int], outs: list, nnx: bo
 
 
 def _refuse_changed(name: str, arg: Any, i: int, outs: list, taken: set) -> None:
-    """A returned value with a state argument's structure but another shape or dtype: the state
-    would change between steps. Not for an argument that is one array other than floating point
-    (a PRNG key, old or typed, a step counter): a scalar the step returns besides (its loss) is
-    no new value of it; not returned, it keeps its value."""
+    """A returned value with a state argument's structure but another dtype (or, for a tree of
+    several arrays, another shape): the state would change between steps. Not for an argument
+    that is one array other than floating point (a PRNG key, old or typed, a step counter), nor
+    one array of another shape: a scalar the step returns besides (its loss) is no new value of
+    it; not returned, it keeps its value."""
     if is_array(arg) and not jnp.issubdtype(jnp.result_type(arg), jnp.floating):
+        return
+    if is_array(arg) and not any(k not in taken and is_array(o) and np.shape(o) == np.shape(arg)
+                                 for k, o in enumerate(outs)):
         return
     for k, o in enumerate(outs):
         if k in taken or jax.tree.structure(o) != jax.tree.structure(arg):
