@@ -12,6 +12,8 @@ once from the user's function (``Reading.step``) and undone where the plan is ap
   ``jax_enable_x64`` (``jnp.asarray``'s dtype), in the search and wherever the plan is used.
   One array reached from two state arguments (not NNX: those are joined) is refused, naming
   both paths: fed back, it would become two.
+- **Data.** ``data_argnums``, or left out the last argument past trailing PRNG keys and counters
+  and the ones before it of the same leading dimension (``_default_data``).
 - **State.** A state argument (any that is not data) is fed back where the step returns, at the
   top level of its output, a value alike in structure, shapes and dtypes, in any order
   (``(state, loss)``, ``(loss, state)``, ``params, opt_state, loss``); ``state_argnums`` names the
