@@ -354,9 +354,9 @@ def compile_fresh(lowered: Any) -> tuple[Any, bool]:
 
         jax.monitoring.register_event_listener(hit)
         jax.monitoring.register_event_duration_secs_listener(compiled)
-    before = getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)
+    hits, backend = getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)
     program = lowered.compile()
-    return program, (getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)) == (before[0], before[1] + 1)
+    return program, getattr(_compiles, "hits", 0) == hits and getattr(_compiles, "backend", 0) == backend + 1
 
 
 def serialize_executable(compiled: Any) -> bytes:
