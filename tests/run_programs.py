@@ -39,10 +39,15 @@ def curves(steps=5):
     return {"steps": steps, "final": 1.0 / steps}
 
 
-def hold(until, x=0):
-    """Runs until the file ``until`` exists (a job that stays running while a test looks at it)."""
+def hold(until, x=0, stop_delay_s=0.0):
+    """Runs until the file ``until`` exists (a job that stays running while a test looks at it).
+    Stopped (SIGINT), it takes ``stop_delay_s`` to end, as a program that saves something first does."""
     ctx = launcher.context()
-    while not Path(until).exists():
-        ctx.step()
-        time.sleep(0.2)
+    try:
+        while not Path(until).exists():
+            ctx.step()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        time.sleep(stop_delay_s)
+        raise
     return {"x": x}

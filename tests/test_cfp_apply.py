@@ -230,6 +230,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.heavy  # cfp-moe's whole model; test_cfp_layouts compiles its one-layer twin's nearest plans by default
 def test_a_step_whose_backward_pass_reorders_under_a_plan_still_has_nearest_plans():
     # Under a built-in plan's constraints, cfp-moe's gating gradient accumulates its cotangents in
     # another order than the analysis's trace: the forward pass lines up, the backward does not

@@ -131,7 +131,7 @@ def test_checkpoints_and_a_trace_per_rank_are_left_in_the_run_dir():
         assert len(list(session.glob("*.xplane.pb"))) == 1 and list(session.glob("*trace.json.gz"))
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a rerun in the run dir; a killed rank's restart and SLURM's requeue resume so by default
 def test_a_run_resumed_from_its_run_dir_ends_with_the_uninterrupted_losses(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(uninterrupted(), run)

@@ -266,3 +266,21 @@ def test_stopping_the_launcher_stops_the_job(tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1 and "interrupted: job" in err and "cancelled" in err
     assert not _leftover_tasks(run)
+
+
+def test_a_rank_that_takes_seconds_to_stop_is_recorded_as_stopped_not_as_died(tmp_path):
+    """Cancelling a local job sends SIGINT and gives the ranks seconds, not one, to say they
+    stopped before SIGKILL: a rank that saves something first (here 2 s), or one on a busy
+    machine, is "stopped", not "died without reporting an error"."""
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", "mode=run", "mode.target=tests.run_programs:hold",
+            f"mode.kwargs.until={tmp_path / 'never'}", "mode.kwargs.stop_delay_s=2", "cluster.tasks_per_node=1",
+            "cluster.cpu_devices_per_task=1", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank0 = run / ".xlaunch" / "ranks" / "rank0.json"
+    status.wait_until(lambda: rank0.exists() and '"joined"' in rank0.read_text(), 120, 0.2)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "interrupted: job" in err, err
+    said = json.loads(rank0.read_text())
+    assert (said["state"], said.get("message")) == ("stopped", "interrupted"), said

@@ -236,7 +236,12 @@ def test_a_job_preempted_in_the_middle_of_profiling_is_requeued_and_measures_not
         assert (p.stat().st_mtime_ns, p.read_bytes()) == (mtime, data), f"{name} was measured again"
     assert_restarted_once(run)
     rank0 = (run / "logs" / "rank0.log").read_text()
-    assert "this run ends here: the job was requeued (CalledProcessError: Command '['scontrol', 'requeue'" in rank0
+    # Rank 0's run ends in the handler's error, or, where the error lands inside code that turns
+    # every exception into a warning (JAX's compilation-cache write does), goes on until the
+    # requeue's stop ends it: either way the attempt ended as a requeue (above).
+    assert ("this run ends here: the job was requeued (CalledProcessError: Command '['scontrol', 'requeue'" in rank0
+            or "Error writing persistent compilation cache entry for" in rank0
+            and "CalledProcessError: Command '['scontrol', 'requeue'" in rank0), rank0[-3000:]
     # An uninterrupted run over the same store finds everything there: the requeued run left the
     # store an uninterrupted run leaves.
     run_cli("mode=profile", *small, "mode.repeats=2", "mode.max_segment_space=9", f"mode.store_dir={store}",

@@ -70,8 +70,9 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
     pytest.param("cfp-gpt", [], marks=pytest.mark.heavy), pytest.param("cfp-moe", [], marks=pytest.mark.heavy),
     # the artifact's learning rate: its constant label is learnt within a few steps at 1e-2
     pytest.param("cfp-llama", ["mode.learning_rate=1e-2"], marks=pytest.mark.heavy),
-    # layers stacked and run by lax.scan (MoE's layer pairs stacked)
-    ("moe", ["model.scan_layers=true"]),
+    # layers stacked and run by lax.scan (MoE's layer pairs stacked); in the heavy stage: a scanned
+    # GPT trains by default below, and test_autoshard_scan trains a scanned built-in under every plan
+    pytest.param("moe", ["model.scan_layers=true"], marks=pytest.mark.heavy),
 ])
 def test_every_tiny_model_trains_through_the_launcher(tmp_path, family, extra):
     plan = "ep" if family.endswith("moe") else "dp_tp"

@@ -84,10 +84,11 @@ class LocalCluster(Cluster):
                     if st.host == socket.gethostname()}
             return pids | set(_children(controller))
 
-        # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL.
-        for sig in (signal.SIGINT, signal.SIGKILL):
+        # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL. The
+        # grace is seconds, not one: on a busy machine a rank took over a second to say "stopped".
+        for sig, grace_s in ((signal.SIGINT, 5.0), (signal.SIGKILL, 1.0)):
             _signal(tasks(), sig)
-            if wait_until(done, 1.0, 0.05):
+            if wait_until(done, grace_s, 0.05):
                 return
         # Still running: the controller started tasks after we looked. Stopped, it starts no
         # more; left alive, it would keep a waiting launcher's stderr (which it holds) open.
