@@ -37,6 +37,13 @@ model, ``gpt-tiny``, through ``pipeline.run_search`` as ``mode=search`` runs it)
 measured memory and whether it fits, the searched plan's predicted memory beside its measured,
 every baseline's memory and time and which fit, the answer over the fastest baseline that fits
 (paired), or the refusal. To bench/results/bench_autoshard_budget.json.
+
+    python bench/bench_autoshard.py --cold-ab verify_slower_than=0 [--programs ...] [--runs 1]
+
+A search option's cost, side by side: each program's cold search (a fresh store, a process of its
+own) with the option as given, then with autoshard's default, ``--runs`` times in turn: the
+whole search's wall time, where its profile and its shortlist ended, how many shortlisted plans
+were measured, and the answer. To bench/results/bench_autoshard_cold.json.
 """
 
 from __future__ import annotations
@@ -252,6 +259,51 @@ def budget_worker(name: str, store: str, fractions: list[float]) -> dict:
     return {"program": name, "devices": jax.device_count(), "dp_memory_gb": dp, "sweep": rows}
 
 
+def cold_worker(name: str, store: str, options: dict) -> dict:
+    """One cold search of ``name`` with ``options`` (``--cold-ab``): its times, read off its log."""
+    sys.path.insert(0, str(REPO))
+    from launcher.sharding.user.api import autoshard
+    from tests import user_programs
+
+    s = getattr(user_programs, f"make_{name}")()
+    lines: list[tuple[float, str]] = []
+    t0 = time.perf_counter()
+    plan = autoshard(s.fn, *s.args, data_argnums=s.data_argnums, in_shardings=s.in_shardings, store_dir=store,
+                     log=lambda line: lines.append((time.perf_counter() - t0, line)), **options)
+    last = lambda *heads: max((t for t, line in lines if line.startswith(heads)), default=None)
+    return {"program": name, "options": options, "cold_search_s": time.perf_counter() - t0,
+            "profile_end_s": max((t for t, line in lines if "segment combinations reused" in line), default=None),
+            "shortlist_end_s": last("searched ParallelBlock"),
+            "measured_plans": sum(line.startswith("candidate ") for _, line in lines),
+            "not_measured": [line for _, line in lines if line.startswith("not measured")],
+            "answer": plan.name, "why": plan.why}
+
+
+def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path) -> None:
+    rows = []
+    for name in programs:
+        for run in range(runs):
+            for options in (given, {}):
+                store = tempfile.mkdtemp(prefix=f"bench-autoshard-cold-{name}-")
+                try:
+                    proc = subprocess.run([sys.executable, __file__, "--worker", name, store, "--cold-ab",
+                                           *[f"{k}={v}" for k, v in options.items()]], env=env, stdout=subprocess.PIPE,
+                                          text=True, cwd=REPO)
+                finally:
+                    shutil.rmtree(store, ignore_errors=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"{name}: the cold worker failed ({proc.returncode})")
+                row = {**json.loads(proc.stdout.strip().splitlines()[-1]), "run": run}
+                rows.append(row)
+                print(f"{name:>12} {options or 'defaults'}: cold {row['cold_search_s']:.0f} s (profile to "
+                      f"{row['profile_end_s']:.0f} s, shortlist to {row['shortlist_end_s']:.0f} s, "
+                      f"{row['measured_plans']} plans measured); answer {row['answer']}", flush=True)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"machine": platform.platform(), "cores": os.cpu_count(), "given": given,
+                                           "runs": runs, "programs": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def _builtin_search(name: str, store: str):
     """A built-in model searched as mode=search runs it, returning what ``budget_worker`` reads."""
     from hydra.utils import instantiate
@@ -302,8 +354,15 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10, help="steps per round of the bench's race")
     ap.add_argument("--repeats", type=int, default=14, help="interleaved rounds of the bench's race")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--cold-ab", nargs="*", metavar="OPTION=VALUE", help="cold searches with these options beside "
+                    "autoshard's defaults (module doc)")
+    ap.add_argument("--runs", type=int, default=1, help="--cold-ab: pairs of cold searches per program")
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    given = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.cold_ab or [])}
+    if args.worker and args.cold_ab is not None:
+        print(json.dumps(cold_worker(args.worker[0], args.worker[1], given)))
+        return
     if args.worker:
         print(json.dumps(budget_worker(args.worker[0], args.worker[1], args.fractions) if args.budget_sweep
                          else worker(args.worker[0], args.worker[1], args.iterations, args.repeats)))
@@ -313,6 +372,10 @@ def main() -> None:
     if args.budget_sweep:
         budget_sweep(args.programs or ["scanned_lm", "gpt-tiny"], args.fractions, env,
                      Path(args.out) if args.out != str(DEFAULT_OUT) else DEFAULT_OUT.with_name("bench_autoshard_budget.json"))
+        return
+    if args.cold_ab is not None:
+        cold_ab(args.programs or list(PROGRAMS), given, args.runs, env,
+                Path(args.out) if args.out != str(DEFAULT_OUT) else DEFAULT_OUT.with_name("bench_autoshard_cold.json"))
         return
     args.programs = args.programs or list(PROGRAMS)
     out, rows = Path(args.out), []

@@ -11,6 +11,8 @@ import pytest
 
 from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.sharding.analysis.strategies import enumerate_strategies
+from launcher.sharding.algorithms.cfp import within_reach
+from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.dp import Candidate
 from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, merge_shortlists, mesh_shapes,
                                              natural_shape)
@@ -118,6 +120,22 @@ def test_merged_shortlist_keeps_every_optimum_and_nearest_plan_then_the_fastest_
                    (2, "uniform 1", 0.5)]  # k=4 less the 3 optima leaves room for one more
     one = merge_shortlists(shorts[:1], k=2)
     assert [c for _, c in one] == shorts[0]
+
+
+def test_a_shortlisted_plan_predicted_far_slower_is_not_measured_but_the_fastest_incumbent_always_is():
+    """cfp.within_reach: a whole-step compile and its rounds saved per plan the profile predicts
+    over verify_slower_than times the fastest; the plan nearest a baseline that the others must
+    beat is measured however slow it is predicted."""
+    short = [(0, _c(1.0, "search optimum")), (1, _c(1.9, "search optimum")), (2, _c(2.5, "search optimum")),
+             (0, _c(3.5, "nearest fsdp")), (1, _c(2.6, "nearest dp")), (1, _c(2.6, "nearest dp, state stored split"))]
+    keep, why = within_reach(short, incumbents=[3, 4, 5], slower_than=2.0)
+    assert keep == [0, 1, 4]   # nearest dp: the fastest incumbent (the first of two alike)
+    assert why == {k: f"predicted {r:.2f}x the fastest plan's time, over mode.verify_slower_than=2"
+                   for k, r in ((2, 2.5), (3, 3.5), (5, 2.6))}
+    assert within_reach(short, incumbents=[3, 4], slower_than=0) == (list(range(6)), {})   # 0: every one
+    assert within_reach(short, incumbents=[], slower_than=3.0)[0] == [0, 1, 2, 4, 5]
+    with pytest.raises(UserError, match=r"mode.verify_slower_than=1: must be a factor above 1"):
+        SearchOptions(verify_slower_than=1)
 
 
 def test_a_mesh_that_refuses_is_left_out_and_one_typed_error_when_every_mesh_does():

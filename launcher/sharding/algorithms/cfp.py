@@ -192,19 +192,54 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
                 incumbents.append(len(short))
                 short.append((i, c))
     short += across_processes(on, short, jax.process_count(), log)
-    bar = progress(repeats * iterations * len(short), f"measuring {len(short)} plans") \
-        if len(short) > 1 else contextlib.nullcontext()
+    keep, unmeasured = within_reach(short, incumbents, options.verify_slower_than)
+    measured = [short[k] for k in keep]
+    bar = progress(repeats * iterations * len(measured), f"measuring {len(measured)} plans") \
+        if len(measured) > 1 else contextlib.nullcontext()
     meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
-              for i, c in short}
+              for i, c in measured}
     with bar as bar_value:
-        chosen, rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
-                             for i, c in short],
-                            iterations=iterations, repeats=repeats, seed=seed, incumbents=incumbents, margin=margin,
-                            progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
-                            compiled=[compiled.get(compiled_key(i, c)) for i, c in short])
+        chosen, kept_rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
+                                  for i, c in measured],
+                                 iterations=iterations, repeats=repeats, seed=seed,
+                                 incumbents=[keep.index(k) for k in incumbents if k in keep], margin=margin,
+                                 progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
+                                 compiled=[compiled.get(compiled_key(i, c)) for i, c in measured])
+    rows = [kept_rows[keep.index(k)] if k in keep else _unmeasured_row(on[i], c, unmeasured[k])
+            for k, (i, c) in enumerate(short)]
+    for k, row in enumerate(rows):   # as the whole shortlist has them, measured or not
+        row["search_optimum"], row["incumbent"] = k == 0, k in incumbents
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
     _log_shortlist(rows, repeats, iterations, margin, log)
     return chosen, rows, {n: (on[i].shape, plan) for n, (i, plan) in nearest.items()}
+
+
+def within_reach(short: Sequence[tuple[int, Candidate]], incumbents: Sequence[int], slower_than: float
+                 ) -> tuple[list[int], dict[int, str]]:
+    """Which of the shortlist to measure: every plan but those the profile predicts over
+    ``slower_than`` times the fastest prediction (0: none left out), and always the fastest-
+    predicted incumbent (a plan nearest a baseline, which any other must beat). Returns the
+    indices kept, in order, and why each other one is not measured."""
+    if not slower_than or not short:
+        return list(range(len(short))), {}
+    fastest = min(c.predicted_time_s for _, c in short)
+    safe = min(incumbents, key=lambda k: short[k][1].predicted_time_s, default=None)
+    keep, out = [], {}
+    for k, (_, c) in enumerate(short):
+        ratio = c.predicted_time_s / fastest if fastest > 0 else 1.0
+        if ratio <= slower_than or k == safe:
+            keep.append(k)
+        else:
+            out[k] = f"predicted {ratio:.2f}x the fastest plan's time, over mode.verify_slower_than={slower_than:g}"
+    return keep, out
+
+
+def _unmeasured_row(o: OnMesh, c: Candidate, why: str) -> dict:
+    """A shortlisted plan's row (``pick``'s keys) where it was not measured, and why."""
+    return {"assignment": list(c.assignment), "mesh_shape": list(o.analyzed.analysis.mesh_shape), "source": c.source,
+            "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
+            "measured_step_time_s": None, "paired_ratio": None, "chosen": False, "over_incumbent_paired": None,
+            "duel_over_incumbent_paired": None, "rounds": 0, "duel_rounds": 0, "not_measured": why}
 
 
 def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
@@ -236,6 +271,12 @@ def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: 
             log("candidate %d (%s, mesh %s): %s predicted %.6f s, measured %.6f s (%.3f of each round's median%s)%s"
                 % (i, row["source"], row["mesh_shape"], row["assignment"], row["predicted_step_time_s"],
                    row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
+    skipped = [(i, row) for i, row in enumerate(rows) if row.get("not_measured")]
+    if skipped:
+        log("not measured (mode.verify_slower_than=0 measures every one): %s"
+            % "; ".join("candidate %d (%s, mesh %s) %s" % (i, row["source"], row["mesh_shape"],
+                                                          row["not_measured"].split(", over")[0])
+                        for i, row in skipped))
     kept = next(r for r in rows if r["chosen"])
     for row in rows:
         if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
