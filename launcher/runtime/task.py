@@ -14,8 +14,10 @@ from __future__ import annotations
 import faulthandler
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -77,6 +79,7 @@ class Task(Checkpointable):
         return DelayedSubmission(nxt, *args, **kwargs)
 
     def __call__(self) -> str:
+        _hear_interrupts()
         cfg = OmegaConf.create(self.cfg)
         # Absolute: a mode may change the working directory (mode=run: the program's code dir),
         # and a TPU worker's run dir is its working directory (".").
@@ -321,6 +324,16 @@ def _open_rank_log(run_dir: Path, rank: ranks.RankInfo, level: str, restart: str
     log.setLevel(level)
     log.propagate = False
     return log
+
+
+def _hear_interrupts() -> None:
+    """SIGINT raises KeyboardInterrupt in this rank, as in any Python program started in a
+    terminal: cluster=local cancels a job so (as submitit does), and the rank then says it was
+    stopped. A launcher started by a non-interactive shell in the background (`nohup python -m
+    launcher ... &`, a CI script) hands its ranks SIGINT ignored, which Python keeps: they were
+    killed a few seconds later and read as died without a word."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _abort(log: logging.Logger, reporter: RankReporter, why: str, state: str = "stopped") -> None:
