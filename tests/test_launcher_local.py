@@ -279,9 +279,9 @@ def test_a_rank_that_takes_seconds_to_stop_is_recorded_as_stopped_not_as_died(tm
     args = [sys.executable, "-m", "launcher", "mode=run", "mode.target=tests.run_programs:hold",
             f"mode.kwargs.until={tmp_path / 'never'}", "mode.kwargs.stop_delay_s=2", "cluster.tasks_per_node=1",
             "cluster.cpu_devices_per_task=1", f"hydra.run.dir={run}"]
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ignore)
+    if sigint == "ignored":   # as such a shell starts it: SIGINT ignored, which exec keeps
+        args = ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *args]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank0 = run / ".xlaunch" / "ranks" / "rank0.json"
     status.wait_until(lambda: rank0.exists() and '"joined"' in rank0.read_text(), 120, 0.2)
     proc.terminate()
