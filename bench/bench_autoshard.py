@@ -276,7 +276,7 @@ def cold_worker(name: str, store: str, options: dict) -> dict:
             "shortlist_end_s": last("searched ParallelBlock"),
             "measured_plans": sum(line.startswith("candidate ") for _, line in lines),
             "not_measured": [line for _, line in lines if line.startswith("not measured")],
-            "answer": plan.name, "why": plan.why}
+            "answer": plan.name or plan.algorithm, "why": plan.why}
 
 
 def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path) -> None:

@@ -191,12 +191,14 @@ def test_a_3_trial_optuna_search_of_the_default_job(tmp_path):
     Optuna trials over the batch size, minimizing the answer's time over the fastest baseline's:
     each trial a whole search (minutes), so in the heavy stage. Each trial is the default job's
     pipeline whole (analysis, profile, search, races), on one logical mesh (the 1-D one) and with
-    shorter races: with 16 rounds, even on the one mesh [4,2], each trial took 4 minutes here and
-    the test 13; the two-process search over every mesh is test_cfp_search's."""
+    shorter races and shortlists: with 16 rounds, even on the one mesh [4,2], each trial took 4
+    minutes here and the test 13; with 4 rounds on [8], 8 minutes in the heavy stage on a slow day;
+    the two-process search over every mesh is test_cfp_search's."""
     sweep = tmp_path / "optuna"
     proc = run_cli("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=3",
                    "model.batch_size=choice(8,16,24)", "launcher.objective.figure=vs_best_baseline",
-                   "mode.mesh_shape=[8]", "mode.run_repeats=4", "mode.verify_repeats=2",
+                   "mode.mesh_shape=[8]", "mode.run_repeats=4", "mode.verify_repeats=2", "mode.profile_top_k=2",
+                   "mode.verify_top_k=1",
                    f"mode.store_dir={tmp_path / 'store'}", f"hydra.sweep.dir={sweep}", timeout=1700)
     assert "Directions: ['minimize']" in proc.stdout
     results = {}
