@@ -230,7 +230,8 @@ def within_reach(short: Sequence[tuple[int, Candidate]], incumbents: Sequence[in
         if ratio <= slower_than or k == safe:
             keep.append(k)
         else:
-            out[k] = f"predicted {ratio:.2f}x the fastest plan's time, over mode.verify_slower_than={slower_than:g}"
+            out[k] = (f"predicted {ratio:.2f}x the fastest plan's time, over mode.verify_slower_than={slower_than:g} "
+                      "(0 measures every one)")
     return keep, out
 
 
@@ -273,10 +274,9 @@ def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: 
                    row["measured_step_time_s"], row["paired_ratio"], cut, "  <- chosen" if row["chosen"] else ""))
     skipped = [(i, row) for i, row in enumerate(rows) if row.get("not_measured")]
     if skipped:
-        log("not measured (mode.verify_slower_than=0 measures every one): %s"
-            % "; ".join("candidate %d (%s, mesh %s) %s" % (i, row["source"], row["mesh_shape"],
-                                                          row["not_measured"].split(", over")[0])
-                        for i, row in skipped))
+        log("not measured: %s" % "; ".join("candidate %d (%s, mesh %s): %s" % (i, row["source"], row["mesh_shape"],
+                                                                               row["not_measured"])
+                                           for i, row in skipped))
     kept = next(r for r in rows if r["chosen"])
     for row in rows:
         if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
