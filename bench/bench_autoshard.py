@@ -270,10 +270,10 @@ def cold_worker(name: str, store: str, options: dict) -> dict:
     t0 = time.perf_counter()
     plan = autoshard(s.fn, *s.args, data_argnums=s.data_argnums, in_shardings=s.in_shardings, store_dir=store,
                      log=lambda line: lines.append((time.perf_counter() - t0, line)), **options)
-    last = lambda *heads: max((t for t, line in lines if line.startswith(heads)), default=None)
+    last = lambda said: max((t for t, line in lines if said(line)), default=None)   # when the log last said it
     return {"program": name, "options": options, "cold_search_s": time.perf_counter() - t0,
-            "profile_end_s": max((t for t, line in lines if "segment combinations reused" in line), default=None),
-            "shortlist_end_s": last("searched ParallelBlock"),
+            "profile_end_s": last(lambda line: "segment combinations reused" in line),
+            "shortlist_end_s": last(lambda line: line.startswith("searched ParallelBlock")),
             "measured_plans": sum(line.startswith("candidate ") for _, line in lines),
             "not_measured": [line for _, line in lines if line.startswith("not measured")],
             "answer": plan.name or plan.algorithm, "why": plan.why}

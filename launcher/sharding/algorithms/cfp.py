@@ -194,6 +194,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
     short += across_processes(on, short, jax.process_count(), log)
     keep, unmeasured = within_reach(short, incumbents, options.verify_slower_than)
     measured = [short[k] for k in keep]
+    among = {k: j for j, k in enumerate(keep)}   # a kept plan's place among those measured
     bar = progress(repeats * iterations * len(measured), f"measuring {len(measured)} plans") \
         if len(measured) > 1 else contextlib.nullcontext()
     meshes = {(i, c.across): on[i].mesh if c.across is None else make_mesh(on[i].shape, across=c.across)
@@ -202,10 +203,10 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
         chosen, kept_rows = pick([(on[i].analyzed.analysis, on[i].analyzed.program, meshes[i, c.across], c)
                                   for i, c in measured],
                                  iterations=iterations, repeats=repeats, seed=seed,
-                                 incumbents=[keep.index(k) for k in incumbents if k in keep], margin=margin,
+                                 incumbents=[among[k] for k in incumbents if k in among], margin=margin,
                                  progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
                                  compiled=[compiled.get(compiled_key(i, c)) for i, c in measured])
-    rows = [kept_rows[keep.index(k)] if k in keep else _unmeasured_row(on[i], c, unmeasured[k])
+    rows = [kept_rows[among[k]] if k in among else _unmeasured_row(on[i], c, unmeasured[k])
             for k, (i, c) in enumerate(short)]
     for k, row in enumerate(rows):   # as the whole shortlist has them, measured or not
         row["search_optimum"], row["incumbent"] = k == 0, k in incumbents
