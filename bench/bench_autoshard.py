@@ -299,7 +299,9 @@ def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path) -
                       f"{row['profile_end_s']:.0f} s, shortlist to {row['shortlist_end_s']:.0f} s, "
                       f"{row['measured_plans']} plans measured); answer {row['answer']}", flush=True)
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"machine": platform.platform(), "cores": os.cpu_count(), "given": given,
+                out.write_text(json.dumps({"command": " ".join(["python", "bench/bench_autoshard.py", *sys.argv[1:]]),
+                                           "date": time.strftime("%Y-%m-%d"),
+                                           "machine": platform.platform(), "cores": os.cpu_count(), "given": given,
                                            "runs": runs, "programs": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 

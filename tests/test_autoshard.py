@@ -120,6 +120,24 @@ def searched(tmp_path_factory):
     return result, out_dir
 
 
+ONE_DEVICE = r"""
+import json, sys
+import equinox as eqx
+from tests.autoshard_models import make_flax_step
+from tests.user_programs import train
+step, args = make_flax_step()
+print(json.dumps(train(eqx.filter_jit(step), args, int(sys.argv[1]), 1)))
+"""
+
+
+@pytest.fixture(scope="module")
+def flax_one_device():
+    """The Flax step's losses on one device, as ``searched`` computes them, without its four
+    searches: the heavy stage runs this module's CLI test alone, and the searches took 144 s of
+    it there."""
+    return run_python(ONE_DEVICE, str(STEPS))
+
+
 def close(losses, reference):
     return losses == pytest.approx(reference, rel=1e-5, abs=1e-6)
 
@@ -206,8 +224,8 @@ def test_a_saved_plan_loads_in_a_fresh_process_and_trains(searched):
 
 
 @pytest.mark.heavy  # a whole search from the CLI; the same search from Python is the module's fixture
-def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run(tmp_path, searched):
-    r, _ = searched
+def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run(tmp_path, flax_one_device):
+    r = {"flax_one_device": flax_one_device}
     settings = [f"mode.{k}={v}" for k, v in {**SMALL, "run_repeats": 2, "iterations": 2}.items()]
     proc = run_cli("mode=search", "mode.step=tests.autoshard_models:make_flax_step", "mode.mesh_shape=[8]",
                    "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", "mode.verify_nearest=false",
