@@ -225,7 +225,6 @@ def test_a_saved_plan_loads_in_a_fresh_process_and_trains(searched):
 
 @pytest.mark.heavy  # a whole search from the CLI; the same search from Python is the module's fixture
 def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run(tmp_path, flax_one_device):
-    r = {"flax_one_device": flax_one_device}
     settings = [f"mode.{k}={v}" for k, v in {**SMALL, "run_repeats": 2, "iterations": 2}.items()]
     proc = run_cli("mode=search", "mode.step=tests.autoshard_models:make_flax_step", "mode.mesh_shape=[8]",
                    "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", "mode.verify_nearest=false",
@@ -234,7 +233,7 @@ def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run
     result = read_result(tmp_path / "run")
     assert result["step"] == "tests.autoshard_models:make_flax_step" and result["global_devices"] == 8
     # The searched plan trained the model as one device does (a warm-up step, then the rounds).
-    assert close(result["losses"][:STEPS], r["flax_one_device"])
+    assert close(result["losses"][:STEPS], flax_one_device)
     assert set(result["baselines"]) == {"dp", "fsdp"}
     assert "tp lays out the model protocol's logical axes" in result["baselines_skipped"]["tp"]
     table = proc.stdout[proc.stdout.index("CFP plan against the baselines"):]
@@ -247,7 +246,7 @@ def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run
     assert plan.device_count == 8 and plan.mesh_shape == [8] and plan.step == "train_step"
     assert plan.row == result["answer"]["name"] in ("cfp", "dp", "fsdp") and plan.why == result["answer"]["why"]
     assert own.row == "cfp" and own.measured["losses"] == result["losses"]
-    assert close(plan.measured["losses"][:STEPS], r["flax_one_device"])
+    assert close(plan.measured["losses"][:STEPS], flax_one_device)
     for name in ("parallel_blocks.txt", "profiles.json", "comparison.txt", "after_ir.txt"):
         assert (tmp_path / "run" / name).stat().st_size > 0, name
     # Loaded by a program of the user's own on every process of another job (mode=run), the plan
@@ -257,7 +256,7 @@ def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run
             "cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4", run_dir=tmp_path / "train", timeout=300)
     trained = read_result(tmp_path / "train")["returned"]
     assert trained["processes"] == 2 and trained["global_state"]
-    assert close(trained["losses"], r["flax_one_device"])
+    assert close(trained["losses"], flax_one_device)
 
 
 # ---------------------------------------------------------------------------------------------
