@@ -35,21 +35,16 @@ SMALL = dict(repeats=2, max_segment_space=6, iterations=2, run_repeats=2, verify
 SEARCHES = r"""
 import json, sys
 import jax, numpy as np
-import equinox as eqx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from launcher.sharding import pipeline
 from launcher.sharding.user.api import AutoPlan, autoshard
 from launcher.sharding.user.step import step_program
 from launcher.errors import UserError
 from tests.autoshard_models import make_equinox_step, make_flax_step, make_linen_step
-from tests.user_programs import train  # the user's loop
+from tests.user_programs import train, train_on_one_device  # the user's loop, and one device's
 
 store, out_dir, small, steps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 quiet = lambda line: None
-
-
-def one_device(step, args, n, keep):
-    return train(eqx.filter_jit(step), args, n, keep)   # uncommitted arrays: the default device alone
 
 
 def under(plan, step, args, n, keep):
@@ -79,14 +74,14 @@ def both(plan, step, args, n, keep):
 
 out = {}
 flax_step, flax_args = make_flax_step()
-out["flax_one_device"] = one_device(flax_step, flax_args, steps, 1)
+out["flax_one_device"] = train_on_one_device(flax_step, flax_args, steps, 1)
 for algorithm in ("cfp", "ilp"):
     plan = autoshard(flax_step, *flax_args, mesh_shape=[4], algorithm=algorithm, store_dir=store, log=quiet, **small)
     plan.save(f"{out_dir}/flax_{algorithm}.json")
     out[f"flax_{algorithm}"] = both(plan, flax_step, flax_args, steps, 1)
 
 eq = make_equinox_step()
-out["eqx_one_device"] = one_device(eq.fn, eq.args, steps, 2)
+out["eqx_one_device"] = train_on_one_device(eq.fn, eq.args, steps, 2)
 # The user's own layout: the batch split over a mesh of their own, raced as the "user" baseline.
 mine = Mesh(np.array(jax.devices()), ("batch",))
 in_shardings = (NamedSharding(mine, P()), None, NamedSharding(mine, P("batch")), NamedSharding(mine, P("batch")))
@@ -122,11 +117,9 @@ def searched(tmp_path_factory):
 
 ONE_DEVICE = r"""
 import json, sys
-import equinox as eqx
 from tests.autoshard_models import make_flax_step
-from tests.user_programs import train
-step, args = make_flax_step()
-print(json.dumps(train(eqx.filter_jit(step), args, int(sys.argv[1]), 1)))
+from tests.user_programs import train_on_one_device
+print(json.dumps(train_on_one_device(*make_flax_step(), int(sys.argv[1]), 1)))
 """
 
 

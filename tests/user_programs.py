@@ -371,3 +371,11 @@ def train(step, args, n, keep):
         args = (*out[:keep], *args[keep:])
         losses.append(float(out[-1]))
     return losses
+
+
+def train_on_one_device(step, args, n, keep):
+    """``train`` with ``step`` under ``eqx.filter_jit`` and the arrays left uncommitted: on the
+    default device alone, the losses a plan's are compared with."""
+    import equinox as eqx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+
+    return train(eqx.filter_jit(step), args, n, keep)
