@@ -17,6 +17,8 @@ import itertools
 import os
 import pickle
 import re
+import subprocess
+import sys
 import threading
 import types
 from importlib.metadata import PackageNotFoundError, version
@@ -111,6 +113,22 @@ def time_compiles() -> dict[str, float]:
 
 
 # --- before the backend starts -------------------------------------------------------------------
+
+def known_xla_flags(flags: Sequence[str], python: str = sys.executable) -> list[str]:
+    """Of ``flags`` (``--name=value``), those the XLA of ``python``'s jaxlib knows. XLA ends a
+    process whose ``XLA_FLAGS`` hold a flag it does not know, and its flags come and go between
+    releases (``--xla_cpu_use_fusion_emitters``: in 0.10.2, not in 0.4.35), so each is tried in a
+    process of its own that starts the CPU backend (about a second each; all at once first)."""
+    def accepted(tried: Sequence[str]) -> bool:
+        env = {**os.environ, "XLA_FLAGS": " ".join(tried), "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([python, "-c", "import jax; jax.devices()"], env=env, capture_output=True,
+                              timeout=120).returncode == 0
+
+    if not flags or accepted(flags):
+        return list(flags)
+    return [f for f in flags if len(flags) > 1 and accepted([f])]
+
+
 
 def set_cpu_device_count(n: int) -> None:
     """Asks for ``n`` virtual CPU devices; call after ``import jax``, before the backend starts.

@@ -31,13 +31,22 @@ if os.environ.get("XLAUNCH_TEST_COMPILATION_CACHE"):
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["XLAUNCH_TEST_COMPILATION_CACHE"],
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
-# Compiling is most of the suite's time on CPU devices, and XLA's backend (LLVM) optimisations
-# change a program's speed, not its results: off for the session's processes and the jobs they
-# start (which inherit the environment), as tests/test_plans.py's workers had them. A moe-tiny
-# train job compiled in 5.7 s with them, 3.8 s without, to the same losses. Tests that time
-# plans against each other compare them under the same flags; benchmarks (bench/) keep them on.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# Compiling is most of the suite's time on CPU devices, and two of XLA's settings change a
+# program's speed, not its results: its backend's (LLVM's) optimisations, and, where this jaxlib
+# has the flag (0.10.2; not 0.4.35, whose XLA would end the process on it:
+# jaxcompat.known_xla_flags), XLA:CPU's newer MLIR fusion emitters, which compile the same fusions
+# slower than the LLVM IR emitters before them. Both off for the session's processes and the jobs
+# they start (which inherit the environment), as tests/test_plans.py's workers had them: a moe-tiny
+# train job compiled in 5.7 s with the optimisations, 3.8 s without; every plan's losses on LLaMA
+# took 49 s on 0.10.2 with the new emitters, 30 s with the old, to the same losses (docs/testing.md).
+# Tests that time plans against each other compare them under the same flags; benchmarks
+# (bench/) keep XLA's defaults. The first pytest process decides; the workers inherit it.
+FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+if "XLAUNCH_TEST_XLA_FLAGS" not in os.environ:
+    _given = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLAUNCH_TEST_XLA_FLAGS"] = " ".join(
+        jaxcompat.known_xla_flags([f for f in FAST_COMPILE if f.split("=")[0] not in _given]))
+    os.environ["XLA_FLAGS"] = f"{_given} {os.environ['XLAUNCH_TEST_XLA_FLAGS']}".strip()
 
 from tests.clusterkit.image import ensure_image
 from tests.clusterkit.slurm import LocalSlurm

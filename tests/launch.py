@@ -29,6 +29,12 @@ def run_cli(*overrides: str, run_dir: Path | None = None, timeout: float = 300, 
     return proc
 
 
+def xla_flags(*flags: str) -> str:
+    """``XLA_FLAGS`` for a process a test starts with flags of its own: ``flags``, and the
+    session's compile-time flags (``conftest.py``'s ``FAST_COMPILE``, those this jaxlib knows)."""
+    return " ".join([*flags, os.environ.get("XLAUNCH_TEST_XLA_FLAGS", "")]).strip()
+
+
 def read_result(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "result.json").read_text())
 

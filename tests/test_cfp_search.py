@@ -26,7 +26,7 @@ from launcher.sharding.profile.units import Unit, split_parts
 from launcher.sharding.search.dp import predict, search, shortlist
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import NoPlanFits
-from tests.launch import REPO, read_result, read_scalars, run_cli
+from tests.launch import REPO, read_result, read_scalars, run_cli, xla_flags
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.profile.programs import terminal_contractions
 from tests.test_cfp_analysis import layer_program
@@ -59,7 +59,7 @@ SMALL_GPT = dict(num_layers=2, hidden=6, heads=2, ffn_dim=6, vocab_size=512, seq
 
 
 def run_python(code: str, *args: str, devices: int = 4, timeout: float = 600) -> dict:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}"), "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -504,7 +504,7 @@ def segment_entries(store_dir: Path) -> dict[str, dict]:
 
 def test_killed_profile_resumes_without_measuring_twice(tmp_path):
     store_dir = tmp_path / "store"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir)], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -527,7 +527,7 @@ def test_killed_profile_resumes_without_measuring_twice(tmp_path):
 
 def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
     store_dir = tmp_path / "store"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir), *extra], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for extra in ([], ["overlap"])]

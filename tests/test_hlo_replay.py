@@ -38,7 +38,7 @@ from launcher.hlo.replay import replay_file
 from launcher.hlo.replay import fetch
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tests.launch import read_result, run_cli
+from tests.launch import read_result, run_cli, xla_flags
 from launcher.hlo.arguments import random_values
 from launcher.hlo.module import collective_needs, load
 from launcher.hlo.module import expand
@@ -228,8 +228,8 @@ def sharded_dump(tmp_path_factory):
     """XLA's own dump of the sharded step (run in a fresh process with XLA_FLAGS set)."""
     out = tmp_path_factory.mktemp("dump")
     # A step from the session's compilation cache (tests/conftest.py) would not be dumped: compiled here.
-    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={out / 'xla'} --xla_dump_hlo_as_text --xla_dump_hlo_as_proto",
-           "JAX_ENABLE_COMPILATION_CACHE": "false"}
+    dump = xla_flags(f"--xla_dump_to={out / 'xla'}", "--xla_dump_hlo_as_text", "--xla_dump_hlo_as_proto")
+    env = {**os.environ, "XLA_FLAGS": dump, "JAX_ENABLE_COMPILATION_CACHE": "false"}
     subprocess.run([sys.executable, "-c", DUMP_PROGRAM, str(out)], check=True, env=env, timeout=180, cwd=REPO)
     (text,) = (out / "xla").glob("*jit_step.before_optimizations.txt")
     (proto,) = (out / "xla").glob("*jit_step.before_optimizations.hlo.pb")

@@ -65,6 +65,18 @@ def test_the_suites_compilation_cache_is_used_only_where_cpu_executables_survive
     assert bool(os.environ.get("XLAUNCH_TEST_COMPILATION_CACHE")) == jaxcompat.cpu_compilation_cache_works()
 
 
+def test_the_suites_compile_flags_are_those_this_jaxlib_knows():
+    # XLA ends a process on a flag it does not know: a made-up one is left out, a real one kept.
+    assert jaxcompat.known_xla_flags(["--xla_backend_optimization_level=0", "--xla_no_such_flag=true"]) == \
+        ["--xla_backend_optimization_level=0"]
+    # tests/conftest.py gave the session, and every process it starts, those of FAST_COMPILE this
+    # jaxlib knows: the fusion emitters' flag where it was tried and found (0.10.2), not on 0.4.35.
+    session = os.environ["XLAUNCH_TEST_XLA_FLAGS"].split()
+    assert "--xla_backend_optimization_level=0" in session and all(f in os.environ["XLA_FLAGS"] for f in session)
+    emitters = {"0.4.35": False, "0.10.2": True}.get(jaxcompat.installed_version())
+    assert emitters is None or ("--xla_cpu_use_fusion_emitters=false" in session) == emitters
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_wheel_runs_from_anywhere_with_its_config_groups_and_the_users_own(tmp_path):

@@ -30,7 +30,7 @@ from launcher.clusters import _code
 from launcher.clusters.base import free_port
 from launcher.runtime import status, stop
 from launcher.runtime.watch import RankReporter
-from tests.launch import REPO, read_result, run_cli
+from tests.launch import REPO, read_result, run_cli, xla_flags
 from tests.test_requeue import RESTART_LINE, finish, launch, preempt_on_slurm, wait_for
 import logging
 from tests.test_containers import podman_overrides
@@ -44,7 +44,7 @@ def reference(example: str, steps: int) -> dict[int, float]:
     """The losses of ``python examples/<example> --steps <steps>`` run by hand: one process with 8
     CPU devices, in a directory of its own (resume.py saves into ./checkpoints)."""
     with tempfile.TemporaryDirectory(prefix="xlaunch-run-reference-") as cwd:
-        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8"), "PYTHONPATH": str(REPO)}
         out = subprocess.run([sys.executable, str(REPO / "examples" / example), "--steps", str(steps)], cwd=cwd,
                              env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     assert "1 process(es), 8 devices" in out or example == "resume.py"
