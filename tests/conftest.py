@@ -127,6 +127,25 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedWork(config, log)
 
 
+# Longest first. xdist hands out the units with the most tests first, then the others in the order
+# collected: left alone, the heavy stage's units (each of one test) started in file order, and its
+# Optuna search, in test_sweep.py, began last and ran about 3 minutes alone after the other worker
+# had finished (docs/testing.md). So the tests measured at 80 s or more in the heavy stage are
+# collected first, longest first (test_lint.py checks that each names a test).
+START_FIRST = (
+    "tests/test_cfp_search.py::test_two_processes_agree_and_the_saved_plan_trains",   # [every-mesh]: 190 s
+    "tests/test_sweep.py::test_a_2_trial_optuna_search_of_the_default_job",            # 161 s
+    "tests/test_bench_accelerator.py::test_the_cpu_sequence_takes_every_figure_the_gpu_run_takes",   # 132 s
+    "tests/test_scale.py::test_a_traced_job_costs_the_run_dir_the_same_per_rank_at_4_and_12_ranks",  # 119 s
+    "tests/test_cfp_ilp.py::test_mode_search_with_the_ilp_writes_a_plan_measured_against_baselines",  # 81 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: k for k, name in enumerate(START_FIRST)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("[", 1)[0], len(first)))   # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A running two-node SLURM (node1, node2; 4 CPUs each) with accounting; ``slurm.env``

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import MODULE_FIXTURES, TRAIN_REFERENCE
+from tests.conftest import MODULE_FIXTURES, START_FIRST, TRAIN_REFERENCE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,3 +43,10 @@ def test_every_module_that_shares_work_runs_on_one_worker():
     trees = {p.name: ast.parse(p.read_text()) for p in (REPO / "tests").glob("test_*.py")}
     assert {name for name, tree in trees.items() if _module_scoped(tree)} == MODULE_FIXTURES
     assert {name for name, tree in trees.items() if _imports_train_reference(tree)} == TRAIN_REFERENCE
+
+
+def test_the_tests_started_first_are_tests_of_the_suite():
+    for name in START_FIRST:
+        path, function = name.split("::")
+        tree = ast.parse((REPO / path).read_text())
+        assert any(isinstance(node, ast.FunctionDef) and node.name == function for node in tree.body), name
