@@ -126,8 +126,9 @@ def known_xla_flags(flags: Sequence[str], python: str = sys.executable) -> list[
 
     if not flags or accepted(flags):
         return list(flags)
-    return [f for f in flags if len(flags) > 1 and accepted([f])]
-
+    if len(flags) == 1:
+        return []
+    return [f for f in flags if accepted([f])]
 
 
 def set_cpu_device_count(n: int) -> None:
