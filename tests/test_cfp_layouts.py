@@ -57,13 +57,12 @@ from launcher.models.plans import BUILTINS, builtin
 from launcher.models.sharding import use_rules
 from launcher.models.train import make_train_step
 
-FAST = {"xla_backend_optimization_level": 0}
 devices = jax.devices()
 pool = ThreadPoolExecutor(2)  # XLA compiles without the GIL: two at once on two cores
 out, pending = {}, []
 
 def compiled(lowered, entry, key):
-    pending.append((entry, key, pool.submit(lambda: collectives(lowered.compile(FAST).as_text()))))
+    pending.append((entry, key, pool.submit(lambda: collectives(lowered.compile().as_text()))))
 
 for model_name, overrides in json.loads(sys.argv[1]).items():
     model = load_preset(model_name, **overrides)
