@@ -39,11 +39,14 @@ def curves(steps=5):
     return {"steps": steps, "final": 1.0 / steps}
 
 
-def hold(until, x=0, stop_delay_s=0.0):
+def hold(until, x=0, stop_delay_s=0.0, ready=None):
     """Runs until the file ``until`` exists (a job that stays running while a test looks at it).
-    Stopped (SIGINT), it takes ``stop_delay_s`` to end, as a program that saves something first does."""
+    Stopped (SIGINT), it takes ``stop_delay_s`` to end, as a program that saves something first does.
+    ``ready``: a file made once it runs (so a test stops it here, not while it is being imported)."""
     ctx = launcher.context()
     try:
+        if ready:
+            Path(ready).touch()
         while not Path(until).exists():
             ctx.step()
             time.sleep(0.2)

@@ -190,7 +190,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("space", ["all", "auto"])
+# Every plan on every mesh ("all") in the heavy stage: the space mode.mesh_shape=auto searches is the
+# one users get, and test_cfp_layouts.py compiles tp's nearest plan there to tp's collectives by default.
+@pytest.mark.parametrize("space", [pytest.param("all", marks=pytest.mark.heavy), "auto"])
 def test_the_plan_nearest_a_builtin_plan_compiles_to_its_collectives(space):
     r = run_python(NEAREST_GPT, space, devices=8)
     # ep splits experts, which GPT does not have: no nearest plan.

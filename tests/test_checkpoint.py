@@ -147,7 +147,8 @@ def test_a_run_resumed_from_its_run_dir_ends_with_the_uninterrupted_losses(tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("override, message", [
     ("model.hidden=32", "is from another run (model.hidden: checkpoint 64, this run 32)"),
-    ("mode.resume=false", "mode.resume=false but"),
+    # the same refusal, the same checkpoint kept, for another reason: in the heavy stage
+    pytest.param("mode.resume=false", "mode.resume=false but", marks=pytest.mark.heavy),
 ])
 def test_a_checkpoint_this_run_must_not_resume_from_fails_it_with_one_line_and_is_kept(tmp_path, override, message):
     run = tmp_path / "run"

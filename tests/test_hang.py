@@ -64,13 +64,16 @@ def test_a_stuck_rank_on_local_processes_is_shown_and_the_job_ends(tmp_path):
     _hung(["cluster=local"], tmp_path)
 
 
-@pytest.mark.slow
+# The same watch and the same stacks on the other backends, in the heavy stage: what differs there
+# is how a job ends, which the default run proves on each (tests/test_operate.py: a SLURM job and an
+# mpirun job cancelled; tests/test_ray.py: a Ray job's cancel stops every task).
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_a_stuck_rank_under_mpirun_is_shown_and_the_job_ends(tmp_path):
     _hung(["cluster=mpi-local", "cluster.tasks_per_node=2"], tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.timeout(400)
 def test_a_stuck_rank_on_slurm_is_shown_and_the_job_ends(slurm, tmp_path):
     _hung(["cluster=slurm", "cluster.nodes=2", "cluster.tasks_per_node=1"], tmp_path, env=slurm.env)

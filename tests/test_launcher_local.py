@@ -289,3 +289,25 @@ def test_a_rank_that_takes_seconds_to_stop_is_recorded_as_stopped_not_as_died(tm
     assert proc.returncode == 1 and "interrupted: job" in err, err
     said = json.loads(rank0.read_text())
     assert (said["state"], said.get("message")) == ("stopped", "interrupted"), said
+
+
+def test_a_rank_still_running_when_the_grace_ends_is_killed_and_recorded_as_stopped(tmp_path):
+    """A rank that has not ended 5 s after SIGINT (its saving takes 60 s here; on a busy machine a
+    rank that is slow to be scheduled at all) gets SIGKILL, and its status says so: the job was
+    cancelled, not crashed. Under three test workers on two cores a stopped sweep's rank once read
+    as "died without reporting an error"."""
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "launcher", "mode=run", "mode.target=tests.run_programs:hold",
+            f"mode.kwargs.until={tmp_path / 'never'}", "mode.kwargs.stop_delay_s=60", f"mode.kwargs.ready={tmp_path / 'ready'}",
+            "cluster.tasks_per_node=1", "cluster.cpu_devices_per_task=1", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank0 = run / ".xlaunch" / "ranks" / "rank0.json"
+    assert status.wait_until((tmp_path / "ready").exists, 120, 0.2)   # inside the program: SIGINT reaches its handler
+    t0 = time.monotonic()
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "interrupted: job" in err, err
+    assert time.monotonic() - t0 < 30   # the grace, then SIGKILL: not the rank's 60 s
+    said = json.loads(rank0.read_text())
+    assert (said["state"], said["message"]) == ("stopped", "interrupted (killed: still running 5 s after SIGINT)"), said
+    assert not _leftover_tasks(run)

@@ -176,6 +176,7 @@ def test_a_failed_task_restarts_the_job_in_its_run_dir(ray_cluster, tmp_path):
     assert read_result(run)["restart"] == 1 and "done" in (run / "logs" / "rank0.log").read_text()
 
 
+@pytest.mark.heavy  # a hang is found by the same watch on every backend: test_hang.py's on local processes by default
 @pytest.mark.timeout(300)
 def test_a_stuck_rank_is_shown_and_the_job_ends(ray_cluster, tmp_path):
     proc = run_cli(*on_ray(ray_cluster, *STUCK, "cluster.nodes=2", "cluster.tasks_per_node=1"), run_dir=tmp_path / "run",

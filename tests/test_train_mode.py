@@ -65,7 +65,10 @@ def test_two_processes_with_a_json_plan_match_one_device(tmp_path):
 
 
 @pytest.mark.parametrize("family, extra", [
-    ("gpt", []), ("bert", []), ("llama2", []), ("moe", []),
+    # GPT and LLaMA in the heavy stage: GPT trains under dp_tp on 2 processes through the launcher by
+    # default above, and every plan's losses on LLaMA are test_plans.py's by default.
+    pytest.param("gpt", [], marks=pytest.mark.heavy), ("bert", []),
+    pytest.param("llama2", [], marks=pytest.mark.heavy), ("moe", []),
     # CFP's artifact's models in the heavy stage: the same trainer as the four above
     pytest.param("cfp-gpt", [], marks=pytest.mark.heavy), pytest.param("cfp-moe", [], marks=pytest.mark.heavy),
     # the artifact's learning rate: its constant label is learnt within a few steps at 1e-2

@@ -43,9 +43,23 @@ MODES = sorted(p.stem for p in (REPO / "conf" / "mode").glob("*.yaml"))
     (["mode=check", "mode.repeats=zero"], "mode.repeats"),
     (["mode=train", "model.heads=7"], "model.heads=7 does not divide model.hidden=64"),
 ])
-@pytest.mark.parametrize("dry_run", ["true", "false"])
-def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides, key, dry_run):
-    run = tmp_path / "run"
+def test_bad_input_exits_2_with_one_line_and_submits_nothing(tmp_path, overrides, key):
+    _refused(tmp_path / "run", overrides, key, dry_run="false")
+
+
+# A dry run is checked as a submission is: launch() (cli/submit.py) returns for one where it would
+# submit, after every check above. So one case of each kind of check keeps it so, not every case
+# twice: a key no schema has, a value a schema's validation refuses, a file a mode looks for.
+@pytest.mark.parametrize("overrides, key", [
+    (["+foo=1"], "foo"),
+    (["mode=cfp", "mode.mesh_shape=[4,4]"], "mode.mesh_shape=[4, 4] has 16 devices but the job has 8"),
+    (["mode=train", "mode.plan=/nonexistent/plan.json"], "mode.plan"),
+])
+def test_a_dry_run_refuses_bad_input_as_a_submission_does(tmp_path, overrides, key):
+    _refused(tmp_path / "run", overrides, key, dry_run="true")
+
+
+def _refused(run, overrides, key, dry_run):
     proc = run_cli(*overrides, f"launcher.dry_run={dry_run}", run_dir=run, check=False, timeout=60)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

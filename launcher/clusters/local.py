@@ -20,6 +20,10 @@ from launcher.clusters.config import ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.ranks import SubmititLocalEnv
+from launcher.runtime.watch import ENDED
+
+# How long a cancelled rank has to end after SIGINT before it gets SIGKILL.
+_INTERRUPT_GRACE_S = 5.0
 
 
 @dataclass
@@ -84,10 +88,16 @@ class LocalCluster(Cluster):
                     if st.host == socket.gethostname()}
             return pids | set(_children(controller))
 
-        # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL. The
-        # grace is seconds, not one: on a busy machine a rank took over a second to say "stopped".
-        for sig, grace_s in ((signal.SIGINT, 5.0), (signal.SIGKILL, 1.0)):
+        # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL, and is
+        # recorded as stopped by it (on a machine busy enough, a rank that had not yet said so
+        # would otherwise read as one that died on its own). The grace is seconds, not one: on a
+        # busy machine a rank took over a second to say "stopped".
+        for sig, grace_s in ((signal.SIGINT, _INTERRUPT_GRACE_S), (signal.SIGKILL, 1.0)):
+            running = self._running_ranks() if sig == signal.SIGKILL else []
             _signal(tasks(), sig)
+            for rank in running:
+                status.mark_stopped(self.run_dir, rank, f"interrupted (killed: still running "
+                                                        f"{_INTERRUPT_GRACE_S:g} s after SIGINT)")
             if wait_until(done, grace_s, 0.05):
                 return
         # Still running: the controller started tasks after we looked. Stopped, it starts no
@@ -95,6 +105,11 @@ class LocalCluster(Cluster):
         _signal({controller}, signal.SIGSTOP)
         _signal(tasks(), signal.SIGKILL)
         _signal({controller}, signal.SIGKILL)
+
+    def _running_ranks(self) -> list[int]:
+        """The ranks on this host that have not said how they ended."""
+        return [r for r, (st, _) in status.read_statuses(self.run_dir).items()
+                if st.host == socket.gethostname() and st.state not in ENDED]
 
     def submission_text(self, executor: submitit.LocalExecutor) -> str:
         c = self.cfg.cluster

@@ -117,6 +117,17 @@ def mark_failed(run_dir: Path, rank: int, message: str, host: str = "", died: bo
     written by whatever saw it end (the Ray driver; ``died``: its host's watch, which saw only
     that its process is gone). A rank that already ended (done, failed, stopped) keeps its own
     word; a backend's word replaces a mere "died"."""
+    _mark(run_dir, rank, "failed", message, host, died)
+
+
+def mark_stopped(run_dir: Path, rank: int, message: str) -> None:
+    """Records, for a rank a cancel had to kill (it had not ended on SIGINT in time: on a busy
+    machine, or stuck inside XLA), that it was stopped: the job was cancelled on purpose, so its
+    end reads as the stop it was, not as a crash. A rank that ended on its own keeps its word."""
+    _mark(run_dir, rank, "stopped", message)
+
+
+def _mark(run_dir: Path, rank: int, state: str, message: str, host: str = "", died: bool = False) -> None:
     path = status_dir(run_dir) / f"rank{rank}.json"
     try:
         st = json.loads(path.read_text())
@@ -125,7 +136,7 @@ def mark_failed(run_dir: Path, rank: int, message: str, host: str = "", died: bo
               "attempt": read_attempt(run_dir).get("attempt", 0)}
     if st.get("state") in ("done", "failed", "stopped", "requeued", "hung") and not (st.get("died") and not died):
         return
-    st.update(state="failed", message=message, time=time.time(), died=died)
+    st.update(state=state, message=message, time=time.time(), died=died)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_json(path, st)
 
