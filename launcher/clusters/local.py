@@ -83,33 +83,31 @@ class LocalCluster(Cluster):
     def _stop(self, controller: int, done: Callable[[], bool]) -> None:
         # The ranks' pids are in their status files; a task that has not written one yet is the
         # controller's child.
-        def tasks() -> set[int]:
-            pids = {st.pid for st, _ in status.read_statuses(self.run_dir).values()
+        def here() -> dict[int, status.RankStatus]:
+            return {r: st for r, (st, _) in status.read_statuses(self.run_dir).items()
                     if st.host == socket.gethostname()}
-            return pids | set(_children(controller))
+
+        def tasks(ranks: dict[int, status.RankStatus]) -> set[int]:
+            return {st.pid for st in ranks.values()} | set(_children(controller))
 
         # SIGINT lets a rank record that it was stopped; one stuck inside XLA gets SIGKILL, and is
         # recorded as stopped by it (on a machine busy enough, a rank that had not yet said so
         # would otherwise read as one that died on its own). The grace is seconds, not one: on a
         # busy machine a rank took over a second to say "stopped".
         for sig, grace_s in ((signal.SIGINT, _INTERRUPT_GRACE_S), (signal.SIGKILL, 1.0)):
-            running = self._running_ranks() if sig == signal.SIGKILL else []
-            _signal(tasks(), sig)
-            for rank in running:
-                status.mark_stopped(self.run_dir, rank, f"interrupted (killed: still running "
-                                                        f"{_INTERRUPT_GRACE_S:g} s after SIGINT)")
+            ranks = here()   # one read of the statuses: whom to signal, and who had not ended
+            _signal(tasks(ranks), sig)
+            if sig == signal.SIGKILL:
+                for rank in (r for r, st in ranks.items() if st.state not in ENDED):
+                    status.mark_stopped(self.run_dir, rank, f"interrupted (killed: still running "
+                                                            f"{_INTERRUPT_GRACE_S:g} s after SIGINT)")
             if wait_until(done, grace_s, 0.05):
                 return
         # Still running: the controller started tasks after we looked. Stopped, it starts no
         # more; left alive, it would keep a waiting launcher's stderr (which it holds) open.
         _signal({controller}, signal.SIGSTOP)
-        _signal(tasks(), signal.SIGKILL)
+        _signal(tasks(here()), signal.SIGKILL)
         _signal({controller}, signal.SIGKILL)
-
-    def _running_ranks(self) -> list[int]:
-        """The ranks on this host that have not said how they ended."""
-        return [r for r, (st, _) in status.read_statuses(self.run_dir).items()
-                if st.host == socket.gethostname() and st.state not in ENDED]
 
     def submission_text(self, executor: submitit.LocalExecutor) -> str:
         c = self.cfg.cluster
