@@ -449,6 +449,11 @@ def test_every_output_names_the_same_best_baseline_where_medians_and_paired_rati
     assert result["vs_best_baseline_paired"] == pytest.approx(statistics.median([1.0 / 0.9, 1.1 / 1.2, 2.9 / 2.7]))
     table = comparison_text(result)
     assert "the fastest baseline, fsdp," in table and "fsdp (answer)" in table
+    # Its column beside the medians is each plan over the answer round by round, the figure the
+    # answer was decided on: cfp 1.074 as the note says, dp 1.111 (by medians dp read 1.000 and
+    # the answer 1.200).
+    rows = {line.split()[1]: line.split("│")[3].strip() for line in table.splitlines() if line.startswith("│")}
+    assert "vs answer" in table and rows == {"cfp": "1.074", "dp": "1.111", "fsdp": "1.000"}, table
 
     # A user's step's plan (autoshard, or mode=search mode.step), saved and loaded: the same names.
     run_json = lambda r: {**r.summary(), "losses": list(r.losses), "flops": r.flops}
