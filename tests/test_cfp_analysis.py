@@ -22,7 +22,7 @@ from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 from launcher.models.gpt import GPT
 from launcher.models.moe import MoE
-from launcher.sharding.analysis.graph import Graph
+from launcher.sharding.analysis.graph import Graph, trace
 from launcher.sharding.analysis.propagation import propagate
 
 pytestmark = pytest.mark.core
@@ -220,6 +220,36 @@ def test_elementwise_results_are_split_wherever_an_input_splits_them():
     # One dimension split two ways, or one mesh axis over two dimensions: a reshard.
     assert propagate(g, mul, [((0,), (), ()), ((1,), (), ())], [4, 2])[1]
     assert propagate(g, mul, [((0,), (), ()), ((), (), (0,))], [4, 2])[1]
+
+
+def test_pooling_and_its_gradients_keep_the_batch_and_feature_splits():
+    """Average and max pooling (Flax's ``avg_pool``/``max_pool``: ``reduce_window_sum``/``max``)
+    and their gradients (a padded ``reduce_window_sum``, ``select_and_scatter_add``) keep a split
+    batch or feature dimension, as a convolution does; only a split windowed dimension needs
+    communication. Before, they stopped propagation and a CNN's plan nearest dp pinned the pooled
+    activations whole: 7 all-gathers where dp has none, 1.9x its step time."""
+    def pool(x, init, op):   # as flax's pooling calls it (NHWC, a 2x2 window, stride 2)
+        return jax.lax.reduce_window(x, init, op, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    def pooled(x):
+        return (pool(x, 0.0, jax.lax.add) ** 2).sum() + (pool(x, -jnp.inf, jax.lax.max) ** 2).sum()
+
+    _, g = trace(jax.grad(pooled), jax.ShapeDtypeStruct((8, 6, 6, 4), jnp.float32))
+    windowed = [op for op in g.ops if op.prim in ("reduce_window_sum", "reduce_window_max", "select_and_scatter_add")]
+    assert sorted(op.prim for op in windowed) == ["reduce_window_max", "reduce_window_sum", "reduce_window_sum",
+                                                  "select_and_scatter_add"]
+    for op in windowed:
+        ranked = [v is not None and len(g.shape(v)) == 4 for v in op.inputs]
+        assert op.params["windowed"] == (1, 2)
+        for split in (((0,), (), (), ()), ((), (), (), (0,)), ((0,), (), (), (1,))):   # batch, features, both
+            assert propagate(g, op, [split if r else None for r in ranked], [4, 2]) == ([split], False), op.prim
+        # A split spatial dimension would need the neighbouring shard's window (a halo).
+        assert propagate(g, op, [((), (0,), (), ()) if r else None for r in ranked], [4, 2])[1], op.prim
+    # The max pool's gradient follows whichever operand the block decides (the pooled gradient,
+    # or the input it scatters onto); two operands split differently need a reshard.
+    (scatter,) = [op for op in windowed if op.prim == "select_and_scatter_add"]
+    assert propagate(g, scatter, [None, ((0,), (), (), ())], [4, 2]) == ([((0,), (), (), ())], False)
+    assert propagate(g, scatter, [((0,), (), (), ()), ((), (), (), (0,))], [4, 2])[1]
 
 
 def test_2d_mesh_versus_1d_strategy_counts():

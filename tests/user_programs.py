@@ -15,6 +15,10 @@ has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
   FSDP layout), float64 NumPy data.
 - ``make_nnx_scanned_mlp``: Flax NNX's scan over layers: blocks made by ``nnx.vmap``, run by
   ``nnx.scan``, an ``nnx.Optimizer``, an ``nnx.jit`` step returning the loss.
+- ``make_nnx_cnn``: Flax NNX's MNIST tutorial: a CNN with BatchNorm, Dropout (its ``Rngs`` in
+  the model) and pooling (``avg_pool``, or ``pool="max"``), an ``nnx.Optimizer``, an
+  ``nnx.MultiMetric`` the step updates in place, ``train_step(model, optimizer, metrics, batch)``
+  returning nothing.
 - ``make_linen_lm``: a Flax Linen transformer LM as Flax's lm1b example writes its step:
   ``train_step(state, batch) -> (state, metrics)``, a ``TrainState``, metrics holding the loss and
   the accuracy; ``scan=True``: its blocks run by ``nn.scan``.
@@ -225,6 +229,46 @@ def make_nnx_scanned_mlp(width: int = 32, layers: int = 3, batch: int = 32, lr: 
 
     x = jax.random.normal(jax.random.key(1), (batch, 16))
     return Step(train_step, (model, optimizer, x, jnp.tanh(x[:, :4])), data_argnums=(2, 3))
+
+
+def make_nnx_cnn(pool: str = "avg", batch: int = 32, lr: float = 5e-3) -> Step:
+    """The module doc's ``make_nnx_cnn``."""
+    from functools import partial  # noqa: PLC0415
+
+    from flax import nnx  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+
+    class CNN(nnx.Module):
+        def __init__(self, *, rngs):
+            self.conv1 = nnx.Conv(1, 8, kernel_size=(3, 3), rngs=rngs)
+            self.batch_norm1 = nnx.BatchNorm(8, rngs=rngs)
+            self.dropout1 = nnx.Dropout(rate=0.025, rngs=rngs)
+            self.linear1 = nnx.Linear(8 * 7 * 7, 32, rngs=rngs)
+            self.dropout2 = nnx.Dropout(rate=0.025, rngs=rngs)
+            self.linear2 = nnx.Linear(32, 10, rngs=rngs)
+            self.pool = partial(nnx.avg_pool if pool == "avg" else nnx.max_pool, window_shape=(2, 2), strides=(2, 2))
+
+        def __call__(self, x):
+            x = self.pool(self.pool(nnx.relu(self.batch_norm1(self.dropout1(self.conv1(x))))))
+            x = nnx.relu(self.dropout2(self.linear1(x.reshape(x.shape[0], -1))))
+            return self.linear2(x)
+
+    model = CNN(rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adamw(lr, 0.9), wrt=nnx.Param)
+    metrics = nnx.MultiMetric(accuracy=nnx.metrics.Accuracy(), loss=nnx.metrics.Average("loss"))
+
+    def loss_fn(model, batch):
+        logits = model(batch["image"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits=logits, labels=batch["label"]).mean(), logits
+
+    @nnx.jit
+    def train_step(model, optimizer, metrics, batch):
+        (loss, logits), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+        metrics.update(loss=loss, logits=logits, labels=batch["label"])
+        optimizer.update(model, grads)
+
+    rng = np.random.default_rng(0)
+    data = {"image": rng.random((batch, 28, 28, 1), dtype=np.float32), "label": rng.integers(0, 10, batch, dtype=np.int32)}
+    return Step(train_step, (model, optimizer, metrics, data))
 
 
 def make_linen_lm(vocab: int = 64, width: int = 32, heads: int = 4, layers: int = 2, seq: int = 16,

@@ -342,6 +342,11 @@ def _params(eqn: Any) -> dict[str, Any]:
                 "index_vector_dim": len(eqn.invars[1].aval.shape) - 1}
     if name == "pad":
         return {"padded": tuple(i for i, cfg in enumerate(p["padding_config"]) if tuple(cfg) != (0, 0, 0))}
+    if "window_dimensions" in p:   # pooling (reduce_window_*, select_and_scatter_add, ...)
+        n = len(p["window_dimensions"])
+        plain = {"window_dimensions": 1, "window_strides": 1, "base_dilation": 1, "window_dilation": 1}
+        return {"windowed": tuple(d for d in range(n) if tuple(p["padding"][d]) != (0, 0)
+                                  or any(int(p.get(k, (one,) * n)[d]) != one for k, one in plain.items()))}
     out: dict[str, Any] = {}
     for key in ("axes", "broadcast_dimensions", "permutation", "dimensions", "dimension", "axis",
                 "new_sizes", "y", "sizes"):

@@ -25,6 +25,10 @@ never does. Rules, per primitive:
 - ``cumsum`` and friends, ``sort``, ``rev``, ``top_k``, ``concatenate``, ``pad``, ``slice``,
   ``dynamic_slice``, ``dynamic_update_slice``, ``split``: free when the dimension they work along
   (or that changes size) is not split;
+- pooling and its gradients (``reduce_window_sum``/``max``/``min``, ``reduce_window``,
+  ``select_and_scatter_add``, ``select_and_gather_add``): free when no windowed dimension (a
+  window, stride, padding or dilation other than 1) is split; the others keep their axes, as a
+  convolution's batch and features do;
 - ``iota`` and other operators without inputs: replicated, free;
 - ``optimization_barrier``, ``sharding_constraint``, ``copy``: layouts pass through;
 - a ``gather`` that is not an embedding lookup (``take_along_axis``): an operand dimension it
@@ -53,6 +57,8 @@ REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
                         "reduce_xor", "argmax", "argmin"})
 ALONG_AXIS = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "split"})
 RESHAPES = frozenset({"reshape", "squeeze", "expand_dims"})
+WINDOWED = frozenset({"reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window",
+                      "select_and_scatter_add", "select_and_gather_add"})
 
 
 def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence[int]) -> tuple[list[Spec], bool]:
@@ -71,6 +77,8 @@ def propagate(g: Graph, op: Op, ins: Sequence[Spec | None], mesh_shape: Sequence
         return ([merged], False) if merged is not None else ([same[0]], True)
     if op.prim in PASS_THROUGH:
         return [s if s is not None else ((),) * len(sh) for s, sh in zip(ins, shapes, strict=True)], False
+    if op.prim in WINDOWED and known:
+        return _windowed(op, known, shapes)
     if not known or ins[0] is None:
         # The first operand carries the layout of every structural rule below; without it
         # there is nothing to propagate.
@@ -114,6 +122,23 @@ def _structural(g: Graph, op: Op, spec: Spec, known: list, shapes: list, mesh_sh
             changed |= {i for i, (a, b) in enumerate(zip(in_shape, g.shape(op.inputs[1]), strict=True)) if a != b}
         return [spec], any(spec[i] for i in changed)
     return replicated, True
+
+
+def _windowed(op: Op, known: list, shapes: list) -> tuple[list[Spec], bool]:
+    """Pooling and its gradients (module doc). Their operands of the operator's rank (not a
+    reduction's scalar initial values) map dimension to dimension, a pooled tensor and an
+    unpooled one alike (``select_and_scatter_add``'s gradient and the input it scatters onto,
+    either of which the block may decide): each must split as the others do outside the windowed
+    dimensions, and none a windowed one."""
+    rank = len(shapes[0])
+    specs = [s for shape, s in known if len(shape) == rank]
+    if not specs:
+        return [((),) * len(sh) for sh in shapes], True
+    windowed, spec = set(op.params.get("windowed", range(rank))), specs[0]
+    comm = any(s[i] for s in specs for i in windowed) or \
+        any(s[i] != spec[i] for s in specs for i in range(rank) if i not in windowed)
+    out = tuple(() if i in windowed else ax for i, ax in enumerate(spec))
+    return [out if len(sh) == rank else ((),) * len(sh) for sh in shapes], comm
 
 
 def _gather(op: Op, spec: Spec, in_shape: Sequence[int], idx_shape: Sequence[int], out_shape: Sequence[int]
