@@ -43,7 +43,6 @@ layouts; those are the sharding constraints the profile pass applies.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -214,24 +213,12 @@ def _carrier(g: Graph, op, owned: list[int]) -> int:
     """The input whose block owns ``op``: the latest-produced one among those shaped like the
     output (the layout carriers of an element-wise op), else among non-scalars, else any. A scalar
     never decides: gradient clipping multiplies every gradient by one global scale, and that must
-    not pull every layer's optimizer update into the block that computed the scale. Nor, beside
-    a tensor of the output's shape, does a smaller one broadcast to it: BatchNorm's backward
-    multiplies the activations' gradient by a per-channel statistic broadcast over the batch, and
-    owned by the statistic's block (replicated there) the product was pinned whole, and gathered."""
+    not pull every layer's optimizer update into the block that computed the scale."""
     out_shape = g.shape(op.outputs[0]) if op.outputs else None
-    same = [v for v in owned if g.shape(v) == out_shape]
-    for pool in ([v for v in same if not _expanded(g, v)], same, [v for v in owned if g.shape(v)], owned):
+    for pool in ([v for v in owned if g.shape(v) == out_shape], [v for v in owned if g.shape(v)], owned):
         if pool:
             return max(pool, key=lambda v: g.producer[v])
     raise AssertionError("no owned input")
-
-
-def _expanded(g: Graph, v: int) -> bool:
-    """``v`` is a smaller tensor broadcast (``broadcast_in_dim`` to more elements than it had)."""
-    op = g.producer[v]
-    if op is None or g.ops[op].prim != "broadcast_in_dim" or g.ops[op].inputs[0] is None:
-        return False
-    return math.prod(g.shape(g.ops[op].inputs[0])) < math.prod(g.shape(v))
 
 
 def _sibling(g: Graph, c: Contraction, cons: dict[int, Contraction], blocks: list[Block],
