@@ -347,6 +347,7 @@ def bind_equation(eqn: Any, args: list[Any]) -> Any:
 
 _compiles = threading.local()   # this thread's XLA compiles and persistent-cache reads (``compile_fresh``)
 _compiles_heard = False
+_compiles_lock = threading.Lock()   # compile_fresh runs on several threads at once (compile_share)
 
 
 def compile_fresh(lowered: Any) -> tuple[Any, bool]:
@@ -360,19 +361,20 @@ def compile_fresh(lowered: Any) -> tuple[Any, bool]:
     import jax  # noqa: PLC0415  JAX: the CLI imports this module
 
     global _compiles_heard
-    if not _compiles_heard:
-        _compiles_heard = True
+    with _compiles_lock:
+        if not _compiles_heard:
+            _compiles_heard = True
 
-        def hit(event, *args, **kwargs):
-            if event == "/jax/compilation_cache/cache_hits":
-                _compiles.hits = getattr(_compiles, "hits", 0) + 1
+            def hit(event, *args, **kwargs):
+                if event == "/jax/compilation_cache/cache_hits":
+                    _compiles.hits = getattr(_compiles, "hits", 0) + 1
 
-        def compiled(event, *args, **kwargs):
-            if event == "/jax/core/compile/backend_compile_duration":
-                _compiles.backend = getattr(_compiles, "backend", 0) + 1
+            def compiled(event, *args, **kwargs):
+                if event == "/jax/core/compile/backend_compile_duration":
+                    _compiles.backend = getattr(_compiles, "backend", 0) + 1
 
-        jax.monitoring.register_event_listener(hit)
-        jax.monitoring.register_event_duration_secs_listener(compiled)
+            jax.monitoring.register_event_listener(hit)
+            jax.monitoring.register_event_duration_secs_listener(compiled)
     hits, backend = getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)
     program = lowered.compile()
     return program, getattr(_compiles, "hits", 0) == hits and getattr(_compiles, "backend", 0) == backend + 1

@@ -87,3 +87,43 @@ def test_each_process_compiles_its_share_and_runs_every_program(tmp_path):
             # again in the batch gives it from JAX's in-memory cache with no cache hit said: process
             # 1 made them itself, or its runs above would fail ("Function ... not found").
             assert result["compile_cache"]["hits"] >= 3
+
+
+def test_one_process_compiles_a_batch_side_by_side(monkeypatch):
+    """With one process, ``shared()`` lowers each program here and compiles it on a worker
+    thread, several at once: each program computes what ``lower().compile()`` gives, says its
+    compile seconds, and every one is ready when ``shared()`` ends. An error inside ``shared()``
+    leaves it (no wait on a program nobody will run) and is the caller's to see."""
+    import threading  # noqa: PLC0415
+
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+
+    from launcher.runtime import compile_share  # noqa: PLC0415
+
+    monkeypatch.setattr(compile_share, "WORKERS", 2)
+    threads, listening = [], []
+
+    def heard(event, *args, **kwargs):
+        if listening and event == "/jax/core/compile/backend_compile_duration":
+            threads.append(threading.current_thread().name)
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    x = jnp.asarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    jits = [jax.jit(lambda y, k=k: jnp.tanh(y * (k + 1)) @ y.T + k) for k in range(4)]
+    listening.append(True)
+    with compile_share.shared():
+        given = [compile_share.compile(lambda f=f: f.lower(x)) for f in jits]
+    listening.clear()   # (JAX keeps its listeners for the session)
+    assert all(n.startswith("xlaunch-compile") for n in threads) and len(threads) == len(jits)
+    assert all(p._load is None for p in given)   # every one compiled (and taken) by the time shared() ended
+    assert [np.asarray(p.result()(x)).tolist() for p in given] == \
+        [np.asarray(f.lower(x).compile()(x)).tolist() for f in jits]
+    assert all(p.compile_s > 0 and p.compile_s_here == 0 for p in given)
+
+    with pytest.raises(ValueError, match="the caller's"):
+        with compile_share.shared():
+            compile_share.compile(lambda: jax.jit(lambda y: y + 1).lower(x))
+            raise ValueError("the caller's")
+    assert compile_share._current is None   # the next batch starts afresh

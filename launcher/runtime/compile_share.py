@@ -19,15 +19,25 @@ callbacks pickle cannot carry, such as ``jax.debug.print``'s) or did not compile
 (read back from JAX's persistent compilation cache, which the others read as well, now or
 before: such executables do not serialize whole on CPU) every process makes itself. With
 one process or outside ``shared()``, ``compile`` compiles here and now, as ``lower().compile()``.
+
+With one process, ``shared()`` still compiles its programs side by side: each is lowered here
+(tracing holds the interpreter) and compiled on one of ``WORKERS`` threads (XLA's compiler lets
+go of it), and every one is ready when ``shared()`` ends. XLA compiles a program on little more
+than one core (1.3 of this machine's 2 for the profile's CPU programs), and a search compiles
+about a hundred, so a user's notebook search (one process) left the rest of a host idle. A caller that times programs inside ``shared()``
+(the profile's candidate loop) waits for a batch first (``ready``): a program timed while
+another compiles on the same cores would time the compiler too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import pickle
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional
 
 import jax
@@ -38,6 +48,9 @@ from launcher import jaxcompat
 # and a large model's program can take many minutes (JAX's own binary sharing waits 20).
 _WAIT_MS = 3_600_000
 _batches = itertools.count()
+# Threads compiling one process's programs side by side: its cores, at most 4 (each compile holds
+# its program's whole HLO and buffers; more at once buys little and can exhaust a host's memory).
+WORKERS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))
 
 
 class Compiling:
@@ -138,18 +151,52 @@ class _Share:
             self.client.key_value_delete(key)
 
 
-_current: Optional[_Share] = None
+class _Side:
+    """One process's batch of programs: lowered here, compiled on ``WORKERS`` threads."""
+
+    def __init__(self, workers: int) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xlaunch-compile")
+        self.programs: list[Compiling] = []
+
+    def compile(self, lower: Lower) -> Compiling:
+        future = self.pool.submit(_compile, lower())
+        self.programs.append(Compiling(load=lambda: (*future.result()[:2], None)))
+        return self.programs[-1]
+
+    def close(self) -> None:
+        try:
+            ready(self.programs)
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_current: Optional[_Share | _Side] = None
 
 
 @contextlib.contextmanager
 def shared() -> Iterator[None]:
-    """Programs given to ``compile`` inside are compiled once in the job, each by one process.
-    Every process must enter and leave it at the same point of the same program order. Nested,
-    the outermost counts."""
+    """Programs given to ``compile`` inside are compiled once in the job, each by one process
+    (with one process, on ``WORKERS`` threads side by side); all are ready when it ends. Every
+    process must enter and leave it at the same point of the same program order. Nested, the
+    outermost counts."""
     global _current
-    client = jaxcompat.coordination_client()
-    if _current is not None or client is None or jax.process_count() == 1:
+    if _current is not None:
         yield
+        return
+    client = jaxcompat.coordination_client()
+    if client is None or jax.process_count() == 1:
+        if WORKERS == 1:
+            yield
+            return
+        _current = side = _Side(WORKERS)
+        try:
+            yield
+        except BaseException:
+            side.pool.shutdown(wait=True, cancel_futures=True)  # those not started are dropped
+            raise
+        finally:
+            _current = None
+        side.close()
         return
     _current = share = _Share(client)
     try:
@@ -157,6 +204,12 @@ def shared() -> Iterator[None]:
     finally:
         _current = None
     share.close()  # not after an error: a peer may never come to the barrier
+
+
+def ready(programs: Any) -> None:
+    """Waits until every one of ``programs`` (``Compiling``) is compiled (or loaded)."""
+    for program in programs:
+        program.result()
 
 
 def compile(lower: Lower) -> Compiling:  # noqa: A001  what it does, as lowered.compile()

@@ -306,7 +306,10 @@ class CandidateLoop:
                 if k + 1 < len(batches):
                     next_up = pool.submit(self.submit_all, batches[k + 1])  # compiles while this one is timed
             else:
+                # Compiled side by side (``compile_share``), and all of them before any is timed:
+                # on CPU devices a compile beside the timed program would take its cores.
                 submitted = self.submit_all(batch)
+                compile_share.ready(s.program for s in submitted)
             for (u, combo), sub in zip(batch, submitted, strict=True):
                 i += 1
                 compiled, overhead, args, boundary, compile_s = self.ready(u, sub)
