@@ -39,10 +39,11 @@ every baseline's memory and time and which fit, the answer over the fastest base
 (paired), or the refusal. To bench/results/bench_autoshard_budget.json.
 
     python bench/bench_autoshard.py --cold-ab verify_slower_than=0 [--programs ...] [--runs 1]
+    python bench/bench_autoshard.py --cold-ab --cold-env XLAUNCH_COMPILE_WORKERS=1 [--programs linen_lm] [--runs 2]
 
 A search option's cost, side by side: each program's cold search (a fresh store, a process of its
-own) with the option as given, then with autoshard's default, ``--runs`` times in turn: the
-whole search's wall time, where its profile and its shortlist ended, how many shortlisted plans
+own) with the option as given (``--cold-env``: with these environment variables), then with
+autoshard's defaults, ``--runs`` times in turn: the whole search's wall time, where its profile and its shortlist ended, how many shortlisted plans
 were measured, and the answer. To bench/results/bench_autoshard_cold.json.
 """
 
@@ -279,29 +280,30 @@ def cold_worker(name: str, store: str, options: dict) -> dict:
             "answer": plan.name or plan.algorithm, "why": plan.why}
 
 
-def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path) -> None:
-    rows = []
+def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path, given_env: dict | None = None) -> None:
+    rows, given_env = [], given_env or {}
     for name in programs:
         for run in range(runs):
-            for options in (given, {}):
+            for options, extra in ((given, given_env), ({}, {})):
                 store = tempfile.mkdtemp(prefix=f"bench-autoshard-cold-{name}-")
                 try:
                     proc = subprocess.run([sys.executable, __file__, "--worker", name, store, "--cold-ab",
-                                           *[f"{k}={v}" for k, v in options.items()]], env=env, stdout=subprocess.PIPE,
-                                          text=True, cwd=REPO)
+                                           *[f"{k}={v}" for k, v in options.items()]], env={**env, **extra},
+                                          stdout=subprocess.PIPE, text=True, cwd=REPO)
                 finally:
                     shutil.rmtree(store, ignore_errors=True)
                 if proc.returncode != 0:
                     raise SystemExit(f"{name}: the cold worker failed ({proc.returncode})")
-                row = {**json.loads(proc.stdout.strip().splitlines()[-1]), "run": run}
+                row = {**json.loads(proc.stdout.strip().splitlines()[-1]), "env": extra, "run": run}
                 rows.append(row)
-                print(f"{name:>12} {options or 'defaults'}: cold {row['cold_search_s']:.0f} s (profile to "
+                print(f"{name:>12} {dict(options, **extra) or 'defaults'}: cold {row['cold_search_s']:.0f} s (profile to "
                       f"{row['profile_end_s']:.0f} s, shortlist to {row['shortlist_end_s']:.0f} s, "
                       f"{row['measured_plans']} plans measured); answer {row['answer']}", flush=True)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps({"command": " ".join(["python", "bench/bench_autoshard.py", *sys.argv[1:]]),
                                            "date": time.strftime("%Y-%m-%d"),
                                            "machine": platform.platform(), "cores": os.cpu_count(), "given": given,
+                                           "given_env": given_env,
                                            "runs": runs, "programs": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
@@ -359,6 +361,8 @@ def main() -> None:
     ap.add_argument("--cold-ab", nargs="*", metavar="OPTION=VALUE", help="cold searches with these options beside "
                     "autoshard's defaults (module doc)")
     ap.add_argument("--runs", type=int, default=1, help="--cold-ab: pairs of cold searches per program")
+    ap.add_argument("--cold-env", nargs="+", default=[], metavar="NAME=VALUE",
+                    help="--cold-ab: environment variables of the given side's searches")
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     given = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.cold_ab or [])}
@@ -377,7 +381,8 @@ def main() -> None:
         return
     if args.cold_ab is not None:
         cold_ab(args.programs or list(PROGRAMS), given, args.runs, env,
-                Path(args.out) if args.out != str(DEFAULT_OUT) else DEFAULT_OUT.with_name("bench_autoshard_cold.json"))
+                Path(args.out) if args.out != str(DEFAULT_OUT) else DEFAULT_OUT.with_name("bench_autoshard_cold.json"),
+                dict(v.split("=", 1) for v in args.cold_env))
         return
     args.programs = args.programs or list(PROGRAMS)
     out, rows = Path(args.out), []

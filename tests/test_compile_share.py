@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import jaxcompat
+from launcher.errors import UserError
 from tests.launch import read_result, run_cli
 
 pytestmark = pytest.mark.core
@@ -102,7 +103,7 @@ def test_one_process_compiles_a_batch_side_by_side(monkeypatch):
 
     from launcher.runtime import compile_share  # noqa: PLC0415
 
-    monkeypatch.setattr(compile_share, "WORKERS", 2)
+    monkeypatch.setenv(compile_share.WORKERS_VARIABLE, "2")
     threads, listening = [], []
 
     def heard(event, *args, **kwargs):
@@ -127,3 +128,8 @@ def test_one_process_compiles_a_batch_side_by_side(monkeypatch):
             compile_share.compile(lambda: jax.jit(lambda y: y + 1).lower(x))
             raise ValueError("the caller's")
     assert compile_share._current is None   # the next batch starts afresh
+
+    monkeypatch.setenv(compile_share.WORKERS_VARIABLE, "two")
+    with pytest.raises(UserError, match="XLAUNCH_COMPILE_WORKERS='two': give how many programs"):
+        with compile_share.shared():
+            pass

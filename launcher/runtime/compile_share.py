@@ -21,10 +21,10 @@ before: such executables do not serialize whole on CPU) every process makes itse
 one process or outside ``shared()``, ``compile`` compiles here and now, as ``lower().compile()``.
 
 With one process, ``shared()`` still compiles its programs side by side: each is lowered here
-(tracing holds the interpreter) and compiled on one of ``WORKERS`` threads (XLA's compiler lets
-go of it), and every one is ready when ``shared()`` ends. XLA compiles a program on little more
-than one core (1.3 of this machine's 2 for the profile's CPU programs), and a search compiles
-about a hundred, so a user's notebook search (one process) left the rest of a host idle. A caller that times programs inside ``shared()``
+(tracing holds the interpreter) and compiled on one of ``workers()`` threads (XLA's compiler lets
+go of it), and every one is ready when ``shared()`` ends. XLA compiles a program on a core or two
+(1.3 of this machine's 2 for the profile's CPU programs), and a search compiles about a hundred,
+so a user's notebook search (one process) left the rest of a larger host idle. A caller that times programs inside ``shared()``
 (the profile's candidate loop) waits for a batch first (``ready``): a program timed while
 another compiles on the same cores would time the compiler too.
 """
@@ -43,14 +43,32 @@ from typing import Any, Callable, Iterator, Optional
 import jax
 
 from launcher import jaxcompat
+from launcher.errors import UserError
 
 # How long a process waits for a peer's program: the peer compiles its share of the batch first,
 # and a large model's program can take many minutes (JAX's own binary sharing waits 20).
 _WAIT_MS = 3_600_000
 _batches = itertools.count()
-# Threads compiling one process's programs side by side: its cores, at most 4 (each compile holds
-# its program's whole HLO and buffers; more at once buys little and can exhaust a host's memory).
-WORKERS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 4))
+# Threads compiling one process's programs side by side (``workers``): half its cores, since XLA's
+# CPU compiler already works on 1.3-2 of them for one program (on this 2-core machine two at once
+# took the Linen LM's and the scanned LM's cold searches 0.93x and 0.99x as long, medians of 4, in
+# the noise: so none here, 1; docs/autoshard.md), at most 4
+# (each compile holds its program's whole HLO and buffers; more at once buys little and can
+# exhaust a host's memory); or ``XLAUNCH_COMPILE_WORKERS`` (1: one at a time).
+WORKERS_VARIABLE = "XLAUNCH_COMPILE_WORKERS"
+DEFAULT_MAX_WORKERS = 4
+
+
+def workers() -> int:
+    given = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise UserError(f"{WORKERS_VARIABLE}={given!r}: give how many programs one process compiles at once, "
+                            f"a whole number from 1 (one at a time), or unset it for its cores up to "
+                            f"{DEFAULT_MAX_WORKERS}")
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores // 2, DEFAULT_MAX_WORKERS))
 
 
 class Compiling:
@@ -152,7 +170,7 @@ class _Share:
 
 
 class _Side:
-    """One process's batch of programs: lowered here, compiled on ``WORKERS`` threads."""
+    """One process's batch of programs: lowered here, compiled on ``workers`` threads."""
 
     def __init__(self, workers: int) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xlaunch-compile")
@@ -176,7 +194,7 @@ _current: Optional[_Share | _Side] = None
 @contextlib.contextmanager
 def shared() -> Iterator[None]:
     """Programs given to ``compile`` inside are compiled once in the job, each by one process
-    (with one process, on ``WORKERS`` threads side by side); all are ready when it ends. Every
+    (with one process, on ``workers()`` threads side by side); all are ready when it ends. Every
     process must enter and leave it at the same point of the same program order. Nested, the
     outermost counts."""
     global _current
@@ -185,10 +203,11 @@ def shared() -> Iterator[None]:
         return
     client = jaxcompat.coordination_client()
     if client is None or jax.process_count() == 1:
-        if WORKERS == 1:
+        n = workers()
+        if n == 1:
             yield
             return
-        _current = side = _Side(WORKERS)
+        _current = side = _Side(n)
         try:
             yield
         except BaseException:
