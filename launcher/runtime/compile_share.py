@@ -24,9 +24,9 @@ With one process, ``shared()`` still compiles its programs side by side: each is
 (tracing holds the interpreter) and compiled on one of ``workers()`` threads (XLA's compiler lets
 go of it), and every one is ready when ``shared()`` ends. XLA compiles a program on a core or two
 (1.3 of this machine's 2 for the profile's CPU programs), and a search compiles about a hundred,
-so a user's notebook search (one process) left the rest of a larger host idle. A caller that times programs inside ``shared()``
-(the profile's candidate loop) waits for a batch first (``ready``): a program timed while
-another compiles on the same cores would time the compiler too.
+so a user's notebook search (one process) left the rest of a larger host idle. A caller that
+times programs inside ``shared()`` (the profile's candidate loop) waits for a batch first
+(``ready``): a program timed while another compiles on the same cores would time the compiler too.
 """
 
 from __future__ import annotations
@@ -52,19 +52,20 @@ _batches = itertools.count()
 # Threads compiling one process's programs side by side (``workers``): half its cores, since XLA's
 # CPU compiler already works on 1.3-2 of them for one program (on this 2-core machine two at once
 # took the Linen LM's and the scanned LM's cold searches 0.93x and 0.99x as long, medians of 4, in
-# the noise: so none here, 1; docs/autoshard.md), at most 4
-# (each compile holds its program's whole HLO and buffers; more at once buys little and can
-# exhaust a host's memory); or ``XLAUNCH_COMPILE_WORKERS`` (1: one at a time).
+# the noise: so here one, docs/autoshard.md), at most 4 (each compile holds its program's whole
+# HLO and buffers: more at once buys little and can exhaust a host's memory); or
+# ``XLAUNCH_COMPILE_WORKERS`` (1: one at a time).
 WORKERS_VARIABLE = "XLAUNCH_COMPILE_WORKERS"
 DEFAULT_MAX_WORKERS = 4
 
 
 def workers() -> int:
+    """How many programs one process compiles at once (the comment above)."""
     given = os.environ.get(WORKERS_VARIABLE, "").strip()
     if given:
         if not given.isdigit() or int(given) < 1:
             raise UserError(f"{WORKERS_VARIABLE}={given!r}: give how many programs one process compiles at once, "
-                            f"a whole number from 1 (one at a time), or unset it for its cores up to "
+                            f"a whole number from 1 (one at a time), or unset it for half the host's cores, at most "
                             f"{DEFAULT_MAX_WORKERS}")
         return int(given)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
