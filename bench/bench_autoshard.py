@@ -39,12 +39,12 @@ every baseline's memory and time and which fit, the answer over the fastest base
 (paired), or the refusal. To bench/results/bench_autoshard_budget.json.
 
     python bench/bench_autoshard.py --cold-ab verify_slower_than=0 [--programs ...] [--runs 1]
-    python bench/bench_autoshard.py --cold-ab --cold-env XLAUNCH_COMPILE_WORKERS=1 [--programs linen_lm] [--runs 2]
+    python bench/bench_autoshard.py --cold-ab --cold-env XLAUNCH_COMPILE_WORKERS=2 [--programs linen_lm] [--runs 2]
 
 A search option's cost, side by side: each program's cold search (a fresh store, a process of its
 own) with the option as given (``--cold-env``: with these environment variables), then with
-autoshard's defaults, ``--runs`` times in turn: the whole search's wall time, where its profile and its shortlist ended, how many shortlisted plans
-were measured, and the answer. To bench/results/bench_autoshard_cold.json.
+autoshard's defaults, ``--runs`` times in turn: the whole search's wall time, where its profile
+and its shortlist ended, how many shortlisted plans were measured, and the answer. To bench/results/bench_autoshard_cold.json.
 """
 
 from __future__ import annotations

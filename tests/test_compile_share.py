@@ -94,7 +94,7 @@ def test_one_process_compiles_a_batch_side_by_side(monkeypatch):
     """With one process, ``shared()`` lowers each program here and compiles it on a worker
     thread, several at once: each program computes what ``lower().compile()`` gives, says its
     compile seconds, and every one is ready when ``shared()`` ends. An error inside ``shared()``
-    leaves it (no wait on a program nobody will run) and is the caller's to see."""
+    leaves it (the programs not started yet dropped) and is the caller's to see."""
     import threading  # noqa: PLC0415
 
     import jax  # noqa: PLC0415

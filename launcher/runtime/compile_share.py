@@ -182,9 +182,11 @@ class _Side:
         self.programs.append(Compiling(load=lambda: (*future.result()[:2], None)))
         return self.programs[-1]
 
-    def close(self) -> None:
+    def close(self, wait_for_all: bool = True) -> None:
+        """Every program ready (``wait_for_all``), else those not started dropped; the threads end."""
         try:
-            ready(self.programs)
+            if wait_for_all:
+                ready(self.programs)
         finally:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -212,7 +214,7 @@ def shared() -> Iterator[None]:
         try:
             yield
         except BaseException:
-            side.pool.shutdown(wait=True, cancel_futures=True)  # those not started are dropped
+            side.close(wait_for_all=False)
             raise
         finally:
             _current = None
