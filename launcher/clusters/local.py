@@ -20,7 +20,6 @@ from launcher.clusters.config import ClusterConfig
 from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.ranks import SubmititLocalEnv
-from launcher.runtime.watch import ENDED
 
 # How long a cancelled rank has to end after SIGINT before it gets SIGKILL.
 _INTERRUPT_GRACE_S = 5.0
@@ -98,7 +97,7 @@ class LocalCluster(Cluster):
             ranks = here()   # one read of the statuses: whom to signal, and who had not ended
             _signal(tasks(ranks), sig)
             if sig == signal.SIGKILL:
-                for rank in (r for r, st in ranks.items() if st.state not in ENDED):
+                for rank in (r for r, st in ranks.items() if st.state not in status.ENDED):
                     status.mark_stopped(self.run_dir, rank, f"interrupted (killed: still running "
                                                             f"{_INTERRUPT_GRACE_S:g} s after SIGINT)")
             if wait_until(done, grace_s, 0.05):

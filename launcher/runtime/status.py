@@ -33,6 +33,10 @@ STATUS_DIR = ".xlaunch"
 # How often every rank touches its status file and reads the job's watch (launcher/runtime/watch.py):
 # each beat is two calls on the run dir's file system per rank, whatever the job's size.
 HEARTBEAT_S = 2.0
+# How a rank ends other than "done": one in these no longer acts on a verdict (runtime/watch.py).
+# A final state ("done" or one of these) stands against a later mark (``_mark``), except one
+# marked for a death, which a later account that is not a death replaces.
+ENDED = ("failed", "stopped", "hung", "requeued")
 ATTEMPT_FILE = "attempt.json"
 CANCELLED_FILE = "cancelled.json"  # written by `xlaunch cancel` (launcher/cli/jobs.py)
 STOP_FILE = "stop.json"  # a stop request for a user's program (launcher/runtime/stop.py)
@@ -134,7 +138,7 @@ def _mark(run_dir: Path, rank: int, state: str, message: str, host: str = "", di
     except (OSError, ValueError):
         st = {"rank": rank, "pid": 0, "host": host, "log": str(rank_log(run_dir, rank)),
               "attempt": read_attempt(run_dir).get("attempt", 0)}
-    if st.get("state") in ("done", "failed", "stopped", "requeued", "hung") and not (st.get("died") and not died):
+    if st.get("state") in ("done", *ENDED) and not (st.get("died") and not died):
         return
     st.update(state=state, message=message, time=time.time(), died=died)
     path.parent.mkdir(parents=True, exist_ok=True)

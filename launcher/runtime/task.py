@@ -33,7 +33,8 @@ from launcher.plugins import function
 from launcher.runtime import devices, ranks, requeue, status, timing
 from launcher.runtime.context import Launch, TaskContext
 from launcher.runtime.scalars import Scalars
-from launcher.runtime.watch import ENDED, RankReporter
+from launcher.runtime.status import ENDED
+from launcher.runtime.watch import RankReporter
 
 
 class Task(Checkpointable):

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 from launcher.runtime import status
 from launcher.runtime.node_watch import NodeWatch
-from launcher.runtime.status import (HANG_REQUEST, HEARTBEAT_S, STATUS_DIR, RankStatus, StallClock, hung_for,
+from launcher.runtime.status import (ENDED, HANG_REQUEST, HEARTBEAT_S, STATUS_DIR, RankStatus, StallClock, hung_for,
                                      parse_ranges, peer_failure, rank_log, rank_ranges, read_attempt,
                                      read_stacks_request, status_dir)
 
@@ -50,7 +50,6 @@ FALLBACK_CALLS_PER_S = 1024
 # The watcher's reading of every rank's file must fit well inside launcher.peer_timeout_s on a
 # shared file system; a job larger than this many ranks per second of peer_timeout_s/3 is refused.
 WATCHER_FILES_PER_S = 2048
-ENDED = ("failed", "stopped", "hung", "requeued")  # a rank in one of these no longer acts on a verdict
 # Saying a hang (every rank's stacks, the line of where each was, every rank saying it) takes a few
 # beats; a rank whose watcher has not finished within this long ends all the same.
 HANG_SAY_S = 60.0
