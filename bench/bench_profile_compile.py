@@ -41,18 +41,6 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def one(name: str, mesh_shape: list[int], options: dict, rounds: int) -> dict:
     """Every profiled program of ``name``-tiny on ``mesh_shape``, under the defaults and ``options``."""
     import jax
@@ -135,15 +123,18 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    aa = args.options == ["defaults"]   # an A/A: the regret and the spread timing alone gives
-    bad = [] if aa else [o for o in args.options if "=" not in o]
-    if bad:
-        ap.error(f"--options {' '.join(bad)}: give NAME=VALUE, e.g. xla_cpu_use_fusion_emitters=false")
-    options = {} if aa else {k: _value(v) for k, _, v in (o.partition("=") for o in args.options)}
     sys.path.insert(0, str(REPO / "bench"))
     import jax
 
     from launcher import jaxcompat
+    from launcher.hlo._xla import parse_xla_flags
+
+    aa = args.options == ["defaults"]   # an A/A: the regret and the spread timing alone gives
+    bad = [] if aa else [o for o in args.options if not o.lstrip("-").startswith("xla_")]
+    if bad:
+        ap.error(f"--options {' '.join(bad)}: give XLA options as xla_<name>=<value>, "
+                 "e.g. xla_cpu_use_fusion_emitters=false, or defaults (the A/A)")
+    options = {} if aa else parse_xla_flags(args.options)
 
     jaxcompat.set_cpu_device_count(args.devices)
     rows = []
