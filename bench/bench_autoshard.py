@@ -366,6 +366,9 @@ def main() -> None:
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     given = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.cold_ab or [])}
+    bad_env = [v for v in args.cold_env if "=" not in v or not v.split("=", 1)[0]]
+    if bad_env:
+        ap.error(f"--cold-env {' '.join(bad_env)}: give NAME=VALUE, e.g. XLAUNCH_COMPILE_WORKERS=2")
     if args.worker and args.cold_ab is not None:
         print(json.dumps(cold_worker(args.worker[0], args.worker[1], given)))
         return
