@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from bench_cfp_analysis import MODELS  # noqa: E402  (beside this file)
+
 RESULTS = REPO / "bench" / "results" / "bench_profile_compile.json"
 DEFAULT_OPTIONS = ["xla_cpu_use_fusion_emitters=false", "xla_cpu_parallel_codegen_split_count=1"]
 
@@ -114,7 +117,8 @@ def one(name: str, mesh_shape: list[int], options: dict, rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["gpt", "llama2"])
+    ap.add_argument("--models", nargs="+", default=["gpt", "llama2"], choices=MODELS,
+                    help="built-in models, profiled as their -tiny presets")
     ap.add_argument("--meshes", nargs="+", default=["8", "4x2"], help="logical meshes, e.g. 8 4x2")
     ap.add_argument("--options", nargs="+", default=DEFAULT_OPTIONS, metavar="NAME=VALUE",
                     help="XLA compile options (without --) for the options side; 'defaults': an A/A, "
@@ -123,7 +127,6 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    sys.path.insert(0, str(REPO / "bench"))
     import jax
 
     from launcher import jaxcompat
