@@ -1,4 +1,4 @@
-"""mode.mesh_shape=auto: which logical meshes are searched, which plans they offer, and how
+"""mode.mesh_shape=auto (or a list of meshes): which logical meshes are searched, which plans they offer, and how
 their shortlists are merged (launcher/sharding/search/meshes.py). The whole path through the CLI is
 in tests/test_cfp_search.py (test_two_processes_agree_and_the_saved_plan_trains)."""
 
@@ -6,18 +6,26 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
+from launcher.modes.analysis import Config as AnalysisMode
+from launcher.modes.checks import Job
+from launcher.modes.search import Config as SearchMode
+from launcher.sharding import pipeline
 from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.sharding.analysis.strategies import enumerate_strategies
 from launcher.sharding.algorithms.cfp import within_reach
 from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.dp import Candidate
-from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, merge_shortlists, mesh_shapes,
-                                             natural_shape)
+from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, is_several, merge_shortlists,
+                                             mesh_shapes, natural_shape)
+from launcher.sharding.user.step import step_program
 from launcher.models.plans import Plan, arranged
 from launcher.errors import NoPlanFits, UserError
+from tests import user_programs
 
 pytestmark = pytest.mark.core
 
@@ -163,3 +171,42 @@ def test_a_mesh_that_refuses_is_left_out_and_one_typed_error_when_every_mesh_doe
 
     with pytest.raises(UserError, match="not a refusal"):   # only what ``refuse`` names leaves a mesh out
         for_each_mesh(shapes, bad_input, refuse=NoPlanFits, none_fit=none_fit, log=lines.append)
+
+
+def test_a_list_of_meshes_is_searched_as_given_and_each_is_named_once():
+    assert mesh_shapes([[8], [4, 2]], 8) == [[8], [4, 2]] and mesh_shapes([[], [2, 4]], 8) == [[8], [2, 4]]
+    assert mesh_shapes(OmegaConf.create([[4, 2]]), 8) == [[4, 2]]   # as Hydra composes it
+    assert is_several("auto") and is_several([[8], [4, 2]]) and is_several([[4, 2]])
+    assert not is_several([4, 2]) and not is_several([])
+    with pytest.raises(UserError, match=r"^mode.mesh_shape=\[\[8\], \[\]\] names the mesh \[8\] twice: give each "
+                                        r"mesh once$"):
+        mesh_shapes([[8], []], 8)
+    # Before submission, one line each: every mesh the job's devices, each once, sizes not names.
+    job = Job(devices=8, files_here=True)
+    mode = lambda shape, cls=SearchMode: OmegaConf.structured(cls(mesh_shape=shape))
+    SearchMode.check(mode([[8], [4, 2], [2, 2, 2]]), job)
+    with pytest.raises(UserError, match=r"^mode.mesh_shape=\[4, 4\] has 16 devices but the job has 8: "):
+        SearchMode.check(mode([[8], [4, 4]]), job)
+    with pytest.raises(UserError, match=r"names the mesh \[4, 2\] twice"):
+        SearchMode.check(mode([[4, 2], [4, 2]]), job)
+    with pytest.raises(UserError, match=r"^mode.mesh_shape=\[\[8\], \['a', 2\]\]: give a list of axis sizes, .* "
+                                        r"or several meshes to search, e.g. \[\[8\],\[4,2\]\]$"):
+        SearchMode.check(mode([[8], ["a", 2]]), job)
+    with pytest.raises(UserError, match=r"^mode.mesh_shape=\[\[8\], \[4, 2\]\]: mode=analysis analyses one mesh"):
+        AnalysisMode.check(mode([[8], [4, 2]], AnalysisMode), job)
+
+
+def test_a_2d_mesh_listed_without_the_1d_one_offers_every_plan():
+    """The two-role rule leaves out what the 1-D mesh offers, so it holds only where that is searched too."""
+    s = user_programs.make_numpy_mlp()   # plain JAX: the oldest JAX's venv runs it too
+    program = step_program(s.fn, s.args, data_argnums=s.data_argnums)
+    lines = []
+    with_1d = pipeline.analyze_meshes(program, [[8], [4, 2]], log=lines.append)
+    alone = pipeline.analyze_meshes(program, [[4, 2]])
+    assert [o.shape for o in with_1d] == [[8], [4, 2]] and [o.shape for o in alone] == [[4, 2]]
+    assert [o.folder for o in with_1d] == ["mesh_8/", "mesh_4x2/"] and alone[0].folder == "mesh_4x2/"
+    assert lines[0] == f"mode.mesh_shape=[[8], [4, 2]]: searching the logical meshes [[8], [4, 2]] of the " \
+                       f"{jax.device_count()} devices"
+    plans = lambda o: sum(b.enumerated for b in o.analyzed.analysis.blocks)
+    assert with_1d[1].analyzed.analysis.two_axis_only and not alone[0].analyzed.analysis.two_axis_only
+    assert plans(alone[0]) > plans(with_1d[1])

@@ -9,10 +9,11 @@ with its defaults: what each does and why its default is what it is, is said the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.search.meshes import AUTO, is_auto
+from launcher.sharding.search.meshes import AUTO, is_auto, is_list_of_shapes, mesh_shapes
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
 from launcher.modes.checks import check_files, check_mesh_shape
@@ -21,7 +22,8 @@ from launcher.modes.checks import check_files, check_mesh_shape
 @dataclass
 class AnalysisConfig(ModeConfig):
     # [] = 1-D over all global devices; e.g. [2, 4]; "auto" (profile, search and cfp) every logical
-    # mesh worth searching, the fastest plan over them kept (launcher/sharding/search/meshes.py)
+    # mesh worth searching, or a list of meshes ([[8], [4, 2]]), the fastest plan over them kept
+    # (launcher/sharding/search/meshes.py)
     mesh_shape: Any = field(default_factory=list)
     hlo_file: str = ""  # analyse this HLO text module instead of the model's training step
     learning_rate: float = 1e-3  # of the optimizer whose update is part of the analysed step
@@ -36,10 +38,14 @@ class AnalysisConfig(ModeConfig):
         shape = mode.mesh_shape
         if is_auto(shape):
             return
-        if isinstance(shape, str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
-            raise UserError(f"mode.mesh_shape={shape}: give a list of axis sizes, e.g. [4,2], [] for 1-D over "
-                            f"every device, or {AUTO}")
-        check_mesh_shape("mode.mesh_shape", shape, replace(job, devices=None) if mode.hlo_file else job)
+        shapes = list(shape) if is_list_of_shapes(shape) else [shape]
+        for one in shapes:
+            if isinstance(one, str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in one):
+                raise UserError(f"mode.mesh_shape={_shown(shape)}: give a list of axis sizes, e.g. [4,2], [] for 1-D "
+                                f"over every device, {AUTO}, or several meshes to search, e.g. [[8],[4,2]]")
+            check_mesh_shape("mode.mesh_shape", one, replace(job, devices=None) if mode.hlo_file else job)
+        if len(shapes) > 1 and job.devices is not None:
+            mesh_shapes(shape, job.devices)   # each mesh once
 
 
 @dataclass
@@ -71,3 +77,7 @@ class ProfileConfig(AnalysisConfig):
         ProfileOptions.of(mode)
         super().check(mode, job)
 
+
+def _shown(shape: Any) -> Any:
+    """``mode.mesh_shape`` as the user wrote it (plain lists, not OmegaConf's)."""
+    return [_shown(s) for s in shape] if isinstance(shape, Sequence) and not isinstance(shape, str) else shape

@@ -62,7 +62,7 @@ from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
 from launcher.sharding.search.measure import communication_study as study
 from launcher.sharding.search.behind import behind_note
-from launcher.sharding.search.meshes import for_each_mesh, is_auto, mesh_shapes
+from launcher.sharding.search.meshes import AUTO, for_each_mesh, is_auto, is_several, mesh_shapes
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
 from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
@@ -125,22 +125,25 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
 def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, two_axis_only: bool = True,
                    log: Log = _silent) -> list[OnMesh]:
     """``analyze`` on each logical mesh of ``mesh_shape`` (``auto``: every mesh worth searching,
-    ``search/meshes.py``, analysed with ``two_axis_only``; else the one shape given, [] for 1-D):
-    an ``OnMesh`` each, not yet profiled. With ``auto`` a mesh the model cannot divide is left out
-    (the log says why) and each mesh's files go in a folder of their own (``OnMesh.folder``); the
-    one shape given is refused."""
-    auto = is_auto(mesh_shape)
-    shapes = mesh_shapes(mesh_shape, jax.device_count(), jax.process_count())
-    if auto:
-        log("mode.mesh_shape=auto: searching the logical meshes %s of the %d devices" % (shapes, jax.device_count()))
+    ``search/meshes.py``; a list of shapes: those; else the one shape given, [] for 1-D): an
+    ``OnMesh`` each, not yet profiled. Of several meshes, the 2-D ones are analysed with
+    ``two_axis_only`` where the 1-D mesh is searched too (the plans it leaves out are the 1-D
+    mesh's), a mesh the model cannot divide is left out (the log says why) and each mesh's files
+    go in a folder of their own (``OnMesh.folder``); the one shape given is refused."""
+    several, n = is_several(mesh_shape), jax.device_count()
+    shapes = mesh_shapes(mesh_shape, n, jax.process_count())
+    given = AUTO if is_auto(mesh_shape) else shapes
+    if several:
+        log("mode.mesh_shape=%s: searching the logical meshes %s of the %d devices" % (given, shapes, n))
     meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first
+    two_axis_only = two_axis_only and several and [n] in shapes
     analyzed, _ = for_each_mesh(
         shapes, lambda i: analyze(model, mesh_shape=shapes[i], learning_rate=learning_rate,
-                                  two_axis_only=auto and two_axis_only, log=log),
-        refuse=UserError if auto else (), log=log,
-        none_fit=lambda why: UserError("mode.mesh_shape=auto: the model divides none of the meshes of %d devices: "
-                                       "%s" % (jax.device_count(), why)))
-    return [OnMesh(a, mesh, folder=f"mesh_{'x'.join(map(str, shape))}/" if auto else "")
+                                  two_axis_only=two_axis_only, log=log),
+        refuse=UserError if several else (), log=log,
+        none_fit=lambda why: UserError("mode.mesh_shape=%s: the model divides none of the meshes of %d devices: "
+                                       "%s" % (given, n, why)))
+    return [OnMesh(a, mesh, folder=f"mesh_{'x'.join(map(str, shape))}/" if several else "")
             for a, mesh, shape in zip(analyzed, meshes, shapes, strict=True) if a is not None]
 
 

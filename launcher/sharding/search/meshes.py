@@ -21,9 +21,10 @@ Every pass that works mesh by mesh (the analysis, the search's DP, the ILP) goes
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, TypeVar
 
-from launcher.errors import BAD_INPUT
+from launcher.errors import BAD_INPUT, UserError
 
 R = TypeVar("R")
 
@@ -32,6 +33,20 @@ AUTO = "auto"
 
 def is_auto(mesh_shape: Any) -> bool:
     return isinstance(mesh_shape, str) and mesh_shape == AUTO
+
+
+def is_list_of_shapes(mesh_shape: Any) -> bool:
+    """A list of mesh shapes (``[[8], [4, 2]]``): the meshes to search, as ``auto`` searches its own."""
+    return _is_list(mesh_shape) and len(mesh_shape) > 0 and all(_is_list(s) for s in mesh_shape)
+
+
+def is_several(mesh_shape: Any) -> bool:
+    """Whether ``mode.mesh_shape`` asks for several meshes searched, the fastest plan kept."""
+    return is_auto(mesh_shape) or is_list_of_shapes(mesh_shape)
+
+
+def _is_list(x: Any) -> bool:   # a list, a tuple or OmegaConf's ListConfig (a Sequence too)
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
 
 
 def auto_shapes(n: int, processes: int = 1) -> list[list[int]]:
@@ -47,9 +62,17 @@ def auto_shapes(n: int, processes: int = 1) -> list[list[int]]:
 
 def mesh_shapes(mesh_shape: Any, n: int, processes: int = 1) -> list[list[int]]:
     """``mode.mesh_shape`` as the meshes to search over ``n`` devices (of ``processes``): ``auto``
-    gives ``auto_shapes``; ``[]`` the 1-D mesh; anything else is the one shape given."""
+    gives ``auto_shapes``; a list of shapes those (``[]`` among them the 1-D mesh), in its order;
+    ``[]`` the 1-D mesh; anything else is the one shape given."""
     if is_auto(mesh_shape):
         return auto_shapes(n, processes)
+    if is_list_of_shapes(mesh_shape):
+        shapes = [[int(a) for a in s] or [n] for s in mesh_shape]
+        twice = [s for k, s in enumerate(shapes) if s in shapes[:k]]
+        if twice:
+            raise UserError(f"mode.mesh_shape={[list(s) for s in mesh_shape]} names the mesh {twice[0]} twice: "
+                            "give each mesh once")
+        return shapes
     return [list(mesh_shape) or [n]]
 
 

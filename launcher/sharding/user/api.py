@@ -93,7 +93,8 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     ``example_args``: the step's arguments (arrays, or ``jax.ShapeDtypeStruct`` for shapes only;
     any pytree: Flax NNX state or modules, Linen variables, Equinox modules, dicts).
     ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
-    kept), or one shape, e.g. ``[4, 2]`` (``[]``: 1-D). ``algorithm``: ``cfp`` (the default:
+    kept), the meshes to search instead, e.g. ``[[8], [4, 2]]``, or one shape, e.g. ``[4, 2]``
+    (``[]``: 1-D). ``algorithm``: ``cfp`` (the default:
     profile the step's segments, then search) or ``ilp`` (the Alpa-style ILP, nothing profiled),
     or any algorithm registered (``launcher/sharding/algorithms/``).
     ``data_argnums``: which arguments are data (default: the last one).
