@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.sharding.search.meshes import AUTO, is_auto, is_several
+from launcher.sharding.search.meshes import is_several, shown
 from launcher.errors import UserError
 from launcher.modes.cfp_config import AnalysisConfig
 
@@ -25,7 +25,6 @@ class Config(AnalysisConfig):
     def check(cls, mode, job) -> None:
         """Before submission: one mesh (not ``auto`` nor a list of them), and the analysis's checks."""
         if is_several(mode.mesh_shape):
-            shown = AUTO if is_auto(mode.mesh_shape) else [list(s) for s in mode.mesh_shape]
-            raise UserError(f"mode.mesh_shape={shown}: mode=analysis analyses one mesh; give its shape, e.g. "
+            raise UserError(f"mode.mesh_shape={shown(mode.mesh_shape)}: mode=analysis analyses one mesh; give its shape, e.g. "
                             "mode.mesh_shape=[4,2], or [] for 1-D (mode=profile, search and cfp take several)")
         super().check(mode, job)

@@ -9,11 +9,10 @@ with its defaults: what each does and why its default is what it is, is said the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from collections.abc import Sequence
 from typing import Any, Optional
 
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.search.meshes import AUTO, is_auto, is_list_of_shapes, mesh_shapes
+from launcher.sharding.search.meshes import AUTO, is_auto, is_list_of_shapes, mesh_shapes, shown
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
 from launcher.modes.checks import check_files, check_mesh_shape
@@ -41,7 +40,7 @@ class AnalysisConfig(ModeConfig):
         shapes = list(shape) if is_list_of_shapes(shape) else [shape]
         for one in shapes:
             if isinstance(one, str) or not all(isinstance(n, int) and not isinstance(n, bool) for n in one):
-                raise UserError(f"mode.mesh_shape={_shown(shape)}: give a list of axis sizes, e.g. [4,2], [] for 1-D "
+                raise UserError(f"mode.mesh_shape={shown(shape)}: give a list of axis sizes, e.g. [4,2], [] for 1-D "
                                 f"over every device, {AUTO}, or several meshes to search, e.g. [[8],[4,2]]")
             check_mesh_shape("mode.mesh_shape", one, replace(job, devices=None) if mode.hlo_file else job)
         if len(shapes) > 1 and job.devices is not None:
@@ -76,8 +75,3 @@ class ProfileConfig(AnalysisConfig):
                             "for mode=analysis only (a module alone cannot be re-run under other plans)")
         ProfileOptions.of(mode)
         super().check(mode, job)
-
-
-def _shown(shape: Any) -> Any:
-    """``mode.mesh_shape`` as the user wrote it (plain lists, not OmegaConf's)."""
-    return [_shown(s) for s in shape] if isinstance(shape, Sequence) and not isinstance(shape, str) else shape

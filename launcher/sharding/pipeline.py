@@ -62,7 +62,7 @@ from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
 from launcher.sharding.search.measure import communication_study as study
 from launcher.sharding.search.behind import behind_note
-from launcher.sharding.search.meshes import AUTO, for_each_mesh, is_auto, is_several, mesh_shapes
+from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
 from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
@@ -132,7 +132,7 @@ def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, 
     go in a folder of their own (``OnMesh.folder``); the one shape given is refused."""
     several, n = is_several(mesh_shape), jax.device_count()
     shapes = mesh_shapes(mesh_shape, n, jax.process_count())
-    given = AUTO if is_auto(mesh_shape) else shapes
+    given = shown(mesh_shape)
     if several:
         log("mode.mesh_shape=%s: searching the logical meshes %s of the %d devices" % (given, shapes, n))
     meshes = [make_mesh(shape) for shape in shapes]  # a mesh that does not fit fails first

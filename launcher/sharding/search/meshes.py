@@ -45,6 +45,11 @@ def is_several(mesh_shape: Any) -> bool:
     return is_auto(mesh_shape) or is_list_of_shapes(mesh_shape)
 
 
+def shown(mesh_shape: Any) -> Any:
+    """``mode.mesh_shape`` as written, in plain lists (OmegaConf's print otherwise), for messages."""
+    return [shown(s) for s in mesh_shape] if _is_list(mesh_shape) else mesh_shape
+
+
 def _is_list(x: Any) -> bool:   # a list, a tuple or OmegaConf's ListConfig (a Sequence too)
     return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
 
@@ -70,7 +75,7 @@ def mesh_shapes(mesh_shape: Any, n: int, processes: int = 1) -> list[list[int]]:
         shapes = [[int(a) for a in s] or [n] for s in mesh_shape]
         twice = [s for k, s in enumerate(shapes) if s in shapes[:k]]
         if twice:
-            raise UserError(f"mode.mesh_shape={[list(s) for s in mesh_shape]} names the mesh {twice[0]} twice: "
+            raise UserError(f"mode.mesh_shape={shown(mesh_shape)} names the mesh {twice[0]} twice: "
                             "give each mesh once")
         return shapes
     return [list(mesh_shape) or [n]]
