@@ -11,7 +11,8 @@ bench compiles every candidate a cold profile times on both meshes (the rough mo
 times them all under each protocol, in turn, `--passes` times:
 
 - **sequential**: each program's runs back to back, beside its overhead program, one program
-  after another, `[4, 2]`'s then `[2, 4]`'s, as the profile's candidate loop times them;
+  after another, `[4, 2]`'s then `[2, 4]`'s, timed by the profile's own ``Timer`` as its
+  candidate loop times them;
 - **interleaved**: round by round, each program once (beside its overhead program) in every
   round, as the races time whole steps: drift between programs cancels;
 
@@ -94,14 +95,13 @@ def _run(program, args) -> float:
 
 
 def sequential(programs, runs: int) -> list[float]:
-    nets = []
+    """The candidate loop's own timing (``Timer.beside_overhead``, its one warm-up run), one
+    program after another."""
+    from launcher.sharding.measuring.timing import Timer
+
+    timer, nets = Timer(warmup=1, repeats=runs), []
     for *_, compiled, overhead, args in programs:
-        _run(compiled, args)   # the loop's one warm-up run of each
-        _run(overhead, args)
-        times, overheads = [], []
-        for _ in range(runs):
-            times.append(_run(compiled, args))
-            overheads.append(_run(overhead, args))
+        times, overheads = timer.beside_overhead(compiled, overhead, args)
         nets.append(statistics.median(times) - statistics.median(overheads))
     return nets
 

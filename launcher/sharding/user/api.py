@@ -94,9 +94,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
     any pytree: Flax NNX state or modules, Linen variables, Equinox modules, dicts).
     ``mesh_shape``: ``"auto"`` (every 1-D and 2-D logical mesh of the devices, the fastest plan
     kept), the meshes to search instead, e.g. ``[[8], [4, 2]]``, or one shape, e.g. ``[4, 2]``
-    (``[]``: 1-D). ``algorithm``: ``cfp`` (the default:
-    profile the step's segments, then search) or ``ilp`` (the Alpa-style ILP, nothing profiled),
-    or any algorithm registered (``launcher/sharding/algorithms/``).
+    (``[]``: 1-D). ``algorithm``: ``cfp`` (the default: profile the step's segments, then
+    search) or ``ilp`` (the Alpa-style ILP, nothing profiled), or any algorithm registered
+    (``launcher/sharding/algorithms/``).
     ``data_argnums``: which arguments are data (default: the last one).
     ``in_shardings``: the shardings the user's own code gives the arguments (as for
     ``jax.jit``), raced as the ``user`` baseline (default: the layouts the example arguments
