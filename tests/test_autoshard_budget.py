@@ -90,3 +90,12 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
     note = behind_note(planned, "CFP's plan", "fsdp", 1.3, jax.devices())
     assert note.startswith("CFP's plan ran 1.300x fsdp (over 1.02x): it differs from the plan nearest fsdp in blocks 0")
     assert "(segment" in note and "that plan is not fsdp's layout: fsdp stores" in note
+    # The ILP's plan: its block assignment read where its solution is one, and where it is laid out
+    # per contraction, said so rather than that the baseline has no nearest plan.
+    ilp = SimpleNamespace(on=on, fields={"plan": {"block_assignment": mine}})
+    assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()).partition(": ")[2] == \
+        note.partition(": ")[2]
+    ilp.fields["plan"]["block_assignment"] = None
+    assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()) == (
+        "the Alpa-style ILP's plan ran 1.300x fsdp (over 1.02x): it lays out the contractions of a block apart, "
+        "not one plan per block, so no block can be named where it differs from fsdp")

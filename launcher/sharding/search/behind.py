@@ -25,9 +25,14 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
     found = nearest(a, program, baseline, devices) if program is not None else None
-    assignment = planned.fields.get("plan", {}).get("assignment")
+    # CFP's plan is one plan per block; the ILP's is one where its solution is (``block_assignment``).
+    plan = planned.fields.get("plan", {})
+    assignment = plan.get("assignment", plan.get("block_assignment"))
     head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
-    if found is None or assignment is None:
+    if assignment is None:
+        return (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
+                f"named where it differs from {baseline}")
+    if found is None:
         return f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
     differ = [b for b, (mine, near) in enumerate(zip(assignment, found.assignment, strict=True)) if mine != near]
     segments = sorted({s.index for s in a.segments for b in differ if s.start <= b < s.end})
