@@ -288,7 +288,7 @@ def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path, g
                 store = tempfile.mkdtemp(prefix=f"bench-autoshard-cold-{name}-")
                 try:
                     proc = subprocess.run([sys.executable, __file__, "--worker", name, store, "--cold-ab",
-                                           *[f"{k}={v}" for k, v in options.items()]], env={**env, **extra},
+                                           *[f"{k}={json.dumps(v)}" for k, v in options.items()]], env={**env, **extra},
                                           stdout=subprocess.PIPE, text=True, cwd=REPO)
                 finally:
                     shutil.rmtree(store, ignore_errors=True)
@@ -365,7 +365,13 @@ def main() -> None:
                     help="--cold-ab: environment variables of the given side's searches")
     ap.add_argument("--worker", nargs=2, metavar=("PROGRAM", "STORE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    given = {k: json.loads(v) for k, _, v in (o.partition("=") for o in args.cold_ab or [])}
+    given = {}
+    for k, _, v in (o.partition("=") for o in args.cold_ab or []):
+        try:
+            given[k] = json.loads(v)
+        except json.JSONDecodeError:
+            ap.error(f"--cold-ab {k}={v}: give OPTION=VALUE with the value as JSON, e.g. interleave=false, "
+                     "profile_top_k=4 or 'mesh_shape=[[8],[4,2]]'")
     bad_env = [v for v in args.cold_env if "=" not in v or not v.split("=", 1)[0]]
     if bad_env:
         ap.error(f"--cold-env {' '.join(bad_env)}: give NAME=VALUE, e.g. XLAUNCH_COMPILE_WORKERS=2")

@@ -11,10 +11,13 @@ bench compiles every candidate a cold profile times on both meshes (the rough mo
 times them all under each protocol, in turn, `--passes` times:
 
 - **sequential**: each program's runs back to back, beside its overhead program, one program
-  after another, `[4, 2]`'s then `[2, 4]`'s, timed by the profile's own ``Timer`` as its
+  after another, `[4, 2]`'s then `[2, 4]`'s, timed by the profile's own ``Timer`` as CFP's
+  artifact times them (the candidate loop with ``interleave=False``);
+- **rounds**: each unit's programs on each mesh in rounds, each once a round beside its
+  overhead program, one unit after another, by the profile's own ``Timer.rounds`` as its
   candidate loop times them;
-- **interleaved**: round by round, each program once (beside its overhead program) in every
-  round, as the races time whole steps: drift between programs cancels;
+- **interleaved**: round by round, every program of both meshes once (beside its overhead
+  program) in every round, as the races time whole steps: drift between programs cancels;
 
 each with `--runs` runs per program. The net time is the median run less the median overhead
 run, as the profile stores it. Reported per protocol and pass:
@@ -22,7 +25,9 @@ run, as the profile stores it. Reported per protocol and pass:
   above 1);
 - for each unit and mesh, the **regret** of the combination that protocol times fastest: its
   true net time over the truly fastest's. The truth is the mean of separate interleaved passes of
-  the most runs, taken before and after the rest and used for nothing else.
+  the most runs, taken before and after the rest and used for nothing else. Being interleaved
+  itself, it favours the interleaved protocol at the same number of runs: read that row as an
+  upper bound, and compare the protocols at the profile's 10 runs.
 
 To bench/results/bench_profile_timing.json.
 """
@@ -106,6 +111,20 @@ def sequential(programs, runs: int) -> list[float]:
     return nets
 
 
+def rounds(programs, runs: int) -> list[float]:
+    """The candidate loop's own timing (``Timer.rounds``, its one warm-up round): a unit's
+    programs on a mesh in rounds, one unit after another."""
+    from launcher.sharding.measuring.timing import Timer
+
+    timer, nets, groups = Timer(warmup=1, repeats=runs), [0.0] * len(programs), {}
+    for k, (shape, blocks, *_) in enumerate(programs):
+        groups.setdefault((tuple(shape), tuple(blocks)), []).append(k)
+    for ks in groups.values():
+        for k, (times, overheads) in zip(ks, timer.rounds([programs[k][-3:] for k in ks]), strict=True):
+            nets[k] = statistics.median(times) - statistics.median(overheads)
+    return nets
+
+
 def interleaved(programs, runs: int) -> list[float]:
     times, overheads = [[] for _ in programs], [[] for _ in programs]
     for *_, compiled, overhead, args in programs:
@@ -145,7 +164,7 @@ def one(name: str, passes: int, runs: list[int]) -> dict:
         units.setdefault(programs[a][1], []).append(k)
     most = max(runs)
     truth_nets = [interleaved(programs, most)]
-    protocols = {f"{f.__name__} x{n}": (f, n) for n in runs for f in (sequential, interleaved)}
+    protocols = {f"{f.__name__} x{n}": (f, n) for n in runs for f in (sequential, rounds, interleaved)}
     measured: dict = {p: [] for p in protocols}
     for _ in range(passes):
         for p, (f, n) in protocols.items():

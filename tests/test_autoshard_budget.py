@@ -95,6 +95,14 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
     ilp = SimpleNamespace(on=on, fields={"plan": {"block_assignment": mine}})
     assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()).partition(": ")[2] == \
         note.partition(": ")[2]
+    # Where the nearest plan is the baseline's own layout, the ILP's plan was kept by its cost
+    # model, not by profiles and a shortlist.
+    dp = nearest(a, program, "dp", jax.devices())
+    assert dp.exact
+    ilp.fields["plan"]["block_assignment"] = [(p + 1) % a.blocks[b].num_plans for b, p in enumerate(dp.assignment)]
+    assert behind_note(ilp, "the Alpa-style ILP's plan", "dp", 1.3, jax.devices()).endswith(
+        "that plan is dp's own layout; the ILP's cost model predicted its plan faster (it measures no plan before "
+        "the race)")
     ilp.fields["plan"]["block_assignment"] = None
     assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()) == (
         "the Alpa-style ILP's plan ran 1.300x fsdp (over 1.02x): it lays out the contractions of a block apart, "

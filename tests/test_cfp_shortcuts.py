@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
+from types import SimpleNamespace
 
 import jax
 import pytest
 
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.profile.candidates import CandidateLoop, Shortcuts, memory_of
+from launcher.sharding.profile.candidates import CandidateLoop, Shortcuts, batched, memory_of
 from launcher.sharding.profile.keys import PROFILE_VERSION
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.measuring.timing import EarlyStop, Timer
@@ -343,6 +345,78 @@ def test_timer_stops_after_the_first_runs_only_when_told():
     # no decision when the first runs are all the runs
     assert [len(t) for t in Timer(1, 2).runs([f, g], [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
     assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+
+
+def test_timer_rounds_run_each_program_once_a_round_and_stop_only_those_told():
+
+    calls: list[str] = []
+
+    def program(name):
+        def run(x):
+            calls.append(name)
+            return x + 1
+        return run
+
+    x = jnp.ones(4)
+    entries = [(program("a"), program("a0"), [x]), (program("b"), program("b0"), [x]), (program("c"), program("c0"), [x])]
+    seen = []
+
+    def stop(times, overheads):
+        seen.append(([len(t) for t in times], [len(o) for o in overheads]))
+        return [False, True, False]
+
+    out = Timer(warmup=1, repeats=4).rounds(entries, stop=stop, after=2)
+    # One warm-up round, then rounds of each program beside its overhead program; b ends after 2.
+    assert calls == ["a", "a0", "b", "b0", "c", "c0"] * 3 + ["a", "a0", "c", "c0"] * 2
+    assert seen == [([2, 2, 2], [2, 2, 2])]
+    assert [(len(t), len(o)) for t, o in out] == [(4, 4), (2, 2), (4, 4)]
+    # No decision when the first runs are all the runs.
+    calls.clear()
+    assert [len(t) for t, _ in Timer(warmup=0, repeats=2).rounds(entries, stop=stop, after=2)] == [2, 2, 2]
+    assert len(seen) == 1 and calls == ["a", "a0", "b", "b0", "c", "c0"] * 2
+
+
+def test_batches_hold_whole_kinds_and_a_large_kind_in_parts():
+
+    def kind(k, n):
+        u = SimpleNamespace(kind=(k, 0))
+        return [(u, (i,)) for i in range(n)]
+
+    todo = kind(0, 2) + kind(1, 3) + kind(2, 6) + kind(3, 9) + kind(4, 20)
+    batches = batched(todo, 8, most=10)
+    assert [sorted(Counter(u.kind[0] for u, _ in b).items()) for b in batches] == \
+        [[(0, 2), (1, 3)], [(2, 6)], [(3, 9)], [(4, 10)], [(4, 10)]]
+    assert [c for b in batches for c in b] == todo
+
+
+def test_a_segments_combinations_are_timed_in_rounds_against_the_fastest_of_them(tmp_path):
+    """In rounds, the early stop's yardstick is the candidate whose slowest first run is the
+    fastest: with a ratio every real run is over (1e-6), it alone is timed in full and every
+    other stops against it. One after another (``interleave=False``, CFP's artifact), the first
+    is timed in full and the rest stop against it."""
+    a, mesh = mlp_on_4()
+    (u,) = profiling_units(a, 128)
+    combos = u.combos()
+    for interleave in (True, False):
+        store = ProfileStore(tmp_path / f"store{interleave}")
+        keys = StoreKeys(a, mesh)
+        options = ProfileOptions.exhaustive(repeats=4, warmup=1, overlap_compile=False, early_stop_ratio=1e-6,
+                                            interleave=interleave)
+        prof = Profiler(a, mesh, store, options, log=lambda line: None).run()
+        entries = {c: store.get(keys.segment(u, c)) for c in combos}
+        full = [c for c, e in entries.items() if not e.get("stopped_early")]
+        assert len(full) == 1 and prof.stopped == len(combos) - 1, entries
+        (best,) = full
+        if interleave:   # the fastest of the first 2 rounds, by its slower run
+            yardstick = max(entries[best]["times_s"][:2])
+            assert yardstick == min(max(e["times_s"][:2]) for e in entries.values())
+        else:            # the first in order, timed in full
+            assert best == CandidateLoop(a, mesh, store, keys, Timer(), [u], options).candidates()[0][1]
+            yardstick = entries[best]["time_s"]
+        assert len(entries[best]["times_s"]) == 4
+        for c, e in entries.items():
+            if c != best:
+                assert len(e["times_s"]) == 2 and e["best_s"] == yardstick and e["stop_ratio"] == 1e-6
 
 
 # ---------------------------------------------------------------------------------------------

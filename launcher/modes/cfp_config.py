@@ -59,6 +59,7 @@ class ProfileConfig(AnalysisConfig):
     memory_budget_gb: float = ProfileOptions.memory_budget_gb
     skip_over_budget: bool = ProfileOptions.skip_over_budget
     early_stop_ratio: float = ProfileOptions.early_stop_ratio
+    interleave: bool = ProfileOptions.interleave
     overlap_compile: Optional[bool] = ProfileOptions.overlap_compile
     # mode=profile's communication study (launcher/sharding/search/measure.py): every uniform plan of
     # the whole step, with its collectives and step time, run iterations steps x run_repeats.

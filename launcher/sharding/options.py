@@ -94,6 +94,11 @@ class ProfileOptions(Options):
     # segment timed so far is timed no further (its time, a bound, is stored as such; a later
     # run with a larger ratio or 0 times it in full). 0: time every combination in full.
     early_stop_ratio: float = 1.5
+    # Time a segment's combinations in rounds, each once a round beside its overhead program, so
+    # the machine's drift falls on all alike (it picked a unit's truly fastest combination in 65%
+    # of units where one after another picked 60%; bench/bench_profile_timing.py). False: each
+    # timed in full in turn, as CFP's artifact does.
+    interleave: bool = True
     # Compile the next candidate while timing this one. None: yes on accelerators, no on CPU
     # devices, where the compiler and the timed program would share (and skew) the same cores.
     overlap_compile: Optional[bool] = None

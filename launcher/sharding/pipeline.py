@@ -184,16 +184,18 @@ def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOpt
     CFP's shortcuts (``profile/candidates.py``): with ``skip_over_budget``, a combination no plan
     within the memory budget can hold is not timed (search under a budget no larger); with
     ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
-    timed no further. ``options.profile_top_k``: of each unit's combinations, those a rough cost
+    timed no further. ``options.interleave``: a unit's combinations timed in rounds, else one after
+    another. ``options.profile_top_k``: of each unit's combinations, those a rough cost
     model ranks first, and those of the whole plans ``keep`` (a plan per block)."""
     o = options
     a = analyzed.analysis
     store = ProfileStore(Path(o.store_dir).expanduser().resolve())
     log("profile store: %s (%d entries)" % (store.root, len(store)))
     profiler = Profiler(a, mesh, store, o, keep=keep, log=log, is_main=is_main)
-    log("profile: compiling the next candidate %s" % ("while timing the current one" if profiler.overlap else
-                                                       "after timing the current one (mode.overlap_compile=true to "
-                                                       "overlap)"))
+    log("profile: compiling the next candidates %s; %s" % (
+        "while timing these" if profiler.overlap else "after timing these (mode.overlap_compile=true to overlap)",
+        "a segment's combinations timed in rounds (mode.interleave=false: each in full in turn)" if o.interleave
+        else "each combination timed in full in turn (mode.interleave=false)"))
     shortcuts = profiler.shortcuts
     if shortcuts.memory_budget_bytes:
         skip = "combinations no plan within the memory budget (%.6g GB per device) can hold are not timed" \

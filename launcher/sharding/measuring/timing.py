@@ -133,6 +133,46 @@ class Timer:
         times, overhead_times = self.runs([program, overhead], args, repeats, stop)
         return slowest_process(times), slowest_process(overhead_times)
 
+    def rounds(self, entries: Sequence[tuple[Any, Any, Sequence[Any]]], repeats: int | None = None,
+               stop: "Callable[[list[list[float]], list[list[float]]], list[bool]] | None" = None, after: int = 2
+               ) -> list[tuple[list[float], list[float]]]:
+        """Seconds per run of each ``(program, overhead program, arguments)`` of ``entries`` and of
+        its overhead program (the slowest process's, run by run), timed in rounds: every round
+        runs each program once, beside its overhead program, so a change in the machine's load
+        falls on all of them alike, as the races time whole steps. With ``stop``, after ``after``
+        rounds (when more were to come) ``stop(times, overhead_times)`` (the slowest process's,
+        the same on every process) says which entries end there: their lists are then that short.
+        Rank 0's decision counts, so every process runs the same programs in the same rounds."""
+        def run(program: Any, args: Sequence[Any]) -> float:
+            if self.flush is not None:
+                self.flush()
+            t = time.perf_counter()
+            jax.block_until_ready(program(*args))   # every output (``runs``)
+            seconds = time.perf_counter() - t
+            jaxcompat.settle_programs()
+            return seconds
+
+        def measure() -> list[list[list[float]]]:
+            times: list[list[list[float]]] = [[[], []] for _ in entries]
+            n, going = repeats or self.repeats, list(range(len(entries)))
+            for turn in range(n):
+                for k in going:
+                    program, overhead, args = entries[k]
+                    times[k][0].append(run(program, args))
+                    times[k][1].append(run(overhead, args))
+                if stop is not None and turn + 1 == after < n:
+                    slowest = [[slowest_process(t), slowest_process(o)] for t, o in times]
+                    ends = stop([t for t, _ in slowest], [o for _, o in slowest])
+                    ends = hosts.broadcast(np.array([int(e) for e in ends], dtype=np.int32))
+                    going = [k for k in going if not ends[k]]
+            return times
+
+        for _ in range(self.warmup):
+            for program, overhead, args in entries:
+                run(program, args)
+                run(overhead, args)
+        return [(slowest_process(t), slowest_process(o)) for t, o in quiet(measure)]
+
     def entry(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
               statistic: Callable[[Sequence[float]], float] = statistics.median) -> dict:
         """A store entry: ``statistic`` (the median) of the seconds of ``program`` and of its

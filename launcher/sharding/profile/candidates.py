@@ -1,12 +1,16 @@
 """The candidate loop: every plan combination of the first unit of each kind, compiled as a
 program of that unit alone with those plans' sharding constraints, timed beside its overhead
-program and stored as soon as it is measured.
+program and stored as soon as its kind's are measured.
 
-Candidates are compiled in batches, the job's processes sharing each batch's compiles
-(``launcher/runtime/compile_share.py``: each compiles its share and loads the others'), then
-timed in order; with ``overlap`` the next batch compiles on a worker thread while this one is
-timed. Every process runs the same candidates in the same order (the collectives need it);
-rank 0 decides which the store lacks and writes the entries.
+Candidates are compiled in batches of whole unit kinds, the job's processes sharing each batch's
+compiles (``launcher/runtime/compile_share.py``: each compiles its share and loads the others'),
+then each kind's combinations are timed in rounds (``Timer.rounds``: every round runs each once,
+beside its overhead program), so the machine's drift falls on the combinations compared alike.
+Timed one after another, as CFP's artifact does (``interleave=False``), the same 10 runs picked a
+unit's truly fastest combination in 60% of units, in rounds in 65% (three runs of
+``bench/bench_profile_timing.py``, docs/benchmarks.md). With ``overlap`` the next batch compiles on
+a worker thread while this one is timed. Every process runs the same candidates in the same order
+(the collectives need it); rank 0 decides which the store lacks and writes the entries.
 
 CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
 ``benchmark_func``, ``alpa/shard_parallel/exp.py``):
@@ -22,10 +26,12 @@ CFP's two profiling shortcuts (``Shortcuts``; its artifact's ``test_exec`` and
   floor: nothing skipped could be in a plan within the budget. The entry keeps the candidate's
   memory and that floor, marked ``over_budget`` with ``time_s`` null;
 - a candidate whose first timed runs are all over ``early_stop_ratio`` times the fastest
-  candidate of its unit timed in full so far (``timing.EarlyStop``) is not timed further. Its
-  entry is marked ``stopped_early``: its ``time_s`` comes from those first runs, and the
-  candidate is at least ``early_stop_ratio`` times slower than the best, so the search may use it
-  as its cost (it cannot be its unit's best) but nothing may take it for a full measurement.
+  candidate of its unit timed in full so far (``timing.EarlyStop``) is not timed further. In
+  rounds, that yardstick is the faster of the best timed in full before and the candidate of the
+  same rounds whose slowest first run is the fastest. Its entry is marked ``stopped_early``: its
+  ``time_s`` comes from those first runs, and the candidate is at least ``early_stop_ratio`` times
+  slower than the best, so the search may use it as its cost (it cannot be its unit's best) but
+  nothing may take it for a full measurement.
 
 A budget no plan can meet stops the loop as soon as that is known (``budget.py``): once every
 combination of a unit kind has a known memory and those kinds' least memories add up to more
@@ -41,6 +47,7 @@ decision on rank 0's figures (memory) or the slowest process's (times), broadcas
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -76,8 +83,11 @@ Candidate = tuple[Unit, tuple[int, ...]]
 # Timed runs an early stop decides on: the artifact's two.
 EARLY_STOP_AFTER = 2
 # Candidates compiled together (at least two per process): enough for the job's processes to
-# compile side by side, few enough that their arguments, held until timed, stay small.
+# compile side by side, few enough that their arguments, held until timed, stay small. Batches
+# hold whole unit kinds (a kind is timed in rounds once all of it is compiled), packed up to
+# ROUNDS_AT_MOST, and a kind with more combinations (``profile_top_k=0``) is timed in parts of that many.
 BATCH = 8
+ROUNDS_AT_MOST = 16
 
 
 class _Submitted(NamedTuple):
@@ -138,7 +148,7 @@ class CandidateLoop:
                  keep: Sequence[Sequence[int]] = (), log: Callable[[str], None] = print, is_main: bool = True) -> None:
         self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
         self.log, self.is_main, self.shortcuts = log, is_main, Shortcuts.of(options)
-        self.overlap = overlaps(options, mesh)
+        self.overlap, self.interleave = overlaps(options, mesh), options.interleave
         # Which combinations of a kind are profiled: the ``profile_top_k`` the rough model ranks
         # first (``estimate.py``; 0: every one) and those of the whole plans ``keep`` (the plans
         # nearest the baselines, which the search measures beside its own).
@@ -287,8 +297,7 @@ class CandidateLoop:
             return 0
         # In batches: each process compiles its share of a batch while the others compile theirs
         # (``compile_share``), and with ``overlap`` the next batch compiles while this one is timed.
-        size = max(BATCH, 2 * jax.process_count())
-        batches = [todo[k:k + size] for k in range(0, len(todo), size)]
+        batches = batched(todo, max(BATCH, 2 * jax.process_count()))
         pool = ThreadPoolExecutor(max_workers=1) if self.overlap else None
         with compile_share.shared():
             try:
@@ -298,7 +307,7 @@ class CandidateLoop:
                     pool.shutdown(wait=True, cancel_futures=True)
 
     def _measure(self, batches: list[list[Candidate]], pool: Optional[ThreadPoolExecutor], progress: Any) -> int:
-        total, i = sum(map(len, batches)), -1
+        total, done = sum(map(len, batches)), 0
         next_up = pool.submit(self.submit_all, batches[0]) if pool else None
         for k, batch in enumerate(batches):
             if pool:
@@ -310,53 +319,114 @@ class CandidateLoop:
                 # on CPU devices a compile beside the timed program would take its cores.
                 submitted = self.submit_all(batch)
                 compile_share.ready(s.program for s in submitted)
+            # Each candidate's memory first (in order: each floor counts the memories known
+            # before it), then each kind's candidates within the budget timed together.
+            ready, infeasible = [], False
             for (u, combo), sub in zip(batch, submitted, strict=True):
-                i += 1
-                compiled, overhead, args, boundary, compile_s = self.ready(u, sub)
-                memory, mem = memory_of(sub.program, boundary)
-                self.memory[u.kind][combo] = mem
-                floor = self.plan_floor(u.kind, mem)
-                entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
-                         "blocks": [u.start, u.end]}
-                part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
-                where = f"SegmentIdx: {u.kind[0]}{part} ParallelBlock Strategy: {list(combo)}"
-                # Rank 0's figures decide (every process compiled the same programs; its figures
-                # are the ones the store keeps and the search adds up).
-                if _rank0_flag(self.shortcuts.over_budget(floor)):
-                    budget = self.shortcuts.memory_budget_bytes
-                    entry.update({"time_s": None, "over_budget": True, "budget_bytes": budget,
-                                  "plan_floor_bytes": floor})
-                    self.counts["over_budget"] += 1
-                    self.log(f"{where} not timed: mem_cost(GB): {mem / 2**30:.6f}, a plan holding it needs at least "
-                             f"{floor / 2**30:.6f}, over the memory budget {budget / 2**30:.6f}")
-                else:
-                    # (No overhead program only where this process's memory said over budget and
-                    # rank 0's did not: never seen, since every process compiles the same program.)
-                    overhead = overhead if overhead is not None else self.overhead_of(u, compiled, args)
-                    entry.update(self._time(u, compiled, overhead, args))
-                    if entry.get("stopped_early"):
-                        self.log(f"{where} avgcost: {entry['time_s']:.6f} (stopped early: first "
-                                 f"{len(entry['times_s'])} runs over {self.shortcuts.early_stop_ratio:g}x the best "
-                                 f"{entry['best_s']:.6f}) mem_cost(GB): {mem / 2**30:.6f}")
-                    else:
-                        self.log(f"{where} avgcost: {entry['time_s']:.6f} mem_cost(GB): {mem / 2**30:.6f}")
-                if self.is_main:
-                    self.store.put(self.keys.segment(u, combo), entry)
-                if progress is not None:
-                    progress.advance()
-                if i + 1 < total and len(self.memory[u.kind]) == self._combos[u.kind] \
+                ready.append(self._sized(u, combo, sub))
+                if done + len(ready) < total and len(self.memory[u.kind]) == self._combos[u.kind] \
                         and self.over_budget_everywhere():
-                    self.log(f"profile: stopped after {i + 1} of {total} combinations to measure: "
-                             f"{self.infeasible}")
-                    return i + 1
+                    infeasible = True
+                    break
+            for _, group in itertools.groupby(ready, key=lambda r: r.unit.kind):
+                group = list(group)
+                self._time_all([r for r in group if r.overhead is not None])
+                for r in group:
+                    if self.is_main:
+                        self.store.put(self.keys.segment(r.unit, r.combo), r.entry)
+                    if progress is not None:
+                        progress.advance()
+            done += len(ready)
+            if infeasible:
+                self.log(f"profile: stopped after {done} of {total} combinations to measure: {self.infeasible}")
+                return done
         return total
 
+    def _sized(self, u: Unit, combo: tuple[int, ...], sub: _Submitted) -> "_Ready":
+        """A compiled candidate with its memory known, its entry begun: over the memory budget
+        (``overhead`` None: it will not be timed), or to be timed."""
+        compiled, overhead, args, boundary, compile_s = self.ready(u, sub)
+        memory, mem = memory_of(sub.program, boundary)
+        self.memory[u.kind][combo] = mem
+        floor = self.plan_floor(u.kind, mem)
+        entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
+                 "blocks": [u.start, u.end]}
+        # Rank 0's figures decide (every process compiled the same programs; its figures are the
+        # ones the store keeps and the search adds up).
+        if _rank0_flag(self.shortcuts.over_budget(floor)):
+            budget = self.shortcuts.memory_budget_bytes
+            entry.update({"time_s": None, "over_budget": True, "budget_bytes": budget, "plan_floor_bytes": floor})
+            self.counts["over_budget"] += 1
+            self.log(f"{self.where(u, combo)} not timed: mem_cost(GB): {mem / 2**30:.6f}, a plan holding it needs at "
+                     f"least {floor / 2**30:.6f}, over the memory budget {budget / 2**30:.6f}")
+            return _Ready(u, combo, compiled, None, args, entry)
+        # (No overhead program only where this process's memory said over budget and rank 0's
+        # did not: never seen, since every process compiles the same program.)
+        overhead = overhead if overhead is not None else self.overhead_of(u, compiled, args)
+        return _Ready(u, combo, compiled, overhead, args, entry)
+
+    def where(self, u: Unit, combo: tuple[int, ...]) -> str:
+        part = f".{u.kind[1]}" if u.kind[0] in self._split else ""
+        return f"SegmentIdx: {u.kind[0]}{part} ParallelBlock Strategy: {list(combo)}"
+
+    def _time_all(self, group: list["_Ready"]) -> None:
+        """Times ``group`` (candidates of one unit kind) and completes their entries: in rounds,
+        or each in full in turn without ``interleave``."""
+        if not group:
+            return
+        if self.interleave:
+            timings = self._rounds(group[0].unit.kind, group)
+        else:
+            timings = [self._time(r.unit, r.compiled, r.overhead, r.args) for r in group]
+        for r, timing in zip(group, timings, strict=True):
+            r.entry.update(timing)
+            mem = r.entry["mem_bytes"] / 2**30
+            if timing.get("stopped_early"):
+                self.log(f"{self.where(r.unit, r.combo)} avgcost: {timing['time_s']:.6f} (stopped early: first "
+                         f"{len(timing['times_s'])} runs over {self.shortcuts.early_stop_ratio:g}x the best "
+                         f"{timing['best_s']:.6f}) mem_cost(GB): {mem:.6f}")
+            else:
+                self.log(f"{self.where(r.unit, r.combo)} avgcost: {timing['time_s']:.6f} mem_cost(GB): {mem:.6f}")
+
+    def _rounds(self, kind: tuple[int, int], group: list["_Ready"]) -> list[dict]:
+        """The timing parts of the entries of ``group``, one kind's candidates timed in rounds
+        (``Timer.rounds``), those whose first runs say so stopped early (module doc)."""
+        ratio, after = self.shortcuts.early_stop_ratio, self.shortcuts.early_stop_after
+        best, best_overhead = self.best.get(kind, (math.inf, 0.0))
+        yardstick: list[float] = [best]
+
+        def stop(times: list[list[float]], overheads: list[list[float]]) -> list[bool]:
+            # The yardstick: the best timed in full before, or the candidate of these rounds whose
+            # slowest first run is the fastest (it runs on, so it is never stopped itself).
+            k = min(range(len(times)), key=lambda k: max(times[k]))
+            own = (max(times[k]), statistics.median(overheads[k]))
+            rule = EarlyStop(ratio, *min((best, best_overhead), own), after=after)
+            yardstick[0] = rule.best_s
+            stops = [rule.slower(t, o) for t, o in zip(times, overheads, strict=True)]
+            stops[k] = stops[k] and own >= (best, best_overhead)   # (a ratio under 1 would stop it too)
+            return stops
+
+        measured = self.timer.rounds([(r.compiled, r.overhead, r.args) for r in group],
+                                     stop=stop if ratio > 0 else None, after=after)
+        out = []
+        for times, overhead_times in measured:
+            out.append(self._timing(kind, times, overhead_times, ratio, yardstick[0]))
+        return out
+
     def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
-        """The timing part of a candidate's entry, stopped early when its first runs say so."""
+        """The timing part of a candidate's entry timed in full on its own (CFP's artifact's
+        way), stopped early when its first runs say so."""
         ratio, after = self.shortcuts.early_stop_ratio, self.shortcuts.early_stop_after
         best, best_overhead = self.best.get(u.kind, (math.inf, 0.0))
         stop = EarlyStop(ratio, best, best_overhead, after) if ratio > 0 and math.isfinite(best) else None
         times, overhead_times = self.timer.beside_overhead(compiled, overhead, args, stop=stop)
+        return self._timing(u.kind, times, overhead_times, ratio, best)
+
+    def _timing(self, kind: tuple[int, int], times: list[float], overhead_times: list[float], ratio: float,
+                best: float) -> dict:
+        """A timing's part of an entry (fewer runs than ``repeats``: stopped early against
+        ``best``); the kind's best timed in full updated (slowest-process times: the same on
+        every process)."""
         out = {"time_s": statistics.median(times), "times_s": times, "overhead_s": statistics.median(overhead_times),
                "overhead_times_s": overhead_times}
         if len(times) < self.timer.repeats:  # the only way fewer runs come back
@@ -364,8 +434,7 @@ class CandidateLoop:
             out.update({"stopped_early": True, "stop_ratio": ratio, "best_s": best})
         else:
             self.counts["timed"] += 1
-            # slowest-process times: the same on every process
-            self.best[u.kind] = min((best, best_overhead), (out["time_s"], out["overhead_s"]))
+            self.best[kind] = min(self.best.get(kind, (math.inf, 0.0)), (out["time_s"], out["overhead_s"]))
         return out
 
     def table(self, partial: bool = False, profiled: Sequence[Candidate] = ()) -> dict[tuple[int, int], dict[tuple[int, ...], dict]]:
@@ -382,6 +451,31 @@ class CandidateLoop:
                 if entry is not None and ((kind, c) in wanted or self.shortcuts.reuses(entry)):
                     out[kind][c] = entry
         return out
+
+
+class _Ready(NamedTuple):
+    unit: Unit
+    combo: tuple[int, ...]
+    compiled: Any
+    overhead: Any        # None: over the memory budget, not timed
+    args: list[Any]
+    entry: dict
+
+
+def batched(todo: list[Candidate], size: int, most: int = ROUNDS_AT_MOST) -> list[list[Candidate]]:
+    """``todo`` (each kind's candidates together) in batches of whole kinds, parts of at most
+    ``most`` candidates of a kind, packed while a batch stays within ``max(size, most)``."""
+    parts = []
+    for _, kind in itertools.groupby(todo, key=lambda c: c[0].kind):
+        kind = list(kind)
+        parts += [kind[k:k + most] for k in range(0, len(kind), most)]
+    out: list[list[Candidate]] = []
+    for part in parts:
+        if out and len(out[-1]) + len(part) <= max(size, most):
+            out[-1] += part
+        else:
+            out.append(list(part))
+    return out
 
 
 def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:

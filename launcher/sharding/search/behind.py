@@ -25,7 +25,8 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
     found = nearest(a, program, baseline, devices) if program is not None else None
-    # CFP's plan is one plan per block; the ILP's is one where its solution is (``block_assignment``).
+    # CFP's plan is one plan per block (``assignment``); the ILP's is one where its solution is
+    # (``block_assignment``).
     plan = planned.fields.get("plan", {})
     assignment = plan.get("assignment", plan.get("block_assignment"))
     head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
@@ -41,7 +42,10 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
              + (f" (segment{'s' if len(segments) > 1 else ''} {', '.join(map(str, segments))})" if segments else ""))
     if not differ:
         where = f"it is the plan nearest {baseline} on mesh {planned.on.shape}"
+    kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
+            if "assignment" not in plan else
+            "the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell them "
+            "apart (more verify_repeats race them longer)")
     why = (f"that plan is not {baseline}'s layout: {found.reason(a)}" if not found.exact else
-           f"that plan is {baseline}'s own layout; the segment profiles predicted the kept plan faster, and the "
-           "shortlist's short rounds did not tell them apart (more verify_repeats race them longer)")
+           f"that plan is {baseline}'s own layout; {kept}")
     return f"{head}: {where}; {why}"
