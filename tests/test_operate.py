@@ -66,7 +66,10 @@ def test_local_jobs_are_followed_to_their_end_cancelled_and_listed(tmp_path):
     t0 = time.monotonic()
     run_cli("mode=check", "cluster.cpu_devices_per_task=2", "mode.allgather_mb=0.25", "launcher.wait=false", cwd=here)
     (first,) = [p.parent for p in (here / "outputs").glob("*/*/job.json")]
-    assert state_of(first, here)["state"] == "running" and not (first / "result.json").exists()
+    # Submitted without waiting: back before the job ends. (Checked at once: the check job takes
+    # seconds, and by the time ``xlaunch status`` has started it may be done, as CI saw.)
+    assert not (first / "result.json").exists()
+    assert state_of(first, here)["state"] in ("running", "done")
 
     # Followed to its end (the latest run: no run dir named), the ranks' logs as one stream.
     follow = xlaunch("logs", "-f", cwd=here, timeout=180)
