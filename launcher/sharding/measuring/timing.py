@@ -90,24 +90,28 @@ class Timer:
     repeats: int = 10
     flush: Callable[[], None] | None = field(default=None, repr=False)
 
+    def run_once(self, program: Any, args: Sequence[Any]) -> float:
+        """Seconds of one run of ``program`` on ``args``, after the cache flush if any."""
+        if self.flush is not None:
+            self.flush()
+        t = time.perf_counter()
+        # Every output: one that merely forwards an input is ready at once, while the rest of the
+        # program (and its collectives) may still run.
+        jax.block_until_ready(program(*args))
+        seconds = time.perf_counter() - t
+        # Outside the timed span: before JAX 0.5, runs of multi-process programs are fenced apart
+        # as measure.race fences its runners. (A precaution: the gloo abort CI showed in
+        # two-process profiles on 0.4.35 came from host exchanges, see hosts.py.)
+        jaxcompat.settle_programs()
+        return seconds
+
     def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None,
              stop: "EarlyStop | None" = None) -> list[list[float]]:
         """Seconds per run of each program on ``args``, the programs taking turns (this
         process's own times). With ``stop``, after ``stop.after`` turns (when more were to
         come) ``stop(times)`` decides whether to end there: the lists are then that short."""
         def run(program: Any) -> float:
-            if self.flush is not None:
-                self.flush()
-            t = time.perf_counter()
-            # Every output: one that merely forwards an input is ready at once, while the rest
-            # of the program (and its collectives) may still run.
-            jax.block_until_ready(program(*args))
-            seconds = time.perf_counter() - t
-            # Outside the timed span: before JAX 0.5, runs of multi-process programs are fenced
-            # apart as measure.race fences its runners. (A precaution: the gloo abort CI showed
-            # in two-process profiles on 0.4.35 came from host exchanges, see hosts.py.)
-            jaxcompat.settle_programs()
-            return seconds
+            return self.run_once(program, args)
 
         def measure() -> list[list[float]]:
             times: list[list[float]] = [[] for _ in programs]
@@ -143,14 +147,7 @@ class Timer:
         rounds (when more were to come) ``stop(times, overhead_times)`` (the slowest process's,
         the same on every process) says which entries end there: their lists are then that short.
         Rank 0's decision counts, so every process runs the same programs in the same rounds."""
-        def run(program: Any, args: Sequence[Any]) -> float:
-            if self.flush is not None:
-                self.flush()
-            t = time.perf_counter()
-            jax.block_until_ready(program(*args))   # every output (``runs``)
-            seconds = time.perf_counter() - t
-            jaxcompat.settle_programs()
-            return seconds
+        run = self.run_once   # (program, args)
 
         def measure() -> list[list[list[float]]]:
             times: list[list[list[float]]] = [[[], []] for _ in entries]

@@ -408,10 +408,7 @@ class CandidateLoop:
 
         measured = self.timer.rounds([(r.compiled, r.overhead, r.args) for r in group],
                                      stop=stop if ratio > 0 else None, after=after)
-        out = []
-        for times, overhead_times in measured:
-            out.append(self._timing(kind, times, overhead_times, ratio, yardstick[0]))
-        return out
+        return [self._timing(kind, times, overhead_times, ratio, yardstick[0]) for times, overhead_times in measured]
 
     def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
         """The timing part of a candidate's entry timed in full on its own (CFP's artifact's
