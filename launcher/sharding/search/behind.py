@@ -24,7 +24,6 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
     if ratio <= BEHIND:
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
-    found = nearest(a, program, baseline, devices) if program is not None else None
     # CFP's plan is one plan per block (``assignment``); the ILP's is one where its solution is
     # (``block_assignment``).
     plan = planned.fields.get("plan", {})
@@ -33,6 +32,8 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
     if assignment is None:
         return (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
                 f"named where it differs from {baseline}")
+    # (Only now: finding the nearest plan traces the step again.)
+    found = nearest(a, program, baseline, devices) if program is not None else None
     if found is None:
         return f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
     differ = [b for b, (mine, near) in enumerate(zip(assignment, found.assignment, strict=True)) if mine != near]
