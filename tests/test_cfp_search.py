@@ -481,18 +481,21 @@ def test_store_writes_whole_entries_and_finds_them_again(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Profiling for real (4 virtual devices, in subprocesses)
 
-PROFILE_MLP = r"""
+PROFILE = r"""
 import json, sys
 import jax
-from tests.test_cfp_analysis import mlp_program
+from tests.test_cfp_analysis import layer_program, mlp_program
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
 from launcher.sharding.measuring.store import ProfileStore
-a = analyze(*mlp_program(), [4])
-overlap = sys.argv[2:] == ["overlap"]  # compile the next candidate on a thread while timing
-options = ProfileOptions.exhaustive(repeats=2, warmup=1, overlap_compile=overlap)
+flags = sys.argv[2:]
+# The MLP: one kind of 6 combinations. The layer, in parts of at most 9: two kinds of 9.
+a = analyze(*(layer_program() if "layer" in flags else mlp_program()), [4])
+options = ProfileOptions.exhaustive(repeats=2, warmup=1, max_segment_space=9,
+                                    overlap_compile="overlap" in flags,  # the next batch compiles while timing
+                                    interleave="sequential" not in flags)
 prof = Profiler(a, make_mesh([4]), ProfileStore(sys.argv[1]), options, log=lambda line: print(line, flush=True)).run()
 print(json.dumps({"measured": prof.measured, "reused": prof.reused, "configs": prof.profiled_configs}))
 """
@@ -507,10 +510,16 @@ def segment_entries(store_dir: Path) -> dict[str, dict]:
     return entries
 
 
-def test_killed_profile_resumes_without_measuring_twice(tmp_path):
+# What a kill can lose: timed one after another, the combination being timed; in rounds, the
+# kind being timed (its entries are stored as it finishes). The layer's two kinds are compiled
+# in two batches, seconds apart: a kill lands between their stores (a kind's own stores, one
+# after another, are milliseconds apart).
+@pytest.mark.parametrize("flags", [["layer", "sequential"], ["layer"]], ids=["one after another", "in rounds"])
+def test_killed_profile_resumes_without_measuring_twice(tmp_path, flags):
+    total = 18
     store_dir = tmp_path / "store"
     env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", PROFILE, str(store_dir), *flags], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -520,12 +529,12 @@ def test_killed_profile_resumes_without_measuring_twice(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = segment_entries(store_dir)
-    assert 2 <= len(before) < 6, "the run should be killed mid-way (6 combinations)"
+    assert 2 <= len(before) < total, f"the run should be killed mid-way ({total} combinations)"
 
-    out = run_python(PROFILE_MLP, str(store_dir))
+    out = run_python(PROFILE, str(store_dir), *flags)
     after = segment_entries(store_dir)
-    assert out["configs"] == 6 == len(after)
-    assert out["reused"] == len(before) and out["measured"] == 6 - len(before)  # nothing measured twice
+    assert out["configs"] == total == len(after)
+    assert out["reused"] == len(before) and out["measured"] == total - len(before)  # nothing measured twice
     for name, entry in before.items():
         assert after[name] == entry  # earlier entries untouched
 
@@ -533,7 +542,7 @@ def test_killed_profile_resumes_without_measuring_twice(tmp_path):
 def test_two_runs_sharing_a_store_do_not_corrupt_it(tmp_path):
     store_dir = tmp_path / "store"
     env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"), "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", PROFILE_MLP, str(store_dir), *extra], cwd=REPO, env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", PROFILE, str(store_dir), *extra], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for extra in ([], ["overlap"])]
     outs = [p.communicate(timeout=600) for p in procs]

@@ -286,7 +286,8 @@ class CandidateLoop:
         return overhead_program(args, outputs, compiled.output_shardings)
 
     def measure(self, todo: list[Candidate], progress: Any = None) -> int:
-        """Profiles ``todo`` in order, writing each entry as soon as it is measured; counts in
+        """Profiles ``todo`` in order, writing entries as soon as they are measured (in rounds, a
+        kind's as its rounds end: a kill loses at most the ``ROUNDS_AT_MOST`` being timed); counts in
         ``self.counts`` how many were timed in full, not timed (over the memory budget) and
         stopped early. Stops as soon as no plan can fit the budget (``infeasible``); returns how
         many were measured."""
