@@ -514,7 +514,8 @@ def segment_entries(store_dir: Path) -> dict[str, dict]:
 # kind being timed (its entries are stored as it finishes). The layer's two kinds are compiled
 # in two batches, seconds apart: a kill lands between their stores (a kind's own stores, one
 # after another, are milliseconds apart).
-@pytest.mark.parametrize("flags", [["layer", "sequential"], ["layer"]], ids=["one after another", "in rounds"])
+@pytest.mark.parametrize("flags", [pytest.param(["layer", "sequential"], marks=pytest.mark.heavy),  # not the default's
+                                   ["layer"]], ids=["one after another", "in rounds"])
 def test_killed_profile_resumes_without_measuring_twice(tmp_path, flags):
     total = 18
     store_dir = tmp_path / "store"
