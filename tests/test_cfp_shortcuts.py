@@ -62,10 +62,6 @@ def test_early_stop_decides_on_the_fastest_of_the_first_runs():
     assert not paced.slower([0.016, 0.020], [0.002, 0.001])     # the first ran during a burst
     assert paced.slower([0.040, 0.040], [0.002, 0.002])         # slow even for a slowed machine
     assert paced.slower([0.016, 0.020], [0.0005, 0.0005])
-    # The decision as Timer.runs asks for it (one process: its own times are the slowest's).
-    assert stop([[0.016, 0.020], [0.001, 0.001]]) is True
-    assert stop([[0.014, 0.030], [0.001, 0.001]]) is False
-    assert paced([[0.016, 0.020], [0.002, 0.002]]) is False
 
 
 def test_stored_entries_are_reused_only_where_they_stand_for_this_run():
@@ -339,12 +335,13 @@ def test_timer_stops_after_the_first_runs_only_when_told():
     f = jax.jit(lambda y: y @ y.T).lower(x).compile()
     g = jax.jit(lambda y: y + 1.0).lower(x).compile()
     timer = Timer(warmup=1, repeats=5)
-    # a recorded best far under any real run: stop after 2; far over: all 5
-    assert [len(t) for t in timer.runs([f, g], [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
-    assert [len(t) for t in timer.runs([f, g], [x], stop=EarlyStop(1.5, 1e9))] == [5, 5]
-    # no decision when the first runs are all the runs
-    assert [len(t) for t in Timer(1, 2).runs([f, g], [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+    # a recorded best far under any real run: stop after 2 (or 3, where told); far over: all 5
     assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9, after=3))] == [3, 3]
+    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e9))] == [5, 5]
+    assert [len(t) for t in timer.beside_overhead(f, g, [x])] == [5, 5]
+    # no decision when the first runs are all the runs
+    assert [len(t) for t in Timer(1, 2).beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
 
 
 def test_timer_rounds_run_each_program_once_a_round_and_stop_only_those_told():

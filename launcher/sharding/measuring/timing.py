@@ -105,37 +105,32 @@ class Timer:
         jaxcompat.settle_programs()
         return seconds
 
-    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None,
-             stop: "EarlyStop | None" = None) -> list[list[float]]:
+    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None) -> list[list[float]]:
         """Seconds per run of each program on ``args``, the programs taking turns (this
-        process's own times). With ``stop``, after ``stop.after`` turns (when more were to
-        come) ``stop(times)`` decides whether to end there: the lists are then that short."""
-        def run(program: Any) -> float:
-            return self.run_once(program, args)
-
+        process's own times)."""
         def measure() -> list[list[float]]:
             times: list[list[float]] = [[] for _ in programs]
-            n = repeats or self.repeats
-            for turn in range(n):
+            for _ in range(repeats or self.repeats):
                 for program, ts in zip(programs, times, strict=True):
-                    ts.append(run(program))
-                # Every process reaches this point after the same turns (``stop`` exchanges
-                # figures), and all leave together or none.
-                if stop is not None and turn + 1 == stop.after < n and stop(times):
-                    break
+                    ts.append(self.run_once(program, args))
             return times
 
         for _ in range(self.warmup):
             for program in programs:
-                run(program)
+                self.run_once(program, args)
         return quiet(measure)
 
     def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
                         stop: "EarlyStop | None" = None) -> tuple[list[float], list[float]]:
         """Seconds per run of ``program`` and of its overhead program, timed in turn (the
-        slowest process's, run by run); fewer than ``repeats`` when ``stop`` ended it early."""
-        times, overhead_times = self.runs([program, overhead], args, repeats, stop)
-        return slowest_process(times), slowest_process(overhead_times)
+        slowest process's, run by run): ``rounds`` of one entry, fewer than ``repeats`` where
+        ``stop`` ended it after its first ``stop.after``."""
+        def stops(times: list[list[float]], overheads: list[list[float]]) -> list[bool]:
+            return [stop.slower(times[0], overheads[0])]
+
+        (out,) = self.rounds([(program, overhead, args)], repeats, stop=stops if stop is not None else None,
+                             after=stop.after if stop is not None else 2)
+        return out
 
     def rounds(self, entries: Sequence[tuple[Any, Any, Sequence[Any]]], repeats: int | None = None,
                stop: "Callable[[list[list[float]], list[list[float]]], list[bool]] | None" = None, after: int = 2
@@ -209,15 +204,6 @@ class EarlyStop:
         slowdown = [max(o / self.best_overhead_s, 1.0) if self.best_overhead_s > 0 else 1.0 for o in overhead_runs]
         slowdown += [1.0] * (len(first_runs) - len(slowdown))
         return min(t / k for t, k in zip(first_runs, slowdown, strict=True)) > self.ratio * self.best_s
-
-    def __call__(self, times: list[list[float]]) -> bool:
-        """The decision after this process's first runs (``times[0]`` the timed program's,
-        ``times[1]`` its overhead program's; ``Timer.runs`` calls it on every process at the
-        same point): taken on the slowest process's times, run by run, and rank 0's decision
-        broadcast, so every process stops together or none does (the programs hold collectives)."""
-        overhead = slowest_process(times[1]) if len(times) > 1 else []
-        decision = self.slower(slowest_process(times[0]), overhead)
-        return bool(hosts.broadcast(np.array([int(decision)], dtype=np.int32))[0])
 
 
 def lower_quartile(xs: Sequence[float]) -> float:
