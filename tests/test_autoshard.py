@@ -238,7 +238,7 @@ def test_search_of_a_user_step_from_the_command_line_and_its_plan_under_mode_run
     plan, own = (AutoPlan.load(tmp_path / "run" / name) for name in ("plan.json", "cfp_plan.json"))
     assert plan.device_count == 8 and plan.mesh_shape == [8] and plan.step == "train_step"
     assert plan.row == result["answer"]["name"] in ("cfp", "dp", "fsdp") and plan.why == result["answer"]["why"]
-    assert own.row == "cfp" and own.measured["losses"] == result["losses"]
+    assert plan.name == plan.row and own.name == own.row == "cfp" and own.measured["losses"] == result["losses"]
     assert close(plan.measured["losses"][:STEPS], flax_one_device)
     for name in ("parallel_blocks.txt", "profiles.json", "comparison.txt", "after_ir.txt"):
         assert (tmp_path / "run" / name).stat().st_size > 0, name

@@ -69,6 +69,8 @@ def test_state_on_its_own_mesh_with_a_typed_key_is_searched_and_applied_to_its_o
 def test_the_programs_own_layout_is_raced_saying_how_many_leaves_were_read_so(own_mesh):
     _, plan, said = own_mesh
     assert "user" in [plan.row, *plan.baselines]
+    # The answer names its row, the search's own plan (the answer or not) "cfp".
+    assert plan.name == plan.row and (plan.own or plan).name == "cfp"
     # Parameters and batch laid out on its mesh; Adam's state (jax.jit(tx.init): single-device)
     # and the key replicated.
     line = next(line for line in said if "its own layout, raced as 'user'" in line)

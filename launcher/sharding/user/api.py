@@ -282,7 +282,7 @@ class AutoPlan:
                    {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
                    loss=reading.loss_path, across=getattr(p.plan, "across", None))
-        plan.searched = p.details
+        plan.name, plan.searched = plan.row, p.details
         return plan
 
     def answered(self, program: TrainingProgram, answer: Any) -> "AutoPlan":
