@@ -335,13 +335,18 @@ def test_timer_stops_after_the_first_runs_only_when_told():
     f = jax.jit(lambda y: y @ y.T).lower(x).compile()
     g = jax.jit(lambda y: y + 1.0).lower(x).compile()
     timer = Timer(warmup=1, repeats=5)
+
+    def timed(rule, timer=timer):   # f beside g, stopped by ``rule`` after its first runs
+        (out,) = timer.rounds([(f, g, [x])], stop=lambda t, o: [rule.slower(t[0], o[0])], after=rule.after)
+        return [len(t) for t in out]
+
     # a recorded best far under any real run: stop after 2 (or 3, where told); far over: all 5
-    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
-    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9, after=3))] == [3, 3]
-    assert [len(t) for t in timer.beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e9))] == [5, 5]
+    assert timed(EarlyStop(1.5, 1e-9)) == [2, 2]
+    assert timed(EarlyStop(1.5, 1e-9, after=3)) == [3, 3]
+    assert timed(EarlyStop(1.5, 1e9)) == [5, 5]
     assert [len(t) for t in timer.beside_overhead(f, g, [x])] == [5, 5]
     # no decision when the first runs are all the runs
-    assert [len(t) for t in Timer(1, 2).beside_overhead(f, g, [x], stop=EarlyStop(1.5, 1e-9))] == [2, 2]
+    assert timed(EarlyStop(1.5, 1e-9), Timer(1, 2)) == [2, 2]
 
 
 def test_timer_rounds_run_each_program_once_a_round_and_stop_only_those_told():

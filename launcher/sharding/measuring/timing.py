@@ -9,8 +9,9 @@
 - With ``cold=True`` every run starts from cold caches (``CacheFlush``).
 - With several processes every process runs the same programs in the same order (their
   collectives need it) and, run by run, the slowest process's time counts.
-- With an ``EarlyStop``, a program whose first timed runs are all over a ratio of the best so
-  far stops there (CFP's profiling shortcut; ``candidates.py`` keeps the best).
+- ``rounds`` with a stop ends the programs it names after their first runs: CFP's profiling
+  shortcut (``EarlyStop``'s rule, over a ratio of the best so far; ``candidates.py`` keeps the
+  best and, one after another, times each candidate as rounds of one).
 """
 
 from __future__ import annotations
@@ -120,16 +121,11 @@ class Timer:
                 self.run_once(program, args)
         return quiet(measure)
 
-    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
-                        stop: "EarlyStop | None" = None) -> tuple[list[float], list[float]]:
+    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any],
+                        repeats: int | None = None) -> tuple[list[float], list[float]]:
         """Seconds per run of ``program`` and of its overhead program, timed in turn (the
-        slowest process's, run by run): ``rounds`` of one entry, fewer than ``repeats`` where
-        ``stop`` ended it after its first ``stop.after``."""
-        def stops(times: list[list[float]], overheads: list[list[float]]) -> list[bool]:
-            return [stop.slower(times[0], overheads[0])]
-
-        (out,) = self.rounds([(program, overhead, args)], repeats, stop=stops if stop is not None else None,
-                             after=stop.after if stop is not None else 2)
+        slowest process's, run by run): ``rounds`` of one entry."""
+        (out,) = self.rounds([(program, overhead, args)], repeats)
         return out
 
     def rounds(self, entries: Sequence[tuple[Any, Any, Sequence[Any]]], repeats: int | None = None,

@@ -375,10 +375,11 @@ class CandidateLoop:
         or each in full in turn without ``interleave``."""
         if not group:
             return
+        kind = group[0].unit.kind
         if self.interleave:
-            timings = self._rounds(group[0].unit.kind, group)
-        else:
-            timings = [self._time(r.unit, r.compiled, r.overhead, r.args) for r in group]
+            timings = self._rounds(kind, group)
+        else:   # CFP's artifact's way: each in full on its own (rounds of one), against the best so far
+            timings = [timing for r in group for timing in self._rounds(kind, [r])]
         for r, timing in zip(group, timings, strict=True):
             r.entry.update(timing)
             mem = r.entry["mem_bytes"] / 2**30
@@ -410,15 +411,6 @@ class CandidateLoop:
         measured = self.timer.rounds([(r.compiled, r.overhead, r.args) for r in group],
                                      stop=stop if ratio > 0 else None, after=after)
         return [self._timing(kind, times, overhead_times, ratio, yardstick[0]) for times, overhead_times in measured]
-
-    def _time(self, u: Unit, compiled: Any, overhead: Any, args: list[Any]) -> dict:
-        """The timing part of a candidate's entry timed in full on its own (CFP's artifact's
-        way), stopped early when its first runs say so."""
-        ratio, after = self.shortcuts.early_stop_ratio, self.shortcuts.early_stop_after
-        best, best_overhead = self.best.get(u.kind, (math.inf, 0.0))
-        stop = EarlyStop(ratio, best, best_overhead, after) if ratio > 0 and math.isfinite(best) else None
-        times, overhead_times = self.timer.beside_overhead(compiled, overhead, args, stop=stop)
-        return self._timing(u.kind, times, overhead_times, ratio, best)
 
     def _timing(self, kind: tuple[int, int], times: list[float], overhead_times: list[float], ratio: float,
                 best: float) -> dict:
