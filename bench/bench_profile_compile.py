@@ -1,9 +1,10 @@
-"""Could the profile compile its programs with cheaper XLA options? The programs a cold profile
-compiles (each unit's combinations the rough model ranks first, ``profile_top_k``), each compiled
-under XLA's defaults and under ``--options``, both timed side by side in interleaved rounds.
+"""Do the profile's quicker XLA options (``quick_compile``, on CPU devices) rank its programs as the
+defaults do? The programs a cold profile compiles (each unit's combinations the rough model ranks
+first, ``profile_top_k``), each compiled under XLA's defaults and under ``--options`` (the
+profile's, ``candidates.QUICK_CPU_COMPILE``, by default), both timed side by side in interleaved rounds.
 
     python bench/bench_profile_compile.py [--models gpt llama2] [--meshes 8 4x2] [--rounds 9]
-        [--options xla_cpu_use_fusion_emitters=false xla_cpu_parallel_codegen_split_count=1 | defaults]
+        [--options xla_cpu_use_fusion_emitters=false xla_backend_optimization_level=1 | defaults]
 
 Compiling is nearly all of a cold search on CPU devices (docs/autoshard.md), so options that make
 XLA compile faster are tempting; but the profile is only worth its time if it ranks a unit's
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_cfp_analysis import MODELS  # noqa: E402  (beside this file)
 
 RESULTS = REPO / "bench" / "results" / "bench_profile_compile.json"
-DEFAULT_OPTIONS = ["xla_cpu_use_fusion_emitters=false", "xla_cpu_parallel_codegen_split_count=1"]
+DEFAULT_OPTIONS = ["xla_cpu_use_fusion_emitters=false", "xla_backend_optimization_level=1"]   # the profile's on CPU (quick_compile)
 
 
 def _cpu_s() -> float:

@@ -22,7 +22,7 @@ import sys
 import threading
 import types
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 from launcher.errors import UserError
 
@@ -350,8 +350,8 @@ _compiles_heard = False
 _compiles_lock = threading.Lock()   # compile_fresh runs on several threads at once (compile_share)
 
 
-def compile_fresh(lowered: Any) -> tuple[Any, bool]:
-    """``lowered.compile()``, and whether XLA compiled it in this call: not read back from
+def compile_fresh(lowered: Any, options: Mapping[str, Any] | None = None) -> tuple[Any, bool]:
+    """``lowered.compile(options)`` (XLA options, ``known_compile_options``), and whether XLA compiled it in this call: not read back from
     JAX's persistent compilation cache, nor given again from JAX's in-memory cache (a program
     compiled before in this process, which may itself have been read back, with no event saying
     so). Only such a program serializes whole on CPU (``serialize_executable``). Counted on the
@@ -376,8 +376,35 @@ def compile_fresh(lowered: Any) -> tuple[Any, bool]:
             jax.monitoring.register_event_listener(hit)
             jax.monitoring.register_event_duration_secs_listener(compiled)
     hits, backend = getattr(_compiles, "hits", 0), getattr(_compiles, "backend", 0)
-    program = lowered.compile()
+    program = lowered.compile(dict(options)) if options else lowered.compile()
     return program, getattr(_compiles, "hits", 0) == hits and getattr(_compiles, "backend", 0) == backend + 1
+
+
+_known_options: dict[tuple[str, str], bool] = {}
+
+
+def known_compile_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Of ``options`` (XLA's debug options by name, as ``Lowered.compile`` takes them), those this
+    jaxlib's XLA knows: they come and go between releases (``xla_cpu_use_fusion_emitters``: in
+    0.10.2, not in 0.4.35), and XLA refuses a compile naming one it does not know. Each is tried
+    once a process, compiling a one-operation program with it (a few milliseconds)."""
+    import jax  # noqa: PLC0415  JAX: the CLI imports this module
+    import numpy as np  # noqa: PLC0415
+
+    out = {}
+    for name, value in options.items():
+        key = (name, repr(value))
+        if key not in _known_options:
+            try:
+                jax.jit(lambda x: x + 1).lower(np.float32(0)).compile({name: value})
+                _known_options[key] = True
+            except Exception as e:  # noqa: BLE001  XLA says "No such compile option" as whichever error its release raises
+                if "compile option" not in str(e):
+                    raise
+                _known_options[key] = False
+        if _known_options[key]:
+            out[name] = value
+    return out
 
 
 def serialize_executable(compiled: Any) -> bytes:

@@ -8,11 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from launcher import jaxcompat
 from launcher.sharding.options import ProfileOptions
+from launcher.sharding.profile.candidates import QUICK_CPU_COMPILE, CandidateLoop, quick_compile_options
+from launcher.sharding.profile.keys import StoreKeys
 from launcher.sharding.measuring.timing import CacheFlush, Timer, flush_bytes, host_cache_bytes
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
@@ -72,3 +76,39 @@ def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
     unit, combo = warm.loop.candidates()[0]
     assert warm.keys.segment(unit, combo) != cold.keys.segment(unit, combo)
     assert (warm.keys.segment(unit, combo)["caches"], cold.keys.segment(unit, combo)["caches"]) == ("warm", "cold")
+
+
+def test_cpu_profiles_compile_quicker_unless_told_or_flagged(tmp_path, monkeypatch):
+    """``quick_compile``: on CPU devices the profiled programs compile with XLA:CPU's quicker code
+    generation, each option where the jaxlib knows it and ``XLA_FLAGS`` does not set it; their
+    entries are stored apart from those compiled under XLA's defaults, whose keys stay as they were."""
+    a = analyze(*mlp_program(), [4])
+    mesh = make_mesh([4], jax.devices()[:4])
+    monkeypatch.setenv("XLA_FLAGS", "")   # (conftest.py's set both options process-wide)
+    known = jaxcompat.known_compile_options(QUICK_CPU_COMPILE)
+    assert known["xla_backend_optimization_level"] == 1   # every jaxlib in range has it
+    assert jaxcompat.known_compile_options({"xla_no_such_option": True}) == {}
+    assert quick_compile_options(ProfileOptions(), mesh) == known
+    assert quick_compile_options(ProfileOptions(quick_compile=False), mesh) == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    assert "xla_backend_optimization_level" not in quick_compile_options(ProfileOptions(), mesh)
+    monkeypatch.setenv("XLA_FLAGS", "")
+
+    store = ProfileStore(tmp_path)
+    quick, plain = (Profiler(a, mesh, store, ProfileOptions.exhaustive(repeats=2, quick_compile=q), log=lambda s: None)
+                    for q in (True, False))
+    unit, combo = quick.loop.candidates()[0]
+    assert quick.keys.segment(unit, combo)["compile"] == known
+    assert "compile" not in plain.keys.segment(unit, combo)
+    assert {k: v for k, v in quick.keys.segment(unit, combo).items() if k != "compile"} == plain.keys.segment(unit, combo)
+
+    # The options reach XLA's compile of every profiled program: one XLA does not know is refused there.
+    keys = StoreKeys(a, mesh, compile_options={"xla_no_such_option": True})
+    loop = CandidateLoop(a, mesh, store, keys, Timer(0, 1), quick.units, ProfileOptions())
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        loop.measure(loop.candidates()[:1])
+
+    first = quick.run()
+    assert first.measured == len(quick.loop.candidates()) and first.reused == 0
+    assert plain.run().reused == 0   # measured again under the defaults
+    assert quick.run().reused == first.measured

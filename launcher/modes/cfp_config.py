@@ -61,6 +61,7 @@ class ProfileConfig(AnalysisConfig):
     early_stop_ratio: float = ProfileOptions.early_stop_ratio
     interleave: bool = ProfileOptions.interleave
     overlap_compile: Optional[bool] = ProfileOptions.overlap_compile
+    quick_compile: Optional[bool] = ProfileOptions.quick_compile
     # mode=profile's communication study (launcher/sharding/search/measure.py): every uniform plan of
     # the whole step, with its collectives and step time, run iterations steps x run_repeats.
     enumerate: bool = False

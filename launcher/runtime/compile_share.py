@@ -104,14 +104,17 @@ class Compiling:
 Lower = Callable[[], Any]   # makes the program's ``jax.stages.Lowered``
 
 
-def _here(lower: Lower) -> tuple[Any, float]:
-    return _compile(lower())[:2]
+Options = Optional[dict]   # XLA options of the compile (``Lowered.compile``'s), None: XLA's defaults
 
 
-def _compile(lowered: Any) -> tuple[Any, float, bool]:
+def _here(lower: Lower, options: Options = None) -> tuple[Any, float]:
+    return _compile(lower(), options)[:2]
+
+
+def _compile(lowered: Any, options: Options = None) -> tuple[Any, float, bool]:
     """(the program, seconds, whether XLA compiled it in this call: ``jaxcompat.compile_fresh``)."""
     t0 = time.perf_counter()
-    compiled, fresh = jaxcompat.compile_fresh(lowered)
+    compiled, fresh = jaxcompat.compile_fresh(lowered, options)
     return compiled, time.perf_counter() - t0, fresh
 
 
@@ -125,16 +128,16 @@ class _Share:
         self.mine: list[str] = []              # keys of the programs this process compiled
         self.theirs: list[Compiling] = []      # the peers' programs
 
-    def compile(self, lower: Lower) -> Compiling:
+    def compile(self, lower: Lower, options: Options = None) -> Compiling:
         with self.lock:  # the profile may compile on a worker thread; the numbering is the order given
             i, self.count = self.count, self.count + 1
         key = f"{self.prefix}/{i}"
         if i % self.n != self.me:  # not even lowered here, unless its owner cannot send it
-            self.theirs.append(Compiling(load=lambda: self._load(key, lower)))
+            self.theirs.append(Compiling(load=lambda: self._load(key, lower, options)))
             return self.theirs[-1]
         self.mine.append(key)
         try:
-            compiled, seconds, fresh = _compile(lower())
+            compiled, seconds, fresh = _compile(lower(), options)
         except Exception:
             self._publish(key, 0.0, b"")  # the peers make it themselves, and fail alike
             raise
@@ -153,10 +156,10 @@ class _Share:
     def _publish(self, key: str, seconds: float, payload: bytes) -> None:
         self.client.key_value_set_bytes(key, pickle.dumps((seconds, payload)))
 
-    def _load(self, key: str, lower: Lower) -> tuple[Any, float, Any]:
+    def _load(self, key: str, lower: Lower, options: Options) -> tuple[Any, float, Any]:
         seconds, payload = pickle.loads(self.client.blocking_key_value_get_bytes(key, _WAIT_MS))
         if not payload:
-            return (*_here(lower), None)
+            return (*_here(lower, options), None)
         compiled, memory = jaxcompat.load_executable(payload)
         return compiled, seconds, memory
 
@@ -177,8 +180,8 @@ class _Side:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="xlaunch-compile")
         self.programs: list[Compiling] = []
 
-    def compile(self, lower: Lower) -> Compiling:
-        future = self.pool.submit(_compile, lower())
+    def compile(self, lower: Lower, options: Options = None) -> Compiling:
+        future = self.pool.submit(_compile, lower(), options)
         self.programs.append(Compiling(load=lambda: (*future.result()[:2], None)))
         return self.programs[-1]
 
@@ -234,10 +237,10 @@ def ready(programs: Any) -> None:
         program.result()
 
 
-def compile(lower: Lower) -> Compiling:  # noqa: A001  what it does, as lowered.compile()
-    """The program ``lower()`` makes, compiled: by its share's owner inside ``shared()`` (only
-    the owner lowers it), else here and now."""
+def compile(lower: Lower, options: Options = None) -> Compiling:  # noqa: A001  what it does, as lowered.compile()
+    """The program ``lower()`` makes, compiled with XLA's ``options`` (None: its defaults): by its
+    share's owner inside ``shared()`` (only the owner lowers it), else here and now."""
     share = _current
     if share is not None:
-        return share.compile(lower)
-    return Compiling(*_here(lower))
+        return share.compile(lower, options)
+    return Compiling(*_here(lower, options))

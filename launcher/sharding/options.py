@@ -102,6 +102,15 @@ class ProfileOptions(Options):
     # Compile the next candidate while timing this one. None: yes on accelerators, no on CPU
     # devices, where the compiler and the timed program would share (and skew) the same cores.
     overlap_compile: Optional[bool] = None
+    # Compile the profiled programs with XLA:CPU's quicker code generation: its LLVM IR emitters
+    # (not its MLIR fusion emitters) and LLVM at O1 (profile/candidates.py: QUICK_CPU_COMPILE;
+    # each where the jaxlib has it and XLA_FLAGS does not set it). On the profile's own programs
+    # they compiled 1.7-1.9x faster in wall time, their kernels ran within 2% of the defaults'
+    # (medians), and the combination they timed fastest was the defaults' fastest as often as
+    # timing the defaults again picks it (bench/bench_profile_compile.py, docs/benchmarks.md).
+    # The shortlist, the race and the step the plan trains with compile under XLA's defaults.
+    # None: on CPU devices yes, on accelerators no (their options are not these).
+    quick_compile: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if self.early_stop_ratio < 0:

@@ -186,7 +186,9 @@ def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOpt
     ``early_stop_ratio`` > 0, one whose first runs are over that many times its unit's best is
     timed no further. ``options.interleave``: a unit's combinations timed in rounds, else one after
     another. ``options.profile_top_k``: of each unit's combinations, those a rough cost
-    model ranks first, and those of the whole plans ``keep`` (a plan per block)."""
+    model ranks first, and those of the whole plans ``keep`` (a plan per block).
+    ``options.quick_compile`` None: on CPU devices the profiled programs compile with XLA:CPU's
+    quicker code generation (``candidates.QUICK_CPU_COMPILE``), stored apart from the defaults'."""
     o = options
     a = analyzed.analysis
     store = ProfileStore(Path(o.store_dir).expanduser().resolve())
@@ -196,6 +198,9 @@ def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOpt
         "while timing these" if profiler.overlap else "after timing these (mode.overlap_compile=true to overlap)",
         "a segment's combinations timed in rounds (mode.interleave=false: each in full in turn)" if o.interleave
         else "each combination timed in full in turn (mode.interleave=false)"))
+    if profiler.keys.compile_options:
+        log("profile: its programs compiled with XLA's quicker code generation, %s (mode.quick_compile=false: XLA's "
+            "defaults, as the step's)" % ", ".join(f"{k}={v}" for k, v in profiler.keys.compile_options.items()))
     shortcuts = profiler.shortcuts
     if shortcuts.memory_budget_bytes:
         skip = "combinations no plan within the memory budget (%.6g GB per device) can hold are not timed" \

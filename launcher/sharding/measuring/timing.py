@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -206,21 +206,25 @@ def lower_quartile(xs: Sequence[float]) -> float:
     return statistics.quantiles(xs, n=4)[0] if len(xs) > 1 else xs[0]
 
 
-def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any]) -> Any:
+def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any],
+                     compile_options: Optional[Mapping[str, Any]] = None) -> Any:
     """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
     with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
     any program with these arguments and results costs. Compiled once per signature (arguments'
     and results' types and layouts) in a process: a unit's combinations that read and make
-    their tensors alike share one."""
+    their tensors alike share one. ``compile_options``: XLA's, as the program it stands beside
+    was compiled with (None: the defaults)."""
+    options = dict(compile_options or {})
     key = (tuple((tuple(x.shape), str(x.dtype), x.sharding) for x in args),
-           tuple((tuple(r.shape), str(r.dtype)) for r in results), tuple(result_shardings))
+           tuple((tuple(r.shape), str(r.dtype)) for r in results), tuple(result_shardings),
+           tuple(sorted(options.items())))
     if key not in _OVERHEAD:
         shapes = [(tuple(r.shape), r.dtype) for r in results]
         if len(_OVERHEAD) >= _OVERHEAD_CAP:
             _OVERHEAD.pop(next(iter(_OVERHEAD)))
         _OVERHEAD[key] = jax.jit(lambda *_: [jnp.zeros(shape, dtype) for shape, dtype in shapes], keep_unused=True,
                                  in_shardings=[x.sharding for x in args],
-                                 out_shardings=list(result_shardings)).lower(*args).compile()
+                                 out_shardings=list(result_shardings)).lower(*args).compile(options or None)
     return _OVERHEAD[key]
 
 

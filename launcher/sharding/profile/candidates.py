@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import re
 import statistics
 import time
 from collections import Counter
@@ -76,6 +78,7 @@ from launcher.sharding.profile.segment_program import (
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.measuring.timing import EarlyStop, Timer, overhead_program
 from launcher.sharding.profile.units import Unit, first_units
+from launcher import jaxcompat
 from launcher.runtime import compile_share, hosts
 
 Candidate = tuple[Unit, tuple[int, ...]]
@@ -130,6 +133,27 @@ class Shortcuts:
         return True
 
 
+# XLA:CPU's quicker code generation (``ProfileOptions.quick_compile``): its LLVM IR emitters, not
+# the MLIR fusion emitters it has used since 0.5-0.6, and LLVM at O1. Measured on the profile's
+# own programs, the two together, not either alone (the emitters with one codegen thread,
+# xla_cpu_parallel_codegen_split_count=1, compiled no faster in wall time), docs/benchmarks.md.
+QUICK_CPU_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
+
+
+def quick_compile_options(options: ProfileOptions, mesh: Any) -> dict[str, Any]:
+    """The XLA options the profiled programs compile with (``ProfileOptions.quick_compile``;
+    None: on CPU devices): ``QUICK_CPU_COMPILE``, less any option the jaxlib does not know or
+    ``XLA_FLAGS`` sets (the process's own flags stand, as they do for the step)."""
+    quick = options.quick_compile
+    if quick is None:
+        quick = mesh.devices.flat[0].platform == "cpu"
+    if not quick:
+        return {}
+    flags = os.environ.get("XLA_FLAGS", "")
+    wanted = {k: v for k, v in QUICK_CPU_COMPILE.items() if not re.search(rf"--{k}(=|\s|$)", flags)}
+    return jaxcompat.known_compile_options(wanted)
+
+
 def overlaps(options: ProfileOptions, mesh: Any) -> bool:
     """Whether the next candidate compiles while this one is timed (``overlap_compile``; None:
     on accelerators, not on CPU devices, where the compiler would share the timed program's cores)."""
@@ -148,6 +172,7 @@ class CandidateLoop:
                  keep: Sequence[Sequence[int]] = (), log: Callable[[str], None] = print, is_main: bool = True) -> None:
         self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
         self.log, self.is_main, self.shortcuts = log, is_main, Shortcuts.of(options)
+        self.compile_options = keys.compile_options   # what the entries' keys say they were compiled with
         self.overlap, self.interleave = overlaps(options, mesh), options.interleave
         # Which combinations of a kind are profiled: the ``profile_top_k`` the rough model ranks
         # first (``estimate.py``; 0: every one) and those of the whole plans ``keep`` (the plans
@@ -257,7 +282,8 @@ class CandidateLoop:
         fn, shardings = build(self.a, sp, assignment, self.mesh)
         t0 = time.perf_counter()
         args = synthetic_inputs(self.a, sp, shardings)
-        program = compile_share.compile(lambda: jax.jit(fn, in_shardings=shardings).lower(*args))
+        program = compile_share.compile(lambda: jax.jit(fn, in_shardings=shardings).lower(*args),
+                                        self.compile_options or None)
         boundary = boundary_bytes(self.a, sp, input_layouts(self.a, sp, assignment))
         return _Submitted(program, args, boundary, time.perf_counter() - t0)
 
@@ -283,7 +309,7 @@ class CandidateLoop:
     def overhead_of(self, u: Unit, compiled: Any, args: list[Any]) -> Any:
         """The overhead program of ``u``'s program ``compiled`` (``timing.overhead_program``)."""
         outputs = [self.a.graph.vars[v] for v in self.program(u).outputs]
-        return overhead_program(args, outputs, compiled.output_shardings)
+        return overhead_program(args, outputs, compiled.output_shardings, self.compile_options)
 
     def measure(self, todo: list[Candidate], progress: Any = None) -> int:
         """Profiles ``todo`` in order, writing entries as soon as they are measured (in rounds, a

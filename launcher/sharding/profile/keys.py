@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.measuring.keys import device_signature
@@ -35,8 +35,12 @@ def model_signature(a: Analysis) -> str:
 class StoreKeys:
     """The keys of one profile run's entries (an analysis on a mesh, warm or cold caches)."""
 
-    def __init__(self, a: Analysis, mesh: Any, cold: bool = False) -> None:
+    def __init__(self, a: Analysis, mesh: Any, cold: bool = False, compile_options: Mapping[str, Any] | None = None
+                 ) -> None:
+        """``compile_options``: the XLA options the segments' programs compile with
+        (``candidates.quick_compile_options``; none: XLA's defaults)."""
         self.a = a
+        self.compile_options = dict(compile_options or {})
         # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
         # of those that depend on the model too.
         self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh),
@@ -44,10 +48,13 @@ class StoreKeys:
         self.base = {**self.mesh_base, "model": model_signature(a)}
 
     def segment(self, u: Unit, combo: Sequence[int]) -> dict:
-        """A unit's combination (units of one kind share it: the template is their blocks')."""
+        """A unit's combination (units of one kind share it: the template is their blocks'). Its
+        compile options only where there are some: a segment compiled under XLA's defaults keeps
+        the key it always had, so stores measured so are reused as they are."""
         sigs = self.a.signatures[u.start:u.end]
         template = hashlib.sha1("|".join(sigs).encode()).hexdigest()[:16]
-        return {**self.base, "template": template, "combination": list(combo)}
+        compiled = {"compile": dict(sorted(self.compile_options.items()))} if self.compile_options else {}
+        return {**self.base, **compiled, "template": template, "combination": list(combo)}
 
     def reshard(self, pair: tuple) -> dict:
         """Turning layout src into dst for ``pair`` = ((shape, dtype), src, dst)."""

@@ -51,7 +51,7 @@ from launcher.sharding.measuring.calibrate import programs as calibration_progra
 from launcher.sharding.profile.boundaries import Boundary, find_boundaries, layout_pairs
 from launcher.sharding.profile.budget import no_plan_fits, state_floor_bytes
 from launcher.sharding.options import ProfileOptions
-from launcher.sharding.profile.candidates import CandidateLoop
+from launcher.sharding.profile.candidates import CandidateLoop, quick_compile_options
 from launcher.sharding.profile.keys import StoreKeys
 from launcher.sharding.profile.programs import (
     allreduce_time,
@@ -157,7 +157,7 @@ class Profiler:
         self.a, self.mesh, self.store, self.log, self.is_main = a, mesh, store, log, is_main
         self.timer = Timer(options.warmup, options.repeats, CacheFlush(mesh) if options.cold_caches else None)
         self.units = profiling_units(a, options.max_segment_space)
-        self.keys = StoreKeys(a, mesh, options.cold_caches)
+        self.keys = StoreKeys(a, mesh, options.cold_caches, quick_compile_options(options, mesh))
         self.loop = CandidateLoop(a, mesh, store, self.keys, self.timer, self.units, options, keep=keep, log=log,
                                   is_main=is_main)
         self.shortcuts, self.overlap = self.loop.shortcuts, self.loop.overlap
