@@ -78,9 +78,10 @@ def test_cold_and_warm_profiles_are_stored_apart(tmp_path):
     assert (warm.keys.segment(unit, combo)["caches"], cold.keys.segment(unit, combo)["caches"]) == ("warm", "cold")
 
 
+@pytest.mark.core   # which options a jaxlib knows differs by release: the oldest supported JAX runs it too
 def test_cpu_profiles_compile_quicker_unless_told_or_flagged(tmp_path, monkeypatch):
-    """``quick_compile``: on CPU devices the profiled programs compile with XLA:CPU's quicker code
-    generation, each option where the jaxlib knows it and ``XLA_FLAGS`` does not set it; their
+    """``quick_compile``: on one process's CPU devices the profiled programs compile with XLA:CPU's
+    quicker code generation, each option where the jaxlib knows it and ``XLA_FLAGS`` does not set it; their
     entries are stored apart from those compiled under XLA's defaults, whose keys stay as they were."""
     a = analyze(*mlp_program(), [4])
     mesh = make_mesh([4], jax.devices()[:4])
@@ -90,6 +91,10 @@ def test_cpu_profiles_compile_quicker_unless_told_or_flagged(tmp_path, monkeypat
     assert jaxcompat.known_compile_options({"xla_no_such_option": True}) == {}
     assert quick_compile_options(ProfileOptions(), mesh) == known
     assert quick_compile_options(ProfileOptions(quick_compile=False), mesh) == {}
+    with monkeypatch.context() as m:   # a job of several processes: the defaults unless asked
+        m.setattr(jax, "process_count", lambda: 2)
+        assert quick_compile_options(ProfileOptions(), mesh) == {}
+        assert quick_compile_options(ProfileOptions(quick_compile=True), mesh) == known
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
     assert "xla_backend_optimization_level" not in quick_compile_options(ProfileOptions(), mesh)
     monkeypatch.setenv("XLA_FLAGS", "")

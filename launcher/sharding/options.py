@@ -109,7 +109,11 @@ class ProfileOptions(Options):
     # (medians), and the combination they timed fastest was the defaults' fastest as often as
     # timing the defaults again picks it (bench/bench_profile_compile.py, docs/benchmarks.md).
     # The shortlist, the race and the step the plan trains with compile under XLA's defaults.
-    # None: on CPU devices yes, on accelerators no (their options are not these).
+    # None: yes on one process's CPU devices (a notebook's search: its cold Linen LM search took
+    # 91 s against 147 s), no on accelerators (their options are not these) and in a job of
+    # several processes (the default job's profile took 112-143 s against 124-147 s, most of it
+    # not compiling, and in 2 of 7 runs CFP's own plan ended over 1.02x the best baseline, as in
+    # none of 8 before: docs/autoshard.md).
     quick_compile: Optional[bool] = None
 
     def __post_init__(self) -> None:

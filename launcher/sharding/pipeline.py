@@ -187,7 +187,7 @@ def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOpt
     timed no further. ``options.interleave``: a unit's combinations timed in rounds, else one after
     another. ``options.profile_top_k``: of each unit's combinations, those a rough cost
     model ranks first, and those of the whole plans ``keep`` (a plan per block).
-    ``options.quick_compile`` None: on CPU devices the profiled programs compile with XLA:CPU's
+    ``options.quick_compile`` None: on one process's CPU devices the profiled programs compile with XLA:CPU's
     quicker code generation (``candidates.QUICK_CPU_COMPILE``), stored apart from the defaults'."""
     o = options
     a = analyzed.analysis

@@ -142,11 +142,11 @@ QUICK_CPU_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimiza
 
 def quick_compile_options(options: ProfileOptions, mesh: Any) -> dict[str, Any]:
     """The XLA options the profiled programs compile with (``ProfileOptions.quick_compile``;
-    None: on CPU devices): ``QUICK_CPU_COMPILE``, less any option the jaxlib does not know or
-    ``XLA_FLAGS`` sets (the process's own flags stand, as they do for the step)."""
+    None: on one process's CPU devices): ``QUICK_CPU_COMPILE``, less any option the jaxlib does
+    not know or ``XLA_FLAGS`` sets (the process's own flags stand, as they do for the step)."""
     quick = options.quick_compile
     if quick is None:
-        quick = mesh.devices.flat[0].platform == "cpu"
+        quick = mesh.devices.flat[0].platform == "cpu" and jax.process_count() == 1
     if not quick:
         return {}
     flags = os.environ.get("XLA_FLAGS", "")
