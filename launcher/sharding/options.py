@@ -106,8 +106,9 @@ class ProfileOptions(Options):
     # (not its MLIR fusion emitters) and LLVM at O1 (profile/candidates.py: QUICK_CPU_COMPILE;
     # each where the jaxlib has it and XLA_FLAGS does not set it). On the profile's own programs
     # they compiled 1.7-1.9x faster in wall time, their kernels ran within 2% of the defaults'
-    # (medians), and the combination they timed fastest was the defaults' fastest as often as
-    # timing the defaults again picks it (bench/bench_profile_compile.py, docs/benchmarks.md).
+    # (medians), and the combination they timed fastest was as close to the defaults' fastest as
+    # timing the defaults' own executables again gets (worst regrets 1.00-1.15, the A/A's
+    # 1.02-1.15; bench/bench_profile_compile.py, docs/benchmarks.md).
     # The shortlist, the race and the step the plan trains with compile under XLA's defaults.
     # None: yes on one process's CPU devices (a notebook's search: its cold Linen LM search took
     # 91 s against 147 s), no on accelerators (their options are not these) and in a job of
