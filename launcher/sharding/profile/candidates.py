@@ -425,6 +425,10 @@ class CandidateLoop:
         yardstick: list[float] = [best]
 
         def stop(times: list[list[float]], overheads: list[list[float]]) -> list[bool]:
+            if len(times) == 1:   # one after another, as CFP's artifact: against the best before alone
+                if not math.isfinite(best):
+                    return [False]
+                return [EarlyStop(ratio, best, best_overhead, after=after).slower(times[0], overheads[0])]
             # The yardstick: the best timed in full before, or the candidate of these rounds whose
             # slowest first run is the fastest (it runs on, so it is never stopped itself).
             k = min(range(len(times)), key=lambda k: max(times[k]))
