@@ -21,8 +21,9 @@ from launcher.errors import UserError
 from launcher.runtime import status
 from launcher.runtime.ranks import SubmititLocalEnv
 
-# How long a cancelled rank has to end after SIGINT before it gets SIGKILL.
-_INTERRUPT_GRACE_S = 5.0
+# How long a cancelled rank has to end after SIGINT before it gets SIGKILL: `docker stop`'s 10 s
+# (SLURM's KillWait is 30). 5 s was too few in CI: a rank that saves for 2 s read as killed.
+_INTERRUPT_GRACE_S = 10.0
 
 
 @dataclass
