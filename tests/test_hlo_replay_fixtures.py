@@ -65,6 +65,7 @@ def test_while_with_known_trip_count(devices):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the largest modules of the outside suite (18 s, 9 s): the others run by default
 def test_graphsage_elided_constants_give_finite_outputs(devices):
     """XLA's parser fills {...} with a counter that reads as NaN in bf16; replay fills them itself."""
     result, (out,) = replay("graphsage_tf.hlo", devices)
@@ -76,6 +77,7 @@ def test_graphsage_elided_constants_give_finite_outputs(devices):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # see test_graphsage_elided_constants_give_finite_outputs
 def test_large_convolution(devices):
     """1.1 GiB of input: uninitialized arguments skip making the data."""
     result, (out,) = replay("test_hlo.txt", devices, argument_mode="uninitialized")

@@ -161,6 +161,7 @@ def test_slurm_jobs_are_followed_cancelled_running_and_queued(slurm, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the same status and cancel as local processes' and SLURM's, which run by default
 @pytest.mark.timeout(300)
 def test_an_mpirun_job_is_followed_and_cancelled(tmp_path):
     run = tmp_path / "run"

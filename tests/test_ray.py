@@ -154,6 +154,7 @@ def test_ray_is_needed_only_where_cluster_ray_submits(tmp_path):
     assert not (tmp_path / "none" / "job.json").exists()
 
 
+@pytest.mark.heavy  # a restart is the launcher's on every backend: test_restart.py's on local processes by default
 @pytest.mark.timeout(300)
 def test_a_failed_task_restarts_the_job_in_its_run_dir(ray_cluster, tmp_path):
     # launcher.max_restarts on Ray: the program waits on its first run, where rank 1 is killed.

@@ -269,6 +269,7 @@ def test_mpirun_runs_the_script_unchanged(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # tasks inside podman run by default in test_containers.py; this is mode=run's example there
 @pytest.mark.timeout(600)
 def test_the_flax_example_runs_in_a_podman_container_and_a_bad_kwarg_is_refused_there(container_image, tmp_path):
 
