@@ -1,5 +1,6 @@
 """Users' functions for the tests' mode=run jobs (``mode.target=tests.run_programs:describe``, ...)."""
 
+import atexit
 import os
 import sys
 import time
@@ -37,6 +38,15 @@ def curves(steps=5):
         ctx.log(step, loss=1.0 / (step + 1), lr=np.float32(0.5), doubled=jax.numpy.asarray(2.0 * step))
         ctx.log(step, every_rank=True, rank_loss=float(10 * ctx.rank + step))
     return {"steps": steps, "final": 1.0 / steps}
+
+
+def stuck_at_exit(rank=1, seconds=600.0):
+    """Returns at once, but process ``rank`` then takes ``seconds`` to exit, as one stuck tearing
+    down its collectives does: the job is done, its process is not gone."""
+    ctx = launcher.context()
+    if ctx.rank == rank:
+        atexit.register(time.sleep, seconds)
+    return {"rank": ctx.rank}
 
 
 def hold(until, x=0, stop_delay_s=0.0, ready=None):

@@ -101,6 +101,7 @@ def test_xlaunch_stacks_shows_where_each_rank_of_a_running_job_is(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("launcher.hang_timeout_s=1", "launcher.hang_timeout_s=1.0: must be more than the ranks' heartbeat interval"),
     ("launcher.max_restarts=-1", "launcher.max_restarts=-1: must be 0 (never restart) or more"),
+    ("launcher.exit_timeout_s=0", "launcher.exit_timeout_s=0.0: must be more than 0 (seconds the ranks have to exit"),
     ("launcher.max_restarts=1 launcher.wait=false", "launcher.max_restarts=1 needs launcher.wait=true"),
     ("launcher.compile_cache_dir=/proc/xlaunch-cache", "launcher.compile_cache_dir=/proc/xlaunch-cache: cannot be "
                                                        "written"),

@@ -84,6 +84,10 @@ class LauncherConfig:
     # into its log, the launcher says where each was, and the job ends. Long enough for the
     # longest compile of a real job.
     hang_timeout_s: float = 1800.0
+    # Once every rank has said it is done (the result written), how long their processes have to
+    # exit before the waiting launcher ends the job: a process stuck while exiting (tearing down
+    # its collectives, say) would hold the job, and on a scheduler its nodes, to the time limit.
+    exit_timeout_s: float = 60.0
     # A job whose rank fails (exits non-zero, is killed, its node is lost) or that hangs is
     # started again this many times at most, in the same run dir (launcher.context().restart one
     # higher), resuming from its checkpoints; by the waiting launcher, on every backend.
@@ -331,6 +335,9 @@ def _validate_launcher(lc: DictConfig) -> None:
     if lc.hang_timeout_s <= HEARTBEAT_S:
         raise UserError(f"launcher.hang_timeout_s={lc.hang_timeout_s}: must be more than the ranks' heartbeat "
                         f"interval ({HEARTBEAT_S:g} s); a real job wants minutes (e.g. launcher.hang_timeout_s=1800)")
+    if lc.exit_timeout_s <= 0:
+        raise UserError(f"launcher.exit_timeout_s={lc.exit_timeout_s}: must be more than 0 (seconds the ranks have "
+                        "to exit once every one is done)")
     if lc.max_restarts < 0:
         raise UserError(f"launcher.max_restarts={lc.max_restarts}: must be 0 (never restart) or more")
     if lc.max_restarts and not lc.wait:

@@ -120,7 +120,7 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
     again by ``restart`` (the next job, or None when no restart is left: launcher.max_restarts)."""
     lc = cfg.launcher
     n = expected_ranks(cfg)
-    watch = {"first_seen": None, "attempt": 0, "clock": status.StallClock()}
+    watch = {"first_seen": None, "attempt": 0, "clock": status.StallClock(), "all_done": None}
     ranks = JobWatch(run_dir, n, lc.peer_timeout_s, lc.init_timeout_s)
 
     def again(reason: str) -> Any:
@@ -177,6 +177,15 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
             view.update(seen.progress or None, _phase(seen, n, watch["attempt"]))
+            # Where the ranks work in the run dir itself: a TPU job goes on after its ranks, copying
+            # their run dirs back.
+            if cluster.shares_filesystem and _stuck_exiting(watch, seen, n, lc.exit_timeout_s, run_dir):
+                view.note(f"every rank of job {job.job_id} said it was done {lc.exit_timeout_s:g} s ago, but "
+                          f"{'its process has' if n == 1 else 'their processes have'} not all exited (stuck while "
+                          "exiting: tearing down collectives, say): the job is ended, and its result stands "
+                          "(launcher.exit_timeout_s)")
+                cluster.cancel(job)
+                break
             if cluster.ended(job):
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
                 reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
@@ -186,6 +195,16 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 job = nxt
             time.sleep(lc.poll_interval_s)
     return _result(job, cfg, run_dir)
+
+
+def _stuck_exiting(watch: dict, seen: Watch, n: int, timeout_s: float, run_dir: Path) -> bool:
+    """Whether every rank said it was done (and the result is written) over ``timeout_s`` ago
+    while the job goes on: a rank process that does not exit (``launcher.exit_timeout_s``)."""
+    if seen.count("done") < n or not (run_dir / "result.json").exists():
+        watch["all_done"] = None
+        return False
+    watch["all_done"] = watch["all_done"] or time.monotonic()
+    return time.monotonic() - watch["all_done"] > timeout_s
 
 
 def _settled(reason: str, failing: Callable[[], str], published: Callable[[], Watch | None], poll_s: float) -> str:
