@@ -185,7 +185,8 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                           "exiting: tearing down collectives, say): the job is ended, and its result stands "
                           "(launcher.exit_timeout_s)")
                 cluster.cancel(job)
-                break
+                # Not submitit's results: a backend may hold none for tasks ended so (Ray's).
+                return json.loads((run_dir / "result.json").read_text())
             if cluster.ended(job):
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
                 reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
