@@ -110,7 +110,8 @@ def worker(family: str) -> dict:
     started, and one asked for later starts then."""
     # XLA's backend optimisations are off, as for the whole session (tests/conftest.py).
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for name in sorted(({family} | (_SELECTED if not _RUNNING else set())) - set(_RUNNING)):
+    wanted = {family} if _RUNNING else {family, *_SELECTED}
+    for name in sorted(wanted - set(_RUNNING)):
         _RUNNING[name] = subprocess.Popen([sys.executable, "-c", WORKER, name, ",".join(APPLICABLE[name])], cwd=REPO,
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if family not in _RESULTS:
