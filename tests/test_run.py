@@ -232,10 +232,16 @@ def test_on_slurm_a_script_and_a_resumable_function_survive_a_stop_signal(slurm,
                           "mode.stop_grace_s=1", *nodes, env=slurm.env),
             resumable: launch(resumable, "mode=run", "mode.target=examples.resume:train", "mode.kwargs.steps=400",
                               *nodes, env=slurm.env)}
-    for run, proc in jobs.items():
-        wait_for(proc, lambda: (run / "logs" / "rank0.log").exists() and "step 10 " in log(run, 0), "step 10")  # noqa: B023  called within this iteration
-    with ThreadPoolExecutor(2) as pool:  # both signalled at once, each let to start again once requeued
-        list(pool.map(lambda run: preempt_on_slurm(slurm, run), jobs))
+
+    def stop_at_step_10(run: Path) -> None:
+        # Each job is signalled as soon as it is at step 10, not once both are: a job waited on
+        # while the other starts can finish its 400 steps first (it did in CI), and SLURM then
+        # answers the signal with "Invalid job id specified".
+        wait_for(jobs[run], lambda: (run / "logs" / "rank0.log").exists() and "step 10 " in log(run, 0), "step 10")
+        preempt_on_slurm(slurm, run)  # and lets it start again once requeued
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(stop_at_step_10, jobs))
     for run, proc in jobs.items():
         out = finish(proc, run)
         assert proc.returncode == 0, out
