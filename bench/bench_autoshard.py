@@ -44,7 +44,10 @@ every baseline's memory and time and which fit, the answer over the fastest base
 A search option's cost, side by side: each program's cold search (a fresh store, a process of its
 own) with the option as given (``--cold-env``: with these environment variables), then with
 autoshard's defaults, ``--runs`` times in turn: the whole search's wall time, where its profile
-and its shortlist ended, how many shortlisted plans were measured, and the answer. To bench/results/bench_autoshard_cold.json.
+and its shortlist ended, how many shortlisted plans were measured, its XLA compiles (counted from
+JAX's own compile event) and their seconds in each of those phases, and the answer. To
+bench/results/bench_autoshard_cold.json. ``--cold-ab 'algorithm="ilp"'`` sets the ILP's cold search
+beside CFP's (issue 45's point 6: CFP within 2x of it).
 """
 
 from __future__ import annotations
@@ -263,18 +266,38 @@ def budget_worker(name: str, store: str, fractions: list[float]) -> dict:
 def cold_worker(name: str, store: str, options: dict) -> dict:
     """One cold search of ``name`` with ``options`` (``--cold-ab``): its times, read off its log."""
     sys.path.insert(0, str(REPO))
+    import jax
+
     from launcher.sharding.user.api import autoshard
     from tests import user_programs
 
     s = getattr(user_programs, f"make_{name}")()
     lines: list[tuple[float, str]] = []
+    compiles: list[tuple[float, float]] = []   # (when XLA's compile ended, since t0; its seconds)
+
+    def heard(event, seconds, *args, **kwargs):   # JAX's own event, one per XLA compile
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append((time.perf_counter() - t0, seconds))
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
     t0 = time.perf_counter()
     plan = autoshard(s.fn, *s.args, data_argnums=s.data_argnums, in_shardings=s.in_shardings, store_dir=store,
                      log=lambda line: lines.append((time.perf_counter() - t0, line)), **options)
+    cold = time.perf_counter() - t0
     last = lambda said: max((t for t, line in lines if said(line)), default=None)   # when the log last said it
-    return {"program": name, "options": options, "cold_search_s": time.perf_counter() - t0,
-            "profile_end_s": last(lambda line: "segment combinations reused" in line),
-            "shortlist_end_s": last(lambda line: line.startswith("searched ParallelBlock")),
+    profile_end = last(lambda line: "segment combinations reused" in line)
+    shortlist_end = last(lambda line: line.startswith("searched ParallelBlock"))
+    # Each compile in the phase it ended in; a phase the algorithm has not (the ILP profiles
+    # nothing) holds none.
+    edges = (profile_end or 0.0, shortlist_end or profile_end or 0.0)
+    phases = {phase: {"compiles": 0, "seconds": 0.0} for phase in ("profile", "shortlist", "race")}
+    for t, sec in compiles:
+        phase = phases["profile" if t <= edges[0] else "shortlist" if t <= edges[1] else "race"]
+        phase["compiles"] += 1
+        phase["seconds"] += sec
+    return {"program": name, "options": options, "cold_search_s": cold,
+            "profile_end_s": profile_end, "shortlist_end_s": shortlist_end,
+            "compiles": len(compiles), "compile_s": sum(sec for _, sec in compiles), "compiles_by_phase": phases,
             "measured_plans": sum(line.startswith("candidate ") for _, line in lines),
             "not_measured": [line for _, line in lines if line.startswith("not measured")],
             "answer": plan.name or plan.algorithm, "why": plan.why}
@@ -296,9 +319,11 @@ def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path, g
                     raise SystemExit(f"{name}: the cold worker failed ({proc.returncode})")
                 row = {**json.loads(proc.stdout.strip().splitlines()[-1]), "env": extra, "run": run}
                 rows.append(row)
+                at = lambda s: "-" if s is None else f"{s:.0f} s"
                 print(f"{name:>12} {dict(options, **extra) or 'defaults'}: cold {row['cold_search_s']:.0f} s (profile to "
-                      f"{row['profile_end_s']:.0f} s, shortlist to {row['shortlist_end_s']:.0f} s, "
-                      f"{row['measured_plans']} plans measured); answer {row['answer']}", flush=True)
+                      f"{at(row['profile_end_s'])}, shortlist to {at(row['shortlist_end_s'])}, "
+                      f"{row['measured_plans']} plans measured; {row['compiles']} XLA compiles, "
+                      f"{row['compile_s']:.0f} s); answer {row['answer']}", flush=True)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_text(json.dumps({"command": " ".join(["python", "bench/bench_autoshard.py", *sys.argv[1:]]),
                                            "date": time.strftime("%Y-%m-%d"),
