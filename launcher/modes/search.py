@@ -32,6 +32,7 @@ class _Search(ProfileConfig):
     mesh_shape: Any = AUTO
     iterations: int = SearchOptions.iterations
     run_repeats: int = SearchOptions.run_repeats
+    round_seconds: float = SearchOptions.round_seconds
     drop_after: int = SearchOptions.drop_after
     drop_slower_than: float = SearchOptions.drop_slower_than
     baselines: List[str] = field(default_factory=lambda: list(SearchOptions.baselines))

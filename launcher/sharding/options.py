@@ -168,6 +168,12 @@ class SearchOptions(Options):
     baselines: tuple[str, ...] = BASELINES
     iterations: int = 100  # training steps per round of each whole-model run
     run_repeats: int = 3  # interleaved rounds of the searched plan and the baselines
+    # After the first round, a plan whose steps of a round (iterations, verify_iterations) took
+    # longer than this runs only as many a round as take about this long, at least 2 (search/
+    # measure.py, race): the rounds, not the steps within one, are what the pairing works on. 0:
+    # every round runs every step (mode=search's default, so mode.iterations means what it says;
+    # autoshard's is 0.5: a user's step of 200 ms raced 10 steps a round, 2 s a plan).
+    round_seconds: float = 0.0
     # After drop_after rounds, a built-in baseline over drop_slower_than times the fastest one in
     # every round so far runs no more (0: every baseline runs every round). What decides the
     # result is the searched plan over the fastest baseline; rounds spent on a plan twice as slow
@@ -189,6 +195,9 @@ class SearchOptions(Options):
             raise UserError(f"mode.verify_slower_than={self.verify_slower_than}: must be a factor above 1 (a "
                             "shortlisted plan predicted that much slower than the fastest is not measured), e.g. "
                             "2, or 0 to measure every one")
+        if not self.round_seconds >= 0:
+            raise UserError(f"mode.round_seconds={self.round_seconds}: must be seconds, 0 or more (0: every round "
+                            "runs mode.iterations steps), e.g. 0.5")
         if self.drop_after < 1:
             raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
         # Which baselines are neither built-in plans nor an algorithm's is the algorithms'

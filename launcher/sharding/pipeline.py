@@ -434,7 +434,8 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     among = frozenset(i for i in range(1, 1 + len(more)) if not budget or runners[i].peak_memory_bytes <= budget)
     cut = Cut(among, drop_after, drop_slower_than) if drop_slower_than and among else None
     with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
-        raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut))
+        raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut,
+                            round_s=options.round_seconds))
     raced, extra_runs = raced[:len(runners)], raced[len(runners):]
     searched, *rest = raced
     log("%s: step %.3f ms, %.2f MiB per device%s" % (

@@ -205,13 +205,14 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
                                  iterations=iterations, repeats=repeats, seed=seed,
                                  incumbents=[among[k] for k in incumbents if k in among], margin=margin,
                                  progress=bar_value, drop_slower_than=options.drop_slower_than, name=name,
-                                 compiled=[compiled.get(compiled_key(i, c)) for i, c in measured])
+                                 compiled=[compiled.get(compiled_key(i, c)) for i, c in measured],
+                                 round_s=options.round_seconds)
     rows = [kept_rows[among[k]] if k in among else _unmeasured_row(on[i], c, unmeasured[k])
             for k, (i, c) in enumerate(short)]
     for k, row in enumerate(rows):   # as the whole shortlist has them, measured or not
         row["search_optimum"], row["incumbent"] = k == 0, k in incumbents
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
-    _log_shortlist(rows, repeats, iterations, margin, log)
+    _log_shortlist(rows, repeats, iterations, margin, options.drop_slower_than, log)
     return chosen, rows, {n: (on[i].shape, plan) for n, (i, plan) in nearest.items()}
 
 
@@ -241,7 +242,8 @@ def _unmeasured_row(o: OnMesh, c: Candidate, why: str) -> dict:
     return {"assignment": list(c.assignment), "mesh_shape": list(o.analyzed.analysis.mesh_shape), "source": c.source,
             "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
             "measured_step_time_s": None, "paired_ratio": None, "chosen": False, "over_incumbent_paired": None,
-            "duel_over_incumbent_paired": None, "rounds": 0, "duel_rounds": 0, "not_measured": why}
+            "duel_over_incumbent_paired": None, "rounds": 0, "duel_rounds": 0, "won_clearly": False,
+            "not_measured": why}
 
 
 def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]], processes: int, log: Log
@@ -265,7 +267,8 @@ def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]
     return out
 
 
-def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, log: Log) -> None:
+def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, drop_slower_than: float,
+                   log: Log) -> None:
     """Each shortlisted plan's figures, the duel where one was raced, and why the plan kept is."""
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
@@ -281,10 +284,15 @@ def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: 
     kept = next(r for r in rows if r["chosen"])
     for row in rows:
         if row["duel_over_incumbent_paired"] is not None and not row["incumbent"]:
-            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of %d steps: %.3f of its time "
+            log("%s (%s) raced the fastest plan nearest a baseline alone, %d rounds of up to %d steps: %.3f of its time "
                 "round by round; %s (mode.verify_margin=%g)"
                 % (row["source"], row["assignment"], row["duel_rounds"], iterations, row["duel_over_incumbent_paired"],
                    "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
+        if row["won_clearly"]:
+            log("%s (%s) took %.3f of the fastest plan nearest a baseline's time round by round, under %.3f of it in "
+                "every one of %d rounds (mode.verify_margin=%g, mode.drop_slower_than=%g): it replaces it, not raced "
+                "alone again" % (row["source"], row["assignment"], row["over_incumbent_paired"],
+                                 (1 - margin) / drop_slower_than, row["rounds"], margin, drop_slower_than))
     fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
                   default=None)
     if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:

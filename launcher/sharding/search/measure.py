@@ -21,6 +21,7 @@ folder.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -166,47 +167,84 @@ class Cut:
     """Which plans stop racing early, as racing algorithms drop configurations (F-Race,
     successive halving): after ``after`` rounds, each plan of ``among`` (indices into the race's
     runners) whose every round took over ``factor`` times the fastest of ``among`` in the same
-    round runs no more rounds; its time stays the median of those it ran. The rounds it no
-    longer takes go to the plans still close, where more rounds narrow the ratio that matters."""
+    round runs no more rounds; its time stays the median of those it ran. A plan over ``factor``
+    squared in every one of half as many rounds (at least 2) stops then: half the evidence settles
+    a gap that wide (a user's step raced dp at 11x the fastest plan, 650 ms a step, for 4 rounds).
+    The rounds it no longer takes go to the plans still close, where more rounds narrow the ratio
+    that matters."""
     among: frozenset
     after: int = 4
     factor: float = 1.25
     keep: frozenset = frozenset()   # of these, the fastest so far stays, however slow
 
-    def out(self, rounds: Sequence[Sequence[float]]) -> set[int]:
-        """The plans to drop, given every plan's time in each round so far (the same on every
-        process: the slowest process's, ``slowest_process``)."""
-        among = sorted(self.among)
+    def at(self, rounds: int) -> float | None:
+        """The factor the cut applies after ``rounds`` rounds, None where it does not look."""
+        early = max(self.after // 2, 2)
+        return self.factor if rounds == self.after else self.factor ** 2 if rounds == early < self.after else None
+
+    def out(self, rounds: Mapping[int, Sequence[float]], factor: float) -> set[int]:
+        """The plans to drop, given the time in each round so far of every plan still racing (the
+        same on every process: the slowest process's, ``slowest_process``)."""
+        among = sorted(self.among & rounds.keys())
+        if not among:
+            return set()
         fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
-        out = {i for i in among if all(t > self.factor * f for t, f in zip(rounds[i], fastest, strict=True))}
-        if self.keep & self.among:
-            out.discard(min(self.keep & self.among, key=lambda i: paired_over(rounds[i], fastest)))
+        out = {i for i in among if all(t > factor * f for t, f in zip(rounds[i], fastest, strict=True))}
+        if self.keep & set(among):
+            out.discard(min(self.keep & set(among), key=lambda i: paired_over(rounds[i], fastest)))
         return out
 
 
+# Steps a plan runs in a round at the least where ``round_s`` sizes its rounds: a round's first
+# step follows another plan's program, and one step alone would weigh that.
+MIN_ROUND_STEPS = 2
+
+
+def steps_per_round(step_s: float, iterations: int, round_s: float) -> int:
+    """The steps a plan taking ``step_s`` a step runs in a round: ``iterations``, or as many as
+    take about ``round_s`` seconds where fewer do (at least ``MIN_ROUND_STEPS``; ``round_s`` 0:
+    always ``iterations``)."""
+    if not round_s or step_s <= 0:
+        return iterations
+    return min(iterations, max(MIN_ROUND_STEPS, math.ceil(round_s / step_s)))
+
+
 def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: Any = None,
-         cut: Cut | None = None, until: Callable[[list[list[float]]], bool] | None = None) -> list[PlanRun]:
+         cut: Cut | None = None, until: Callable[[list[list[float]]], bool] | None = None,
+         round_s: float = 0.0) -> list[PlanRun]:
     """One warm-up step each, then ``repeats`` rounds of ``iterations`` steps of every runner. A
     round the hypervisor interrupted is run again (``quiet.py``; training goes on meanwhile, so
     the losses stay those of consecutive steps). ``cut``: plans clearly behind stop early;
     ``until``: the race ends after a round where it says so, given every runner's times in this
-    race's rounds (the slowest process's).
+    race's rounds (the slowest process's). ``round_s``: a plan whose ``iterations`` steps take
+    longer runs only as many steps a round as take about that long (``steps_per_round``), as its
+    warm-up step says for the first round and the first round for the others (the slowest
+    process's times, so every process runs the same steps).
+    A round's time is the mean of its steps, whatever their number, and the rounds, not the
+    steps within one, are what pairing and the median work on: on a user's step of 200 ms the
+    race spent 2 s a plan a round on 10 steps whose mean moved less than the rounds did.
 
     Every other round runs the plans in reverse order. The machine's speed drifts within a round
     too: in the default job (2 processes on 2 cores) the time of the plan run first over that of
     the plan run last, seconds later, went from 0.66 to 1.57 over 10 rounds. In a fixed order the
     plans run first and last always meet different moments; reversed, a drift counts against
     each in turn."""
-    for r in runners:
+    warm = [0.0] * len(runners)
+    for i, r in enumerate(runners):
         if r.step_no == 0:
-            r.steps(1)
+            warm[i] = r.steps(1)[0]
             jaxcompat.settle_programs()
     live = list(range(len(runners)))
+    # The first round sized by the warm-up step where there was one (a first run can be slower:
+    # fewer steps then, never more), the others by the first round.
+    steps = [steps_per_round(t, iterations, round_s) for t in slowest_process(warm)] if round_s \
+        else [iterations] * len(runners)
     for k in range(repeats):
-        if cut is not None and k == cut.after > 0 and cut.among:
+        factor = cut.at(k) if cut is not None and cut.among else None
+        if factor is not None:
             # Every process drops the same plans: each runs every plan's collectives.
-            slowest = slowest_process([t for r in runners for t in r.rounds[-k:]])  # this race's rounds
-            dropped = cut.out([slowest[i * k:(i + 1) * k] for i in range(len(runners))])
+            slowest = slowest_process([t for i in live for t in runners[i].rounds[-k:]])  # this race's rounds
+            dropped = cut.out({i: slowest[j * k:(j + 1) * k] for j, i in enumerate(live)}, factor)
             live = [i for i in live if i not in dropped]
             if progress is not None:
                 progress.advance(len(dropped) * iterations * (repeats - k))
@@ -219,12 +257,18 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
             bar = progress if attempts == 1 else None  # the bar counts a round once, however often it runs
             means = [0.0] * len(order)
             for j, i in enumerate(order):
-                means[j] = statistics.mean(runners[i].steps(iterations, bar))
+                means[j] = statistics.mean(runners[i].steps(steps[i], bar))
+                if bar is not None and steps[i] < iterations:
+                    bar.advance(iterations - steps[i])   # the bar counts rounds, not steps
                 jaxcompat.settle_programs()  # the next runner's step is another program
             return means
 
         for i, seconds in zip(order, quiet(one_round), strict=True):
             runners[i].rounds.append(seconds)
+        if k == 0 and round_s:
+            first = slowest_process([runners[i].rounds[-1] for i in live])
+            for i, step_s in zip(live, first, strict=True):
+                steps[i] = steps_per_round(step_s, iterations, round_s)
         if until is not None and k + 1 < repeats:
             slowest = iter(slowest_process([t for r in runners for t in r.rounds[-(k + 1):]]))
             if until([[next(slowest) for _ in range(k + 1)] for _ in runners]):
@@ -240,8 +284,8 @@ def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any
 
 def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, repeats: int = 3, seed: int = 0,
          incumbents: Sequence[int] = (), margin: float = 0.0, progress: Any = None,
-         drop_slower_than: float = 0.0, name: str = "searched", compiled: Sequence[Any] = ()
-         ) -> tuple[PlanRunner, list[dict]]:
+         drop_slower_than: float = 0.0, name: str = "searched", compiled: Sequence[Any] = (),
+         round_s: float = 0.0) -> tuple[PlanRunner, list[dict]]:
     """The fastest of a shortlist measured on the whole step (``winner``). ``entries``:
     (analysis, program, mesh, ``search.Candidate``) per plan, the search's optimum first; plans
     of different logical meshes of the same devices race together, in ``repeats`` interleaved
@@ -253,13 +297,18 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     few short rounds: it then races the fastest incumbent alone, twice as many rounds again, and
     replaces it only if it wins those by ``margin`` as well. In the default job the DP's optimum on
     4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
-    10 rounds; the duel costs a few seconds beside compiling the shortlist.
+    10 rounds; the duel costs a few seconds beside compiling the shortlist. Not so where the
+    incumbent took over ``drop_slower_than`` times the plan's time, beyond ``margin``, in every
+    short round (the cut's measure of a plan clearly behind, turned round): no round's noise
+    spans that, and on a user's step of 60-250 ms the duel cost 20 s of a 125 s search, so the
+    plan replaces it without one (its row's ``won_clearly``).
 
     ``drop_slower_than`` (0: none) cuts the race as the final race cuts its baselines (``Cut``):
     after half the rounds, a plan over that many times the fastest in each of them runs no more
     (its figures are those of its rounds), except the fastest incumbent, which the winner must
     beat. ``compiled``: a runner per entry compiled already (None: compile it here; ``fit.py``
-    compiles the plans within a memory budget first). Returns the chosen runner (compiled, to
+    compiles the plans within a memory budget first). ``round_s``: ``race``'s, the rounds of slow
+    steps shortened. Returns the chosen runner (compiled, to
     race as ``name``, rounds cleared, its ``candidate`` set) and a row per candidate."""
     given = list(compiled) or [None] * len(entries)
     with compile_share.shared():  # each process compiles some of the candidates and loads the others
@@ -274,11 +323,12 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     duel: list[float | None] = [None] * len(runners)   # the duel's time over the incumbent's
     ran = [0] * len(runners)                            # short rounds each ran
     duel_rounds = 0
+    won_clearly = False
     best = 0
     if len(runners) > 1:
         cut = Cut(frozenset(range(len(runners))), max(repeats // 2, 1), drop_slower_than, frozenset(incumbents)) \
             if drop_slower_than and repeats > 1 else None
-        race(runners, iterations=iterations, repeats=repeats, progress=progress, cut=cut)
+        race(runners, iterations=iterations, repeats=repeats, progress=progress, cut=cut, round_s=round_s)
         slowest = iter(slowest_process([t for r in runners for t in r.rounds]))
         rounds = [[next(slowest) for _ in r.rounds] for r in runners]
         ran = [len(ts) for ts in rounds]
@@ -290,11 +340,14 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
             full_ratios = dict(zip(full, paired_ratios([rounds[i] for i in full]), strict=True))
             safe = min((i for i in incumbents if i in full), key=full_ratios.__getitem__)
             over_incumbent = [paired_over(times, rounds[safe][:len(times)]) for times in rounds]
-            if best not in incumbents:
+            won_clearly = best not in incumbents and _clearly_ahead(rounds[best], rounds[safe], margin,
+                                                                     drop_slower_than)
+            if best not in incumbents and not won_clearly:
                 pair = [runners[best], runners[safe]]
                 for r in pair:
                     r.rounds = []
-                race(pair, iterations=iterations, repeats=2 * repeats, until=lambda ts: _decided(ts, 2 * repeats, margin))
+                race(pair, iterations=iterations, repeats=2 * repeats, until=lambda ts: _decided(ts, 2 * repeats, margin),
+                     round_s=round_s)
                 slowest = slowest_process([t for r in pair for t in r.rounds])
                 n = duel_rounds = len(pair[0].rounds)
                 duel[best] = paired_over(slowest[:n], slowest[n:])
@@ -308,9 +361,16 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
              "predicted_step_time_s": c.predicted_time_s, "predicted_memory_gb": c.predicted_memory_bytes / 2**30,
              "measured_step_time_s": seconds, "paired_ratio": ratio, "chosen": i == best, "search_optimum": i == 0,
              "incumbent": i in incumbents, "over_incumbent_paired": over, "duel_over_incumbent_paired": duel[i],
-             "rounds": ran[i], "duel_rounds": duel_rounds if duel[i] is not None else 0}
+             "rounds": ran[i], "duel_rounds": duel_rounds if duel[i] is not None else 0,
+             "won_clearly": won_clearly and i == best}
             for i, ((a, _, _, c), seconds, ratio, over) in enumerate(zip(entries, measured, ratios, over_incumbent, strict=True))]
     return chosen, rows
+
+
+def _clearly_ahead(times: Sequence[float], incumbent: Sequence[float], margin: float, factor: float) -> bool:
+    """Whether a plan beat the incumbent by ``factor`` beyond ``1 - margin`` in every round both
+    ran (``factor`` 0: never, every winner duels)."""
+    return bool(factor) and all(t * factor <= (1 - margin) * u for t, u in zip(times, incumbent, strict=True))
 
 
 def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:

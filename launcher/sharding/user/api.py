@@ -64,9 +64,10 @@ from launcher.runtime import user_program
 
 # Where autoshard's defaults differ from mode=search's (launcher/sharding/options.py): the final race
 # in ten short rounds rather than three long ones (pairing cancels a shared machine's drift round
-# by round, and a baseline 1.25x the fastest after three rounds stops racing), and a shortlist of
-# three: a search from Python is interactive, and these are where its time went.
-AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3,
+# by round, and a baseline 1.25x the fastest after three rounds stops racing), rounds of about
+# half a second a plan where its steps are slow, and a shortlist of three: a search from Python
+# is interactive, and these are where its time went.
+AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3, "round_seconds": 0.5,
                       "baselines": list(STEP_BASELINES)}
 
 FORMAT = "xlaunch-autoshard-plan"
