@@ -271,34 +271,39 @@ def test_every_other_round_runs_the_plans_in_reverse():
     assert sum(a.rounds) == sum(b.rounds) == sum(c.rounds)
 
 
+class Racer:
+    """A racer (``race``'s runner interface) that takes ``cost`` a step, ``slow_cost`` in the rounds
+    listed in ``slow``, and counts the steps it ran."""
+
+    def __init__(self, cost, slow=(), slow_cost=0.0):
+        self.cost, self.slow, self.slow_cost = cost, slow, slow_cost
+        self.step_no, self.rounds, self.ran = 0, [], 0
+
+    def steps(self, n, progress=None):
+        k = len(self.rounds)
+        self.step_no += n
+        self.ran += n
+        if progress is not None:
+            for _ in range(n):
+                progress.advance()
+        return [self.slow_cost if k in self.slow else self.cost] * n
+
+    def result(self):
+        return self.rounds
+
+
+class Bar:
+    """A progress bar that counts what it was advanced by."""
+    completed = 0
+
+    def advance(self, n=1):
+        self.completed += n
+
+
 def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
-
-    class Plan:   # a plan that takes `cost` a step, `slow` in the rounds listed
-        def __init__(self, cost, slow=(), slow_cost=0.0):
-            self.cost, self.slow, self.slow_cost = cost, slow, slow_cost
-            self.step_no, self.rounds, self.ran = 0, [], 0
-
-        def steps(self, n, progress=None):
-            k = len(self.rounds)
-            self.step_no += n
-            self.ran += n
-            if progress is not None:
-                for _ in range(n):
-                    progress.advance()
-            return [self.slow_cost if k in self.slow else self.cost] * n
-
-        def result(self):
-            return self.rounds
-
-    class Bar:
-        completed = 0
-
-        def advance(self, n=1):
-            self.completed += n
-
     # 0: the searched plan (never dropped, however slow); 1: the fastest baseline; 2: 1.3x it in
     # every round; 3: 1.3x it except in round 2, where it came within 1.25x; 4: 1.2x it.
-    searched, best, far, once_close, close = (Plan(2.0), Plan(1.0), Plan(1.3), Plan(1.3, (2,), 1.2), Plan(1.2))
+    searched, best, far, once_close, close = (Racer(2.0), Racer(1.0), Racer(1.3), Racer(1.3, (2,), 1.2), Racer(1.2))
     plans = [searched, best, far, once_close, close]
     bar = Bar()
     race(plans, iterations=2, repeats=10, progress=bar, cut=Cut(frozenset({1, 2, 3, 4}), after=4, factor=1.25))
@@ -306,13 +311,13 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
     assert far.ran == 1 + 4 * 2                    # its warm-up step and four rounds, nothing after
     assert bar.completed == 5 * 10 * 2             # the rounds it skipped still count on the bar
     # Without a cut, or before its round, every plan runs every round.
-    plans = [Plan(2.0), Plan(1.0), Plan(1.3)]
+    plans = [Racer(2.0), Racer(1.0), Racer(1.3)]
     race(plans, iterations=1, repeats=4, cut=Cut(frozenset({1, 2}), after=4, factor=1.25))
     assert [len(p.rounds) for p in plans] == [4, 4, 4]
     # Over the factor squared (1.5625x) in each of half the rounds: dropped then. 1.6x but for
     # round 1 (1.5x): on to the full cut, and dropped there at 1.25x. 1.5x: likewise.
-    best, far, once_nearer, nearer = Plan(1.0), Plan(1.6), Plan(1.6, (1,), 1.5), Plan(1.5)
-    plans = [Plan(2.0), best, far, once_nearer, nearer]
+    best, far, once_nearer, nearer = Racer(1.0), Racer(1.6), Racer(1.6, (1,), 1.5), Racer(1.5)
+    plans = [Racer(2.0), best, far, once_nearer, nearer]
     bar = Bar()
     race(plans, iterations=1, repeats=6, progress=bar, cut=Cut(frozenset({1, 2, 3, 4}), after=4, factor=1.25))
     assert [len(p.rounds) for p in plans] == [6, 6, 2, 4, 4]
@@ -323,30 +328,9 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
 
 
 def test_a_race_of_slow_steps_runs_rounds_of_about_round_s_a_plan():
-    class Plan:   # a plan that takes `cost` a step
-        def __init__(self, cost):
-            self.cost, self.step_no, self.rounds, self.ran = cost, 0, [], 0
-
-        def steps(self, n, progress=None):
-            self.step_no += n
-            self.ran += n
-            if progress is not None:
-                for _ in range(n):
-                    progress.advance()
-            return [self.cost] * n
-
-        def result(self):
-            return self.rounds
-
-    class Bar:
-        completed = 0
-
-        def advance(self, n=1):
-            self.completed += n
-
     # 10 steps a round, 0.5 s a round: a 5 ms step keeps its 10, a 200 ms one runs 3, a 650 ms
     # one 2 (never fewer), as their warm-up steps say; a round's time is still the mean step.
-    fast, slow, slowest = Plan(0.005), Plan(0.2), Plan(0.65)
+    fast, slow, slowest = Racer(0.005), Racer(0.2), Racer(0.65)
     bar = Bar()
     race([fast, slow, slowest], iterations=10, repeats=4, progress=bar, round_s=0.5)
     assert [p.ran for p in (fast, slow, slowest)] == [1 + 4 * 10, 1 + 4 * 3, 1 + 4 * 2]
@@ -364,20 +348,8 @@ def test_a_race_of_slow_steps_runs_rounds_of_about_round_s_a_plan():
 
 
 def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_decided():
-    class Plan:   # a plan that takes `cost` a step
-        def __init__(self, cost):
-            self.cost, self.step_no, self.rounds, self.ran = cost, 0, [], 0
-
-        def steps(self, n, progress=None):
-            self.step_no += n
-            self.ran += n
-            return [self.cost] * n
-
-        def result(self):
-            return self.rounds
-
     # 0 the optimum; 1 and 2 incumbents, both over 1.25x it; 3 a runner-up over 1.25x it.
-    plans = [Plan(1.0), Plan(1.4), Plan(1.3), Plan(1.5)]
+    plans = [Racer(1.0), Racer(1.4), Racer(1.3), Racer(1.5)]
     race(plans, iterations=1, repeats=4, cut=Cut(frozenset(range(4)), after=2, factor=1.25, keep=frozenset({1, 2})))
     # The fastest incumbent (2) runs on; the slower one and the runner-up stop after 2 rounds.
     assert [len(p.rounds) for p in plans] == [4, 2, 4, 2]
@@ -389,7 +361,7 @@ def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_deci
     assert _decided([[0.9] * 5, [1.0] * 5], of=8, margin=0.02)
     assert _decided([[1.0] * 5, [1.0] * 5], of=8, margin=0.02)
     assert not _decided([[0.9, 1.0, 0.9, 1.0, 0.9], [1.0] * 5], of=8, margin=0.02)
-    pair = [Plan(0.9), Plan(1.0)]
+    pair = [Racer(0.9), Racer(1.0)]
     race(pair, iterations=1, repeats=8, until=lambda ts: _decided(ts, 8, 0.02))
     assert [len(p.rounds) for p in pair] == [5, 5]
     # No duel at all for a plan under (1 - margin) / factor of the incumbent in every short round.
