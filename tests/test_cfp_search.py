@@ -325,6 +325,7 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
     # The early look needs at least 2 rounds: a cut after 2 or 3 looks once, at 2 with its factor.
     assert [Cut(frozenset(), after=n).at(k) for n in (2, 3) for k in (1, 2, 3)] == [None, 1.25, None,
                                                                                     None, 1.5625, 1.25]
+    assert Cut(frozenset(), after=0).at(0) is None   # never before a round
 
 
 def test_a_race_of_slow_steps_runs_rounds_of_about_round_s_a_plan():

@@ -180,6 +180,8 @@ class Cut:
     def at(self, rounds: int) -> float | None:
         """The factor the cut applies after ``rounds`` rounds, None where it does not look."""
         early = max(self.after // 2, 2)
+        if rounds < 1:
+            return None
         return self.factor if rounds == self.after else self.factor ** 2 if rounds == early < self.after else None
 
     def out(self, rounds: Mapping[int, Sequence[float]], factor: float) -> set[int]:
