@@ -365,10 +365,10 @@ def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_deci
     pair = [Racer(0.9), Racer(1.0)]
     race(pair, iterations=1, repeats=8, until=lambda ts: _decided(ts, 8, 0.02))
     assert [len(p.rounds) for p in pair] == [5, 5]
-    # No duel at all for a plan under (1 - margin) / factor of the incumbent in every short round.
-    assert _clearly_ahead([0.5, 0.78, 0.7], [1.0, 1.0, 1.0], margin=0.02, factor=1.25)
-    assert not _clearly_ahead([0.5, 0.79, 0.7], [1.0, 1.0, 1.0], margin=0.02, factor=1.25)
-    assert not _clearly_ahead([0.1, 0.1], [1.0, 1.0], margin=0.02, factor=0)   # drop_slower_than=0: always a duel
+    # No duel at all for a plan under (1 - margin) / 1.25 of the incumbent in every short round.
+    assert _clearly_ahead([0.5, 0.78, 0.7], [1.0, 1.0, 1.0], margin=0.02)
+    assert not _clearly_ahead([0.5, 0.79, 0.7], [1.0, 1.0, 1.0], margin=0.02)
+    assert not _clearly_ahead([0.5, 0.5], [1.0, 1.0], margin=0.5)      # the margin counts too
 
 
 def test_a_plan_nearest_a_baseline_is_replaced_only_by_a_clearly_faster_one():

@@ -212,7 +212,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
     for k, row in enumerate(rows):   # as the whole shortlist has them, measured or not
         row["search_optimum"], row["incumbent"] = k == 0, k in incumbents
     chosen.mesh_index = short[rows.index(next(r for r in rows if r["chosen"]))][0]
-    _log_shortlist(rows, repeats, iterations, margin, options.drop_slower_than, log)
+    _log_shortlist(rows, repeats, iterations, margin, log)
     return chosen, rows, {n: (on[i].shape, plan) for n, (i, plan) in nearest.items()}
 
 
@@ -267,9 +267,9 @@ def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]
     return out
 
 
-def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, drop_slower_than: float,
-                   log: Log) -> None:
+def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, log: Log) -> None:
     """Each shortlisted plan's figures, the duel where one was raced, and why the plan kept is."""
+    from launcher.sharding.search.measure import CLEARLY_AHEAD  # noqa: PLC0415 - JAX, as in choose
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
             cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""
@@ -290,9 +290,9 @@ def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: 
                    "it replaces it" if row["chosen"] else "kept %s" % kept["source"], margin))
         if row["won_clearly"]:
             log("%s (%s) took %.3f of the fastest plan nearest a baseline's time round by round, under %.3f of it in "
-                "every one of %d rounds (mode.verify_margin=%g, mode.drop_slower_than=%g): it replaces it, not raced "
-                "alone again" % (row["source"], row["assignment"], row["over_incumbent_paired"],
-                                 (1 - margin) / drop_slower_than, row["rounds"], margin, drop_slower_than))
+                "every one of %d rounds ((1 - mode.verify_margin) / %g): it replaces it, not raced alone again"
+                % (row["source"], row["assignment"], row["over_incumbent_paired"], (1 - margin) / CLEARLY_AHEAD,
+                   row["rounds"], CLEARLY_AHEAD))
     fastest = min((r for r in rows if r["measured_step_time_s"] is not None), key=lambda r: r["paired_ratio"],
                   default=None)
     if fastest is not None and not fastest["chosen"] and fastest["duel_over_incumbent_paired"] is None:

@@ -300,10 +300,9 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     replaces it only if it wins those by ``margin`` as well. In the default job the DP's optimum on
     4x2 beat the plan nearest dp_tp by 5% in 4 rounds of 5 steps and then ran 1.067x dp_tp over
     10 rounds; the duel costs a few seconds beside compiling the shortlist. Not so where the
-    incumbent took over ``drop_slower_than`` times the plan's time, beyond ``margin``, in every
-    short round (the cut's measure of a plan clearly behind, turned round): no round's noise
-    spans that, and on a user's step of 60-250 ms the duel cost 20 s of a 125 s search, so the
-    plan replaces it without one (its row's ``won_clearly``).
+    incumbent took over ``CLEARLY_AHEAD`` (1.25) times the plan's time, beyond ``margin``, in
+    every short round: no round's noise spans that, and on a user's step of 60-250 ms the duel
+    cost 20 s of a 125 s search, so the plan replaces it without one (its row's ``won_clearly``).
 
     ``drop_slower_than`` (0: none) cuts the race as the final race cuts its baselines (``Cut``):
     after half the rounds, a plan over that many times the fastest in each of them runs no more
@@ -342,8 +341,7 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
             full_ratios = dict(zip(full, paired_ratios([rounds[i] for i in full]), strict=True))
             safe = min((i for i in incumbents if i in full), key=full_ratios.__getitem__)
             over_incumbent = [paired_over(times, rounds[safe][:len(times)]) for times in rounds]
-            won_clearly = best not in incumbents and _clearly_ahead(rounds[best], rounds[safe], margin,
-                                                                     drop_slower_than)
+            won_clearly = best not in incumbents and _clearly_ahead(rounds[best], rounds[safe], margin)
             if best not in incumbents and not won_clearly:
                 pair = [runners[best], runners[safe]]
                 for r in pair:
@@ -369,10 +367,17 @@ def pick(entries: Sequence[tuple[Analysis, Any, Any, Any]], *, iterations: int, 
     return chosen, rows
 
 
-def _clearly_ahead(times: Sequence[float], incumbent: Sequence[float], margin: float, factor: float) -> bool:
-    """Whether a plan beat the incumbent by ``factor`` beyond ``1 - margin`` in every round both
-    ran (``factor`` 0: never, every winner duels)."""
-    return bool(factor) and all(t * factor <= (1 - margin) * u for t, u in zip(times, incumbent, strict=True))
+# How far ahead of the incumbent, beyond ``1 - margin``, a plan must be in every short round to
+# replace it without a duel: the default ``drop_slower_than``'s gap, which no round's noise spans
+# (``bench_race_noise.py``: a round's time moves by 8-10%). Not the option itself: a race cut
+# hard (``mode.drop_slower_than=1.01``) would then skip the duels that catch a lead of 5%.
+CLEARLY_AHEAD = 1.25
+
+
+def _clearly_ahead(times: Sequence[float], incumbent: Sequence[float], margin: float) -> bool:
+    """Whether a plan beat the incumbent by ``CLEARLY_AHEAD`` beyond ``1 - margin`` in every
+    round both ran."""
+    return all(t * CLEARLY_AHEAD <= (1 - margin) * u for t, u in zip(times, incumbent, strict=True))
 
 
 def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
