@@ -169,7 +169,7 @@ class Cut:
     runners) whose every round took over ``factor`` times the fastest of ``among`` in the same
     round runs no more rounds; its time stays the median of those it ran. A plan over ``factor``
     squared in every one of half as many rounds (at least 2) stops then: half the evidence settles
-    a gap that wide (a user's step raced dp at 11x the fastest plan, 650 ms a step, for 4 rounds).
+    a gap that wide (a user's step raced dp at 11x the fastest plan, 650 ms a step, for 3 rounds).
     The rounds it no longer takes go to the plans still close, where more rounds narrow the ratio
     that matters."""
     among: frozenset
@@ -179,21 +179,23 @@ class Cut:
 
     def at(self, rounds: int) -> float | None:
         """The factor the cut applies after ``rounds`` rounds, None where it does not look."""
-        early = max(self.after // 2, 2)
         if rounds < 1:
             return None
-        return self.factor if rounds == self.after else self.factor ** 2 if rounds == early < self.after else None
+        if rounds == self.after:
+            return self.factor
+        return self.factor ** 2 if rounds == max(self.after // 2, 2) < self.after else None
 
     def out(self, rounds: Mapping[int, Sequence[float]], factor: float) -> set[int]:
         """The plans to drop, given the time in each round so far of every plan still racing (the
         same on every process: the slowest process's, ``slowest_process``)."""
-        among = sorted(self.among & rounds.keys())
+        among = self.among & rounds.keys()
         if not among:
             return set()
-        fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[among[0]]))]
+        fastest = [min(rounds[i][k] for i in among) for k in range(len(rounds[min(among)]))]
         out = {i for i in among if all(t > factor * f for t, f in zip(rounds[i], fastest, strict=True))}
-        if self.keep & set(among):
-            out.discard(min(self.keep & set(among), key=lambda i: paired_over(rounds[i], fastest)))
+        kept = self.keep & among
+        if kept:
+            out.discard(min(sorted(kept), key=lambda i: paired_over(rounds[i], fastest)))   # ties: the first
         return out
 
 
