@@ -391,6 +391,25 @@ def test_batches_hold_whole_kinds_and_a_large_kind_in_parts():
     assert [c for b in batches for c in b] == todo
 
 
+def test_a_kept_plan_is_profiled_in_every_instance_of_a_layer_not_only_the_first(tmp_path):
+    """``profile_top_k`` keeps the combinations of the plans nearest the baselines: those of every
+    unit of a kind, since one plan may give a layer's instances different ones (miniGPT's nearest
+    fsdp plan took another in its first block than in the other three, and, its other blocks left
+    unprofiled, was predicted infinitely slow and never raced)."""
+    p = training_program(GPT(**SMALL_GPT))
+    a = analyze(p.step, p.args, [4, 2])
+    mesh = make_mesh([4, 2], jax.devices()[:8])
+    units = profiling_units(a, 128)
+    first, again = [u for u in units if u.kind == (1, 0)][:2]
+    plan = [0] * len(a.blocks)
+    plan[again.start:again.end] = [6, 5]   # the second instance only; the first keeps [0, 0]
+    options = ProfileOptions(profile_top_k=1, overlap_compile=False)
+    loop = CandidateLoop(a, mesh, ProfileStore(tmp_path), StoreKeys(a, mesh), Timer(), units, options, keep=[plan])
+    profiled = {(u.kind, c) for u, c in loop.candidates()}
+    assert ((1, 0), (6, 5)) in profiled and ((1, 0), (0, 0)) in profiled
+    assert all(u is loop.first[u.kind] for u, _ in loop.candidates())
+
+
 def test_a_segments_combinations_are_timed_in_rounds_against_the_fastest_of_them(tmp_path):
     """In rounds, the early stop's yardstick is the candidate whose slowest first run is the
     fastest: with a ratio every real run is over (1e-6), it alone is timed in full and every

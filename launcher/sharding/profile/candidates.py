@@ -180,6 +180,7 @@ class CandidateLoop:
         # nearest the baselines, which the search measures beside its own).
         self.top_k, self.keep = options.profile_top_k, [list(plan) for plan in keep]
         self.first = first_units(units)
+        self.units = list(units)
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
         self._split = {u.kind[0] for u in units if u.kind[1] > 0}  # templates profiled in parts
         # Per kind: (time_s, overhead_s) of the fastest candidate timed in full (the early stop's
@@ -207,7 +208,10 @@ class CandidateLoop:
         for u in sorted(self.first.values(), key=lambda u: len(u.combos())):
             order = ranked(self.a, u)
             if self.top_k and len(order) > self.top_k:
-                kept = {tuple(plan[u.start:u.end]) for plan in self.keep}
+                # Every unit of the kind, not only the first: instances of one layer template
+                # may take other combinations in the same plan (the first block after an
+                # embedding), and a plan missing any of them cannot be predicted.
+                kept = {tuple(plan[v.start:v.end]) for plan in self.keep for v in self.units if v.kind == u.kind}
                 order = order[:self.top_k] + [c for c in order[self.top_k:] if c in kept]
             out += [(u, c) for c in order]
         return out
