@@ -103,7 +103,8 @@ class Cfp(Algorithm):
         analysis, profiles = where.analyzed.analysis, [o.profiles for o in on]
         fields = {
             "meshes": meshes,
-            "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source},
+            "plan": {"assignment": picked.assignment, "mesh_shape": list(analysis.mesh_shape), "source": picked.source,
+                     "state_stored_split": bool(picked.stored)},
             "search_optimum": {"assignment": found.assignment,
                                "segment_combinations": [list(c) for c in found.combos]},
             "candidates": candidates,
