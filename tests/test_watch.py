@@ -17,7 +17,7 @@ import pytest
 
 from launcher.runtime import status
 from launcher.runtime.node_watch import NodeWatch
-from launcher.runtime.watch import JobWatch, RankReporter, check_size, read_watch
+from launcher.runtime.watch import JobWatch, RankReporter, check_size, read_watch, remaining_s
 from tests.launch import run_cli
 from tests.test_operate import one_line_error
 
@@ -170,3 +170,21 @@ def test_xlaunch_status_shows_a_large_job_by_state_from_its_watch(tmp_path):
         assert "rank 7 " in out and "failed" in out
     finally:
         job.stop()
+
+
+def test_the_eta_is_the_pace_since_the_first_unit_done_not_since_the_start():
+    """A race compiles every plan (a minute, on a user's model) before its first step: from the
+    start, 5 steps of 260 in 72 s said 61 minutes were left, when the rest took 30 s. The pace
+    is taken from the first unit done on, and before a second there is none."""
+    from launcher.cli.console import progress_line, seconds
+
+    first = [1000.0 + 72, 5]
+    progress = {"description": "measuring 13 plans", "completed": 5, "total": 260, "started": 1000.0, "first": first}
+    assert progress_line(progress, "", 0.0, 1072.0).endswith("eta unknown")
+    progress["completed"] = 135
+    line = progress_line(progress, "", 0.0, 1087.0)   # 130 steps in 15 s: 125 left take 14.4 s
+    assert f"elapsed {seconds(87)}, " in line, line
+    assert remaining_s(135, 260, first, 1087.0) == pytest.approx(125 * 15 / 130)
+    assert line.endswith("eta " + seconds(125 * 15 / 130)), line
+    # A report without the pace's start (an older task's): no guess.
+    assert remaining_s(135, 260, None, 1087.0) is None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launcher.modes import MODES
+from launcher.runtime.watch import remaining_s
 from launcher.cli.schema import mode_codes
 
 Render = Callable[[dict], str]
@@ -225,6 +226,7 @@ def progress_line(progress: dict | None, phase: str, since: float, now: float) -
         return f"{phase}, {seconds(now - since)} since submission"
     done, total = progress["completed"], max(progress["total"], 1)
     elapsed = now - (progress.get("started") or since)
-    eta = seconds(elapsed / done * (total - done)) if done else "unknown"
+    left = remaining_s(done, total, progress.get("first"), now)
+    eta = "unknown" if left is None else seconds(left)
     return (f"{progress['description']}: {done:g}/{total:g} ({100 * done / total:.0f}%), "
             f"elapsed {seconds(elapsed)}, eta {eta}")

@@ -24,7 +24,7 @@ from launcher.errors import BAD_INPUT, UserError
 from launcher.runtime.ranks import RankInfo
 from launcher.runtime.scalars import Scalars
 from launcher.runtime.timing import AttemptClock
-from launcher.runtime.watch import RankReporter
+from launcher.runtime.watch import RankReporter, remaining_s
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,13 @@ class _Progress:
         self.completed = 0
         self.start = time.perf_counter()
         self.started = time.time()  # published: the launcher's plain progress lines give elapsed and ETA
+        self.first: tuple[float, float] | None = None   # (when, completed) at the first unit done: the pace's start
         self._logged_tenth = -1
 
     def advance(self, n: int = 1, description: str | None = None, force_log: bool = False) -> None:
         self.completed += n
+        if self.first is None and self.completed > 0:
+            self.first = (time.time(), self.completed)
         if description:
             self.description = description
         if self.ctx.reporter is not None:
@@ -136,12 +139,13 @@ class _Progress:
         if not self.ctx.is_main:
             return
         if self.ctx.reporter is not None:  # the job's watch carries it to the launcher (runtime/watch.py)
-            self.ctx.reporter.report_progress(self.description, self.completed, self.total, self.started)
+            self.ctx.reporter.report_progress(self.description, self.completed, self.total, self.started, self.first)
         tenth = int(10 * self.completed / self.total)
         if tenth != self._logged_tenth or force_log:
             self._logged_tenth = tenth
             elapsed = time.perf_counter() - self.start
-            eta = elapsed / self.completed * (self.total - self.completed) if self.completed else float("nan")
+            eta = remaining_s(self.completed, self.total, self.first, time.time())
+            eta = float("nan") if eta is None else eta
             self.ctx.log.info("%s: %d/%d (%.0f%%), elapsed %.1f s, eta %.1f s", self.description,
                               self.completed, self.total, 100 * self.completed / self.total, elapsed, eta)
 

@@ -238,10 +238,12 @@ class RankReporter:
         position moves with every write, and reading it is no file-system call."""
         self._log_fd = fd
 
-    def report_progress(self, description: str, completed: float, total: float, started: float) -> None:
-        """Progress over the current piece of work (rank 0's), which the job's watch carries."""
+    def report_progress(self, description: str, completed: float, total: float, started: float,
+                        first: tuple[float, float] | None = None) -> None:
+        """Progress over the current piece of work (rank 0's), which the job's watch carries;
+        ``first``: (when, how much was done) at its first unit done (``remaining_s``)."""
         self.progress_report = {"description": description, "completed": completed, "total": total,
-                                "started": started, "time": time.time()}
+                                "started": started, "first": list(first) if first else None, "time": time.time()}
 
     def listen(self, listener: Callable[[Watch], None]) -> None:
         """Calls ``listener`` with every watch this rank reads (mode=run's stop requests)."""
@@ -514,3 +516,13 @@ def check_size(num_ranks: int, peer_timeout_s: float) -> str:
 
 __all__ = ["RankReporter", "Watch", "JobWatch", "Watcher", "read_watch", "summarize", "check_size",
            "max_ranks", "watch_path", "HEARTBEAT_S"]
+
+
+def remaining_s(completed: float, total: float, first: Sequence[float] | None, now: float) -> float | None:
+    """Seconds a piece of work has left at the pace it kept since its first unit was done
+    (``first``: when, and how much was done then); None before a second is done. Not from its
+    start: a race compiles every plan before its first step (a minute, on a user's model), and
+    a pace from the start then put 61 minutes on a race of two."""
+    if not first or completed <= first[1] or now <= first[0]:
+        return None
+    return (now - first[0]) / (completed - first[1]) * max(total - completed, 0)
