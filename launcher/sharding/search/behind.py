@@ -6,7 +6,10 @@ plan nearest a baseline is not always the baseline's own layout. When the final 
 CFP's own plan over ``BEHIND`` times the fastest baseline, round by round, the table says so
 under it: the segments (and their blocks) where the plan differs from the plan nearest that
 baseline, and why that nearest plan is not the baseline's own layout where it is not
-(``nearest.Nearest.reason``), or, where it is, that the shortlist measured it and kept the other.
+(``nearest.Nearest.reason``), or, where it is, that the shortlist measured it and kept the other
+(the state stored split, where that twin was kept), or, where the plan is that nearest plan, that
+only the race's noise set them apart (a 10-round ratio of miniGPT's steps is good to about 5% on
+a 2-core machine: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -57,4 +60,7 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         why = (f"{baseline} stores it as the plan nearest it computes with it; the shortlist's short rounds measured "
                f"the state stored split faster than that plan, {baseline}'s own layout (more verify_repeats race them "
                "longer)")
+    elif not differ and found.exact:   # the same layout: nothing was predicted or kept over it
+        why = (f"that plan is {baseline}'s own layout, so the two ran apart by the race's noise alone (more run_repeats "
+               "race them longer)")
     return f"{head}: {where}; {why}"
