@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.cli.console import progress_line, seconds
 from launcher.runtime import status
 from launcher.runtime.node_watch import NodeWatch
 from launcher.runtime.watch import JobWatch, RankReporter, check_size, read_watch, remaining_s
@@ -176,8 +177,6 @@ def test_the_eta_is_the_pace_since_the_first_unit_done_not_since_the_start():
     """A race compiles every plan (a minute, on a user's model) before its first step: from the
     start, 5 steps of 260 in 72 s said 61 minutes were left, when the rest took 30 s. The pace
     is taken from the first unit done on, and before a second there is none."""
-    from launcher.cli.console import progress_line, seconds
-
     first = [1000.0 + 72, 5]
     progress = {"description": "measuring 13 plans", "completed": 5, "total": 260, "started": 1000.0, "first": first}
     assert progress_line(progress, "", 0.0, 1072.0).endswith("eta unknown")
