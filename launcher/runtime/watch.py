@@ -514,10 +514,6 @@ def check_size(num_ranks: int, peer_timeout_s: float) -> str:
             f"{peer_timeout_s:g} s)")
 
 
-__all__ = ["RankReporter", "Watch", "JobWatch", "Watcher", "read_watch", "summarize", "check_size",
-           "max_ranks", "watch_path", "HEARTBEAT_S"]
-
-
 def remaining_s(completed: float, total: float, first: Sequence[float] | None, now: float) -> float | None:
     """Seconds a piece of work has left at the pace it kept since its first unit was done
     (``first``: when, and how much was done then); None before a second is done. Not from its
@@ -526,3 +522,8 @@ def remaining_s(completed: float, total: float, first: Sequence[float] | None, n
     if not first or completed <= first[1] or now <= first[0]:
         return None
     return (now - first[0]) / (completed - first[1]) * max(total - completed, 0)
+
+
+__all__ = ["RankReporter", "Watch", "JobWatch", "Watcher", "read_watch", "summarize", "check_size",
+           "max_ranks", "watch_path", "remaining_s", "HEARTBEAT_S"]
+

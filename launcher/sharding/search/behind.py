@@ -50,17 +50,19 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
     split = bool(plan.get("state_stored_split"))
     if split:
         where += ", with the state stored split over every device"
-    kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
-            if "assignment" not in plan else
-            "the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell them "
-            "apart (more verify_repeats race them longer)")
-    why = (f"that plan is not {baseline}'s layout: {found.reason(a)}" if not found.exact else
-           f"that plan is {baseline}'s own layout; {kept}")
-    if split and not differ and found.exact:
+    if not found.exact:
+        why = f"that plan is not {baseline}'s layout: {found.reason(a)}"
+    elif differ:
+        kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
+                if "assignment" not in plan else
+                "the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell "
+                "them apart (more verify_repeats race them longer)")
+        why = f"that plan is {baseline}'s own layout; {kept}"
+    elif split:
         why = (f"{baseline} stores it as the plan nearest it computes with it; the shortlist's short rounds measured "
                f"the state stored split faster than that plan, {baseline}'s own layout (more verify_repeats race them "
                "longer)")
-    elif not differ and found.exact:   # the same layout: nothing was predicted or kept over it
+    else:   # the same layout: nothing was predicted or kept over it
         why = (f"that plan is {baseline}'s own layout, so the two ran apart by the race's noise alone (more run_repeats "
                "race them longer)")
     return f"{head}: {where}; {why}"
