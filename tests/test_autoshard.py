@@ -91,6 +91,7 @@ for algorithm, mesh_shape in (("cfp", [4]), ("ilp", "auto")):
     out[f"eqx_{algorithm}"] = both(plan, eq.fn, eq.args, steps, 2)
     if algorithm == "cfp":  # the shortlist held the plans nearest each baseline, the user's own too
         out["eqx_nearest"] = sorted(plan.searched.nearest)
+        out["eqx_incumbents"] = {c["source"]: c["incumbent"] for c in plan.searched.candidates}
     if algorithm == "ilp":
         out["eqx_meshes"] = plan.meshes
         try:  # the Flax plan applied to the Equinox step
@@ -175,6 +176,11 @@ def test_the_search_covers_every_mesh_every_baselines_nearest_plan_and_linen_ste
     r, _ = searched
     assert [m["mesh_shape"] for m in r["eqx_meshes"]] == [[4], [2, 2]]   # mesh_shape="auto"
     assert r["eqx_nearest"] == ["dp", "fsdp", "user"]
+    # The plan nearest fsdp stores the state whole, so its twin with the state stored split is
+    # an incumbent beside it; the plan nearest dp is dp's layout, so its twin is a challenger.
+    incumbent = r["eqx_incumbents"]
+    assert incumbent["nearest fsdp"] and incumbent["nearest fsdp, state stored split"], incumbent
+    assert incumbent["nearest dp"] and not incumbent["nearest dp, state stored split"], incumbent
     assert r["eqx_ilp"]["mesh_shape"] in ([4], [2, 2])
     # Linen: params, opt_state, batch -> params, opt_state, loss; two dense layers forward and back.
     assert r["linen"]["feeds_back"] == [0, 1] and r["linen"]["loss_leaf"] is not None

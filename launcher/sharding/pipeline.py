@@ -229,8 +229,8 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
     program = on[0].analyzed.program if on else None
     if options.profile_top_k and program is not None and baselines:
         names = builtin_baselines(baselines)
-        for i, plan in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
-            keep.setdefault(i, []).append(plan)
+        for near in nearest_on_meshes([o.analyzed.analysis for o in on], program, names, jax.devices()).values():
+            keep.setdefault(near.mesh, []).append(near.assignment)
     out = []
     for i, o in enumerate(on):
         p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress,

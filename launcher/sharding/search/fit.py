@@ -29,7 +29,7 @@ Every figure is the compiler's: no step runs here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import jax
 
@@ -90,11 +90,13 @@ class _Compiler:
 
 def within_budget(on: Sequence[Any], live: Sequence[int], fronts: Sequence[Sequence[Candidate]],
                   nearest: dict[str, tuple[int, Candidate]], budget: float, k: int, *, seed: int = 0,
-                  log: Callable[[str], None] = lambda line: None) -> Fitted:
+                  log: Callable[[str], None] = lambda line: None, split_incumbents: Collection[str] = ()) -> Fitted:
     """The shortlist within ``budget`` bytes per device as the whole step allocates it (the
     module doc): ``fronts[j]`` the DP's plans on mesh ``live[j]``, ``nearest`` the plans nearest
-    the baselines (name -> (mesh index, candidate)), ``k`` plans besides those. NoPlanFits where
-    no plan compiled fits, naming the least memory measured."""
+    the baselines (name -> (mesh index, candidate)), ``k`` plans besides those. The nearest plans
+    that fit are incumbents, and so are the twins, the state stored split, of those named in
+    ``split_incumbents`` (``cfp.choose``: where the nearest plan is not the baseline's layout).
+    NoPlanFits where no plan compiled fits, naming the least memory measured."""
     compiler = _Compiler(on, seed, log)
     fitting: list[tuple[int, Candidate]] = []
     for i, plans in zip(live, fronts, strict=True):
@@ -119,9 +121,12 @@ def within_budget(on: Sequence[Any], live: Sequence[int], fronts: Sequence[Seque
             variant = replace(c, source=f"{c.source}, state stored split", stored=stored)
             if len([f for f in fitting if f[0] == i]) < k and compiler.memory(i, variant) <= budget:
                 fitting.append((i, variant))
-    stored_near = [(i, replace(c, source=f"{c.source}, state stored split", stored=state_inputs(on[i].analyzed.program)))
-                   for i, c in nearest.values() if state_inputs(on[i].analyzed.program)]
-    near = [(i, c) for i, c in [*nearest.values(), *stored_near] if compiler.memory(i, c) <= budget]
+    stored_near = {n: (i, replace(c, source=f"{c.source}, state stored split",
+                                  stored=state_inputs(on[i].analyzed.program)))
+                   for n, (i, c) in nearest.items() if state_inputs(on[i].analyzed.program)}
+    near = [(i, c) for i, c in [*nearest.values(), *stored_near.values()] if compiler.memory(i, c) <= budget]
+    safe = [(i, c) for i, c in [*nearest.values(), *(stored_near[n] for n in split_incumbents if n in stored_near)]
+            if compiler.memory(i, c) <= budget]
     short: list[tuple[int, Candidate]] = []
     for i, c in sorted(fitting, key=lambda ic: ic[1].predicted_time_s)[:k] + near:
         if all(compiled_key(i, c) != compiled_key(j, d) for j, d in short):
@@ -135,7 +140,7 @@ def within_budget(on: Sequence[Any], live: Sequence[int], fronts: Sequence[Seque
             f"on mesh {on[i].shape}, allocates {step / 2**30:.6g} GB per device, of {len(compiler.rows)} compiled): it "
             "races beside the baselines, and only a plan within the budget is the answer")
         short = [(i, c)]
-    incumbents = [k for k, (i, c) in enumerate(short) if any(compiled_key(i, c) == compiled_key(j, d) for j, d in near)]
+    incumbents = [k for k, (i, c) in enumerate(short) if any(compiled_key(i, c) == compiled_key(j, d) for j, d in safe)]
     return Fitted(short, incumbents, dict(compiler.runners), compiler.rows)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 
@@ -202,12 +202,19 @@ def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequ
     return out
 
 
+class Near(NamedTuple):
+    """A built-in plan's nearest plan on the meshes searched: on ``on[mesh]``; ``exact`` where it
+    is the built-in plan's own layout (``Nearest.exact``)."""
+    mesh: int
+    assignment: list[int]
+    exact: bool
+
+
 def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
-                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None
-                      ) -> dict[str, tuple[int, list[int]]]:
-    """{built-in plan name: (index of the analysis, its nearest plan there)}: each plan on the
-    mesh shaped like its own when one is searched, else on the first mesh it maps onto. Where
-    the nearest plan is not the built-in plan's own layout, ``log`` says why (``Nearest.reason``)."""
+                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None) -> dict[str, Near]:
+    """{built-in plan name: its nearest plan}: each plan on the mesh shaped like its own when one
+    is searched, else on the first mesh it maps onto. Where the nearest plan is not the built-in
+    plan's own layout, ``log`` says why (``Nearest.reason``)."""
     out = {}
     for name in names:
         natural = natural_shape(name, len(devices))
@@ -215,7 +222,7 @@ def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str
         for i in order:
             found = nearest(analyses[i], program, name)
             if found is not None:
-                out[name] = (i, found.assignment)
+                out[name] = Near(i, found.assignment, found.exact)
                 if not found.exact:
                     log(f"plan nearest {name} on mesh {list(analyses[i].mesh_shape)} is not {name}'s layout: "
                         f"{found.reason(analyses[i])}")
