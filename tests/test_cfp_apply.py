@@ -9,6 +9,7 @@ import pytest
 from tests.test_cfp_search import run_python
 from tests.test_cfp_search import SMALL_GPT
 from launcher.sharding.analysis.core import analyze
+from launcher.sharding import pipeline
 from launcher.sharding.program import training_program
 from launcher.sharding.apply import plan_json
 from launcher.models.plans import Plan
@@ -20,7 +21,11 @@ from launcher.models.gpt import GPT
 from launcher.models.plans import builtin
 from launcher.models.train import run_training
 from launcher.errors import UserError
-from launcher.sharding.search.nearest import axis_map
+from launcher.sharding.search.nearest import axis_map, nearest
+from launcher.sharding.apply import plan_constraints
+from launcher.sharding.user.step import step_program
+import jax.numpy as jnp
+import optax
 
 pytestmark = pytest.mark.core
 
@@ -146,6 +151,34 @@ def test_run_training_applies_the_searched_layouts():
     searched = plan_runner(a, program, {b.id: b.num_plans - 1 for b in a.blocks}, make_mesh([4, 2]))
     assert collectives(trained.compiled.as_text()) == collectives(searched.compiled.as_text())
     assert collectives(trained.compiled.as_text()) != collectives(reference.compiled.as_text())
+
+
+def test_the_labels_are_split_as_the_batch_they_label():
+    # Labels reach the loss as a one-hot of the vocabulary's iota (the built-in models) or through
+    # take_along_axis (optax's integer-label cross-entropy, which users call): either way the
+    # plan nearest dp lays them out as dp does, so each host feeds its own share of the batch.
+    model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
+    program = training_program(model)
+    a = analyze(program.step, program.args, [8])
+    constraints = plan_constraints(a, dict(enumerate(nearest(a, program, "dp").assignment)))
+    assert {n: spec_from_json(constraints[f"in:{n}"]) for n in a.graph.input_names if n.startswith("[1]")} == {
+        "[1]['targets']": ((0,), ()), "[1]['tokens']": ((0,), ())}
+
+    tx = optax.adam(1e-3)
+
+    def step(params, opt_state, x, labels):
+        def loss_fn(p):
+            logits = jnp.tanh(x @ p["w1"]) @ p["w2"]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = {"w1": jnp.ones((16, 32)), "w2": jnp.ones((32, 64))}
+    user = step_program(step, (params, tx.init(params), jnp.ones((32, 8, 16)), jnp.zeros((32, 8), jnp.int32)))
+    a = pipeline.analyze(user, mesh_shape=[8]).analysis
+    constraints = plan_constraints(a, dict(enumerate(nearest(a, user, "dp").assignment)))
+    assert spec_from_json(constraints["in:[2]"]) == ((0,), (), ()) and spec_from_json(constraints["in:[3]"]) == ((0,), ())
 
 
 def test_a_plan_searched_for_another_program_is_refused():

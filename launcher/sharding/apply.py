@@ -135,9 +135,10 @@ class Layouts:
     def wanted(self, v: int, within: AbstractSet[int] | None = None, depth: int = 3) -> Spec:
         """The layout ``v``'s consumers (among ops ``within``) want: the operand layout of the
         first planned contraction reached, or the output layout of the first planned operator
-        that carries v's shape, looking through element-wise operators and into the bodies of
-        the scans that read it (a stacked operand's layers as the body wants one, its layer axis
-        whole); else replicated."""
+        that carries v's shape (or broadcasts it, as labels become a one-hot), or the layout a
+        gather's batching dimensions take from its operand (labels read by take_along_axis),
+        looking through element-wise operators and into the bodies of the scans that read it (a
+        stacked operand's layers as the body wants one, its layer axis whole); else replicated."""
         found = self._wanted(v, within, depth)
         return found if found is not None else ((),) * len(self.a.graph.shape(v))
 
@@ -168,12 +169,34 @@ class Layouts:
                         else:
                             found = next((b.specs[p][o] for o in g.ops[op_id].outputs
                                           if o in b.specs[p] and g.shape(o) == g.shape(u)), None)
-                    if found is not None and _fits(shape, g.shape(u)):
+                    if found is None and g.ops[op_id].prim == "gather":
+                        found = self._gather_indices(op_id, u)
+                    if found is not None and tuple(g.shape(u)[:len(shape)]) == tuple(shape):
                         return tuple(found[:len(shape)])
-                    if g.ops[op_id].prim in ELEMENTWISE | PASS_THROUGH | {"broadcast_in_dim", "reshape"}:
-                        nxt.extend(o for o in g.ops[op_id].outputs if _fits(shape, g.shape(o)))
+                    prim = g.ops[op_id].prim
+                    if prim in ELEMENTWISE | PASS_THROUGH | {"broadcast_in_dim", "reshape"}:
+                        nxt.extend(o for o in g.ops[op_id].outputs if _fits(shape, g.shape(o))
+                                   or prim in ELEMENTWISE and _widens(shape, g.shape(u), g.shape(o)))
             frontier = nxt
         return None
+
+    def _gather_indices(self, op_id: int, u: int) -> Spec | None:
+        """The layout gather ``op_id`` wants for ``u`` as its indices: each batching dimension
+        as the operand's is laid out where it is produced (``take_along_axis``: the integer labels
+        of optax's cross-entropy, as the logits), the others whole; None where ``u`` is not its
+        indices, it has no batching dimensions, or the operand's layout is not known."""
+        g = self.a.graph
+        op = g.ops[op_id]
+        numbers = g.eqns[op_id].params["dimension_numbers"]
+        if len(op.inputs) < 2 or op.inputs[1] != u or not numbers.start_indices_batching_dims:
+            return None
+        src = self.produced(op.inputs[0])
+        if src is None:
+            return None
+        spec = [()] * len(g.shape(u))
+        for o, i in zip(numbers.operand_batching_dims, numbers.start_indices_batching_dims, strict=True):
+            spec[i] = src[o]
+        return tuple(spec)
 
     def _into_scan(self, op_id: int, u: int, depth: int) -> Spec | None:
         """The layout scan ``op_id``'s body wants for its operand ``u``: a constant or carry as the
@@ -187,6 +210,16 @@ class Layouts:
             if inner is not None:
                 return ((),) + tuple(inner) if g.outer.get(ins[k], (None, ""))[1] == "slice" else tuple(inner)
         return None
+
+
+def _widens(shape: Sequence[int], u: Sequence[int], out: Sequence[int]) -> bool:
+    """An element-wise result ``out`` of ``u`` (``shape`` and then trailing dimensions) that
+    keeps ``shape`` as its leading dimensions and at most broadcasts unit trailing ones: labels as an index
+    vector compared with the vocabulary's iota, making the one-hot the loss multiplies with the
+    log-probabilities (laid out as the logits, so the labels are split as the batch is)."""
+    k = len(shape)
+    return (len(out) == len(u) > k and tuple(out[:k]) == tuple(shape)
+            and all(d in (1, o) for d, o in zip(u[k:], out[k:], strict=True)))
 
 
 def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
