@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.sharding.search.comm import collectives
+from launcher.hlo.text import fingerprint
 from launcher.sharding.profile.boundaries import Boundary
 from launcher.sharding.profile.profiler import Profiles
 from launcher.sharding.profile.units import Unit, split_parts
@@ -346,6 +347,45 @@ def test_a_race_of_slow_steps_runs_rounds_of_about_round_s_a_plan():
     # round_seconds is seconds, 0 or more.
     with pytest.raises(UserError, match="round_seconds"):
         SearchOptions(round_seconds=-1)
+
+
+COMPILED = """HloModule jit_step, entry_computation_layout={(f32[8]{0}, f32[8]{0})->f32[]}
+
+FileNames
+1 "/home/user/train.py"
+
+%region_0.4 (Arg_0.5: f32[], Arg_1.6: f32[]) -> f32[] {
+  %Arg_0.5 = f32[] parameter(0), metadata={op_name="reduce_sum"}
+  %Arg_1.6 = f32[] parameter(1)
+  ROOT %add.7 = f32[] add(%Arg_0.5, %Arg_1.6)
+}
+
+ENTRY %main.9 (p.1: f32[8], p.2: f32[8]) -> f32[] {
+  %p.1 = f32[8]{0} parameter(0), sharding={devices=[8]<=[8]}
+  %p.2 = f32[8]{0} parameter(1), sharding={devices=[8]<=[8]}
+  %exp.3 = f32[8]{0} exponential(%p.1), metadata={op_name="jit(step)/exp" source_file="/home/user/train.py"}
+  %log.8 = f32[8]{0} log(%p.2)
+  %mul.10 = f32[8]{0} multiply(%exp.3, %log.8)
+  %c.11 = f32[] constant(0)
+  ROOT %r.12 = f32[] reduce(%mul.10, %c.11), dimensions={0}, to_apply=%region_0.4
+}
+"""
+
+
+def test_a_compiled_programs_fingerprint_leaves_out_names_source_and_schedule():
+    # Another trace of the same step: other names, other source, two independent ops swapped.
+    other = (COMPILED.replace("jit_step", "jit_plan").replace("region_0.4", "region_9.1").replace("Arg_", "x_")
+             .replace("%exp.3", "%exponential.30").replace("exp.3)", "exponential.30)")
+             .replace('"/home/user/train.py"', '"/opt/launcher/apply.py"'))
+    lines = other.splitlines()
+    exp, log = (next(k for k, line in enumerate(lines) if f" {op}(" in line) for op in ("exponential", "log"))
+    lines[exp], lines[log] = lines[log], lines[exp]
+    other = "\n".join(lines)
+    assert other != COMPILED and fingerprint(other) == fingerprint(COMPILED)
+    # What it computes: another operator, type, layout of an input, or reduction.
+    for old, new in (("log(", "sqrt("), ("f32[8]{0} multiply", "f32[8]{0} add"), ("dimensions={0}", "dimensions={}"),
+                     ("devices=[8]<=[8]}", "replicated}"), ("add(%Arg", "maximum(%Arg")):
+        assert fingerprint(COMPILED.replace(old, new, 1)) != fingerprint(COMPILED), old
 
 
 def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_decided():

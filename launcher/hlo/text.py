@@ -23,6 +23,7 @@ JAX: XLA's own parser (``launcher/hlo/_xla.py``) is what checks a module before 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -250,6 +251,44 @@ def read(text: str, origin: str = "<hlo>") -> Module:
     if not computations:
         raise UserError(f"{origin}: no HLO computation found; expected text like 'ENTRY main {{ ... }}'")
     return Module(computations, entry or last)
+
+
+# The ops' source in a compiled program's text (``metadata={...}``; quoted strings hold no braces
+# of their own): not what the program computes.
+_METADATA = re.compile(r',\s*metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
+_REFERENCE = re.compile(r"%([\w.\-]+)")
+
+
+def fingerprint(text: str) -> str:
+    """A hash of what a compiled program computes: each instruction by its opcode, result type,
+    attributes and operands' hashes (a computation it calls by that computation's hash), each
+    computation by its instructions as a multiset and its root, the module by its header and its
+    entry computation. Names, the ops' source metadata and the order the scheduler put
+    independent instructions in are left out, so two programs built apart (a searched plan's
+    step and a built-in plan's, traced by other code) that compile to the same instructions
+    print differently and hash alike."""
+    module = read(text, "<compiled program>")
+    header = next((line for line in text.splitlines() if line.startswith("HloModule ")), "")
+    done: dict[str, str] = {}
+
+    def computation(name: str) -> str:
+        if name not in done:
+            done[name] = ""   # (a computation never calls itself: no cycle to guard beyond this)
+            hashes: dict[str, str] = {}
+            for ins in module.computations[name]:
+                attributes = _REFERENCE.sub(lambda m: hashes.get(m[1]) or (computation(m[1]) if m[1] in
+                                            module.computations else m[1]), _METADATA.sub("", ins.attributes))
+                operands = [hashes.get(o, o) for o in ins.operands]
+                hashes[ins.name] = _sha1("|".join([ins.opcode, ins.type, *operands, attributes]))
+            root = module.root(name)
+            done[name] = _sha1("|".join([*sorted(hashes.values()), hashes[root.name] if root else ""]))
+        return done[name]
+
+    return _sha1(re.sub(r"^HloModule [^,\s]+", "HloModule", header) + "|" + computation(module.entry))
+
+
+def _sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def ints(text: str | None) -> tuple[int, ...]:

@@ -59,7 +59,7 @@ from launcher.sharding.profile.profiler import Profiler, Profiles
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
-from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race
+from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
 from launcher.sharding.search.measure import communication_study as study
 from launcher.sharding.search.behind import behind_note
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
@@ -280,6 +280,7 @@ class Answer:
     run: PlanRun                 # the answer's run
     plan: Optional[Plan]         # plan.json (None: a user step's baseline)
     behind: str = ""             # where the searched plan ran behind the fastest baseline: which segments, why
+    same_as: str = ""            # the baseline whose own program the searched plan compiled to (raced once)
 
     @property
     def name(self) -> str:
@@ -337,6 +338,9 @@ class Answer:
         ratio = self.searched_vs_best_baseline_paired
         measured = (f"{own} ran {ratio:.3f}x the time of the fastest baseline, {best}, round by round (paired over "
                     f"{self.rounds} rounds)")
+        if self.same_as:
+            measured = (f"{own} compiles to {self.same_as}'s own program, raced once as {self.same_as}: it "
+                        f"{measured[len(own) + 1:]}")
         asked = f" by the {self.margin * 100:g}% mode.verify_margin asks" if self.margin else ""
         if self.name == self.searched:
             return f"{measured}: faster{asked}, so the answer is {own}"
@@ -428,15 +432,27 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
+    # The searched plan compiled to a baseline's own program is not raced beside it: its figures
+    # are that baseline's (measure.same_program). That baseline then runs every round.
+    twin = same_program(planned.runner, more)
+    if twin is not None:
+        log(f"{plan_title(planned.row)} compiles to {more[twin].name}'s program (the same instructions): raced once, "
+            f"as {more[twin].name}")
+    racing = runners[1:] if twin is not None else runners
+    skip = len(runners) - len(racing)   # runners[i] races as racing[i - skip]
     # Under a budget, a baseline over it (its compiled memory) races but is never the yardstick a
     # baseline within it is dropped against: the answer is the fastest plan that fits.
     budget = options.profile.memory_budget_bytes
-    among = frozenset(i for i in range(1, 1 + len(more)) if not budget or runners[i].peak_memory_bytes <= budget)
+    among = frozenset(i - skip for i in range(1, 1 + len(more))
+                      if (not budget or runners[i].peak_memory_bytes <= budget) and i - 1 != twin)
     cut = Cut(among, drop_after, drop_slower_than) if drop_slower_than and among else None
-    with final_run(), progress(iterations * run_repeats * len(runners + extra), "searched plan and baselines") as bar:
-        raced = agreed(race(runners + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut,
+    with final_run(), progress(iterations * run_repeats * len(racing + extra), "searched plan and baselines") as bar:
+        raced = agreed(race(racing + extra, iterations=iterations, repeats=run_repeats, progress=bar, cut=cut,
                             round_s=options.round_seconds))
-    raced, extra_runs = raced[:len(runners)], raced[len(runners):]
+    raced, extra_runs = raced[:len(racing)], raced[len(racing):]
+    if twin is not None:
+        raced = [replace(raced[twin], name=planned.runner.name, compiled=planned.runner.compiled,
+                         compile_time_s=planned.runner.compile_time_s), *raced]
     searched, *rest = raced
     log("%s: step %.3f ms, %.2f MiB per device%s" % (
         plan_title(planned.row), searched.step_time_s * 1e3, searched.memory_bytes / 2**20,
@@ -450,6 +466,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
     chosen = answer(runners, raced, plans.get, options.verify_margin, budget)
+    chosen.same_as = more[twin].name if twin is not None else ""
     if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
             and Algorithm.of_row(chosen.best_baseline) is None:
         chosen.behind = behind_note(planned, plan_title(planned.row), chosen.best_baseline,

@@ -38,10 +38,11 @@ from launcher.sharding.comparison import paired_over, paired_ratios, winner
 from launcher.sharding.measuring.quiet import quiet
 from launcher.sharding.measuring.timing import Timer, slowest_process
 from launcher.sharding.search.comm import collectives, total_bytes
-from launcher.errors import BAD_INPUT
+from launcher.errors import BAD_INPUT, UserError
+from launcher.hlo.text import fingerprint
 from launcher.models.plans import Plan, builtin
 from launcher.models.train import CompiledStep, Trainer
-from launcher.runtime import compile_share, trace_stats
+from launcher.runtime import compile_share, hosts, trace_stats
 
 
 @dataclass
@@ -388,6 +389,34 @@ def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
     the median of all of them does too, whatever the rest."""
     below = sum(t / u <= 1 - margin for t, u in zip(*rounds, strict=True))
     return max(below, len(rounds[0]) - below) > of // 2
+
+
+def same_program(runner: Any, others: Sequence[Any]) -> int | None:
+    """The first of ``others`` compiled to ``runner``'s program (``hlo.text.fingerprint``: the
+    same instructions, names and schedule aside), or None; rank 0's answer on every process, which
+    must race the same plans. A searched plan nearest a baseline often is the baseline's own
+    layout, and its step then compiles to the baseline's: raced apart, the two ran 0.99-1.07x each
+    other on miniGPT by the race's noise alone. Which ``others`` are looked at closer is decided
+    by their texts' headers (the arguments' and results' layouts) and instruction counts."""
+    found = -1
+    if jax.process_index() == 0:
+        try:
+            mine = runner.compiled.as_text()
+            for k, other in enumerate(others):
+                text = other.compiled.as_text()
+                if _outline(text) == _outline(mine) and fingerprint(text) == fingerprint(mine):
+                    found = k
+                    break
+        except UserError:   # a text the reader does not know: raced apart, as any other plan
+            found = -1
+    found = int(hosts.broadcast(np.array([found], dtype=np.int32))[0])
+    return None if found < 0 else found
+
+
+def _outline(text: str) -> tuple[str, int]:
+    """A compiled program's header less its name, and its count of instruction lines."""
+    header = text.split("\n", 1)[0]
+    return header[header.find(","):], text.count("\n  ")
 
 
 def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
