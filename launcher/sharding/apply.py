@@ -186,9 +186,9 @@ class Layouts:
         of optax's cross-entropy, as the logits), the others whole; None where ``u`` is not its
         indices, it has no batching dimensions, or the operand's layout is not known."""
         g = self.a.graph
-        op = g.ops[op_id]
-        numbers = g.eqns[op_id].params["dimension_numbers"]
-        if len(op.inputs) < 2 or op.inputs[1] != u or not numbers.start_indices_batching_dims:
+        op, eqn = g.ops[op_id], g.eqns.get(op_id)   # (no equation: a graph read from HLO text)
+        numbers = eqn.params["dimension_numbers"] if eqn is not None else None
+        if len(op.inputs) < 2 or op.inputs[1] != u or numbers is None or not numbers.start_indices_batching_dims:
             return None
         src = self.produced(op.inputs[0])
         if src is None:
@@ -214,9 +214,10 @@ class Layouts:
 
 def _widens(shape: Sequence[int], u: Sequence[int], out: Sequence[int]) -> bool:
     """An element-wise result ``out`` of ``u`` (``shape`` and then trailing dimensions) that
-    keeps ``shape`` as its leading dimensions and at most broadcasts unit trailing ones: labels as an index
-    vector compared with the vocabulary's iota, making the one-hot the loss multiplies with the
-    log-probabilities (laid out as the logits, so the labels are split as the batch is)."""
+    keeps ``shape`` as its leading dimensions and at most broadcasts ``u``'s unit trailing ones:
+    labels as an index vector compared with the vocabulary's iota, making the one-hot the loss
+    multiplies with the log-probabilities (laid out as the logits, so the labels are split as
+    the batch is)."""
     k = len(shape)
     return (len(out) == len(u) > k and tuple(out[:k]) == tuple(shape)
             and all(d in (1, o) for d, o in zip(u[k:], out[k:], strict=True)))
