@@ -110,11 +110,13 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
         "CFP's plan ran 1.070x dp (over 1.02x): it is the plan nearest dp on mesh [8], with the state stored split "
         "over every device; dp stores it as the plan nearest it computes with it; the shortlist's short rounds "
         "measured the state stored split faster than that plan, dp's own layout (more verify_repeats race them longer)")
-    # The plan nearest dp itself, dp's own layout: only the race's noise set them apart.
+    # The plan nearest dp itself, dp's own layout, behind: its program is not dp's (the same program
+    # races once, as dp), so XLA's layout of the rest or the race's noise set them apart.
     twin.fields["plan"]["state_stored_split"] = False
     assert behind_note(twin, "CFP's plan", "dp", 1.07, jax.devices()).endswith(
-        "it is the plan nearest dp on mesh [8]; that plan is dp's own layout, so the two ran apart by the race's noise "
-        "alone (more run_repeats race them longer)")
+        "it is the plan nearest dp on mesh [8]; that plan is dp's own layout in what its blocks make, yet compiles "
+        "to another program than dp's (one program would have raced once): XLA's layout of the rest or the race's "
+        "noise set them apart (more run_repeats race them longer)")
     ilp.fields["plan"]["block_assignment"] = None
     assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()) == (
         "the Alpa-style ILP's plan ran 1.300x fsdp (over 1.02x): it lays out the contractions of a block apart, "

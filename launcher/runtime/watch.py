@@ -526,4 +526,3 @@ def remaining_s(completed: float, total: float, first: Sequence[float] | None, n
 
 __all__ = ["RankReporter", "Watch", "JobWatch", "Watcher", "read_watch", "summarize", "check_size",
            "max_ranks", "watch_path", "remaining_s", "HEARTBEAT_S"]
-

@@ -8,8 +8,10 @@ under it: the segments (and their blocks) where the plan differs from the plan n
 baseline, and why that nearest plan is not the baseline's own layout where it is not
 (``nearest.Nearest.reason``), or, where it is, that the shortlist measured it and kept the other
 (the state stored split, where that twin was kept), or, where the plan is that nearest plan, that
-only the race's noise set them apart (a 10-round ratio of miniGPT's steps is good to about 5% on
-a 2-core machine: docs/benchmarks.md).
+it compiles to another program than the baseline's (the same program races once, as the
+baseline: ``measure.same_program``), so XLA's layout of what the blocks leave unsaid or the race's
+noise set them apart (miniGPT's plan nearest dp gathers its position table back every step; a
+10-round ratio of its steps is good to about 5% on a 2-core machine: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         why = (f"{baseline} stores it as the plan nearest it computes with it; the shortlist's short rounds measured "
                f"the state stored split faster than that plan, {baseline}'s own layout (more verify_repeats race them "
                "longer)")
-    else:   # the same layout: nothing was predicted or kept over it
-        why = (f"that plan is {baseline}'s own layout, so the two ran apart by the race's noise alone (more run_repeats "
-               "race them longer)")
+    else:   # the same layout, and yet not the baseline's program: that one would have raced once (same_program)
+        why = (f"that plan is {baseline}'s own layout in what its blocks make, yet compiles to another program than "
+               f"{baseline}'s (one program would have raced once): XLA's layout of the rest or the race's noise set "
+               "them apart (more run_repeats race them longer)")
     return f"{head}: {where}; {why}"
