@@ -388,6 +388,38 @@ def test_a_compiled_programs_fingerprint_leaves_out_names_source_and_schedule():
         assert fingerprint(COMPILED.replace(old, new, 1)) != fingerprint(COMPILED), old
 
 
+SAME_PROGRAM = """
+import dataclasses, json, sys
+import jax
+from launcher.models.gpt import GPT
+from launcher.models.plans import builtin
+from launcher.sharding.program import training_program
+from launcher.hlo.text import fingerprint
+from launcher.sharding.search.measure import Runner, same_program
+
+program = training_program(GPT(**json.loads(sys.argv[1])))
+plan, devices = builtin("dp_tp"), jax.devices()
+# The same layout with its second axis, not its first, crossing processes: on one process the
+# same devices in another order (plans.arranged).
+crossed = dataclasses.replace(plan, across="model")
+a, b, c = (Runner(name, program, p, devices) for name, p in (("a", plan), ("b", plan), ("c", crossed)))
+print(json.dumps({"orders": [[d.id for d in r.mesh.devices.flat] for r in (a, c)],
+                  "fingerprints_equal": fingerprint(a.compiled.as_text()) == fingerprint(c.compiled.as_text()),
+                  "same_as_crossed": same_program(a, [c]), "same_as_itself": same_program(a, [c, b])}))
+"""
+
+
+@pytest.mark.slow
+def test_a_plan_on_its_devices_in_another_order_is_not_the_same_program():
+    # The default job kept dp_tp's layout with its second axis across processes (0.905x dp_tp's
+    # in the shortlist); it compiles to dp_tp's instructions, and was raced once, as dp_tp.
+    r = run_python(SAME_PROGRAM, json.dumps(SMALL_GPT))
+    assert r["orders"][0] != r["orders"][1] and sorted(r["orders"][0]) == sorted(r["orders"][1])
+    assert r["fingerprints_equal"], "the two orders should compile to the same instructions, else this tests nothing"
+    assert r["same_as_crossed"] is None
+    assert r["same_as_itself"] == 1
+
+
 def test_the_shortlist_cut_keeps_the_fastest_incumbent_and_a_duel_ends_once_decided():
     # 0 the optimum; 1 and 2 incumbents, both over 1.25x it; 3 a runner-up over 1.25x it.
     plans = [Racer(1.0), Racer(1.4), Racer(1.3), Racer(1.5)]

@@ -108,7 +108,7 @@ class StepRunner(_SharedCompile, CompiledStep):
         self.rounds: list[float] = []
         self.candidate: Any = None
         self.mesh_index = 0
-        mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
+        self.mesh = mesh = jax.tree.leaves(in_shardings)[0].mesh  # one mesh: the plan's, a baseline's or the user's
         outs = program.out_shardings(in_shardings, NamedSharding(mesh, PartitionSpec()))
         t0 = time.perf_counter()
         self.args = program.materialize(in_shardings, seed)
@@ -393,11 +393,15 @@ def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
 
 def same_program(runner: Any, others: Sequence[Any]) -> int | None:
     """The first of ``others`` compiled to ``runner``'s program (``hlo.text.fingerprint``: the
-    same instructions, names and schedule aside), or None; rank 0's answer on every process, which
-    must race the same plans. A searched plan nearest a baseline is often the baseline's own
-    layout, and its step may then compile to the baseline's: raced apart, two compiles of one
-    program (miniGPT's dp step) ran 0.95-1.06x each other by the race's noise alone
-    (docs/benchmarks.md). Which ``others`` are looked at closer is decided by their texts'
+    same instructions, names and schedule aside) on the same devices in the same order, or None;
+    rank 0's answer on every process, which must race the same plans. A searched plan nearest a
+    baseline is often the baseline's own layout, and its step may then compile to the baseline's:
+    raced apart, two compiles of one program (miniGPT's dp step) ran 0.95-1.06x each other by the
+    race's noise alone (docs/benchmarks.md). The devices' order is no part of the text: a plan
+    that differs from a baseline only in which mesh axis crosses processes compiles to the same
+    instructions on devices in another order, and is another program to run (the default job's
+    dp_tp layout with its second axis across processes ran 0.905x dp_tp's in the shortlist).
+    Which ``others`` are looked at closer is decided by their devices, then by their texts'
     headers (the arguments' and results' layouts) and instruction counts."""
     found = -1
     if jax.process_index() == 0:
@@ -405,6 +409,8 @@ def same_program(runner: Any, others: Sequence[Any]) -> int | None:
             mine = runner.compiled.as_text()
             mine_hash = None
             for k, other in enumerate(others):
+                if _device_order(other) != _device_order(runner):
+                    continue
                 text = other.compiled.as_text()
                 if _outline(text) != _outline(mine):
                     continue
@@ -416,6 +422,12 @@ def same_program(runner: Any, others: Sequence[Any]) -> int | None:
             found = -1
     found = int(hosts.broadcast(np.array([found], dtype=np.int32))[0])
     return None if found < 0 else found
+
+
+def _device_order(runner: Any) -> list[int]:
+    """The ids of the devices a runner's program runs on, in its mesh's order: partition ``i`` of
+    the compiled program runs on the ``i``-th."""
+    return [d.id for d in runner.mesh.devices.flat]
 
 
 def _outline(text: str) -> tuple[str, int]:
