@@ -103,6 +103,28 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
     assert behind_note(ilp, "the Alpa-style ILP's plan", "dp", 1.3, jax.devices()).endswith(
         "that plan is dp's own layout; the ILP's cost model predicted its plan faster (it measures no plan before "
         "the race)")
+    # Kept after the shortlist raced it alone against the plan nearest a baseline (measure.pick's
+    # duel): what that duel measured, beside this race's ratio. Against the baseline's own layout,
+    # the two races disagree (the default job's moe-tiny: 0.937 of the plan nearest dp_tp, then
+    # 1.044x dp_tp); against another baseline's nearest plan (bert-tiny: its duel was with the plan
+    # nearest dp_tp, it ran behind tp), added to the reason.
+    rows = [{"chosen": True, "incumbent": False, "duel_over_incumbent_paired": 0.937, "duel_rounds": 8,
+             "source": "search optimum"},
+            {"chosen": False, "incumbent": True, "duel_over_incumbent_paired": 1.0, "duel_rounds": 8,
+             "source": "nearest dp"}]
+    duelled = SimpleNamespace(on=on, fields={"plan": {"assignment": ilp.fields["plan"]["block_assignment"]},
+                                             "candidates": rows})
+    assert behind_note(duelled, "CFP's plan", "dp", 1.044, jax.devices()).endswith(
+        "that plan is dp's own layout; the shortlist raced the two alone, 8 rounds, and measured the kept plan 0.937 "
+        "of that plan's time, where this race measured it 1.044x dp: two races of the same layouts apart by more "
+        "than the margin, either way, are the machine's noise between them (more verify_repeats and run_repeats "
+        "race them longer)")
+    duelled.fields["plan"]["assignment"] = mine
+    assert behind_note(duelled, "CFP's plan", "fsdp", 1.3, jax.devices()) == (
+        note + "; the shortlist raced it alone against the plan nearest dp, 8 rounds, and measured it 0.937 of that "
+        "plan's time")
+    rows[0]["chosen"], rows[1]["chosen"] = False, True   # the duel lost: the incumbent kept, nothing to add
+    assert behind_note(duelled, "CFP's plan", "fsdp", 1.3, jax.devices()) == note
     # CFP's plan kept as the shortlist's twin of the plan nearest dp, the state stored split: said
     # so, not that it is dp's own layout.
     twin = SimpleNamespace(on=on, fields={"plan": {"assignment": list(dp.assignment), "state_stored_split": True}})

@@ -7,7 +7,10 @@ CFP's own plan over ``BEHIND`` times the fastest baseline, round by round, the t
 under it: the segments (and their blocks) where the plan differs from the plan nearest that
 baseline, and why that nearest plan is not the baseline's own layout where it is not
 (``nearest.Nearest.reason``), or, where it is, that the shortlist measured it and kept the other
-(the state stored split, where that twin was kept), or, where the plan is that nearest plan, that
+(the state stored split, where that twin was kept; where the shortlist raced the kept plan alone
+against a plan nearest a baseline, what that duel measured, so the two races' disagreement shows:
+the default job's moe-tiny plan measured 0.937 of the plan nearest dp_tp, dp_tp's own program,
+and then 1.044x dp_tp), or, where the plan is that nearest plan, that
 it compiles to another program than the baseline's (the same program races once, as the
 baseline: ``measure.same_program``), so XLA's layout of what the blocks leave unsaid or the race's
 noise set them apart (miniGPT's plan nearest dp gathers its position table back every step; a
@@ -50,10 +53,17 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         where = f"it is the plan nearest {baseline} on mesh {planned.on.shape}"
     # The shortlist's twin of a nearest plan (``cfp.choose``): the same blocks, the state stored split.
     split = bool(plan.get("state_stored_split"))
+    duel = _duel(planned.fields.get("candidates") or [])
     if split:
         where += ", with the state stored split over every device"
     if not found.exact:
         why = f"that plan is not {baseline}'s layout: {found.reason(a)}"
+    elif differ and duel is not None and duel[2] == f"nearest {baseline}":
+        why = (f"that plan is {baseline}'s own layout; the shortlist raced the two alone, {duel[1]} rounds, and "
+               f"measured the kept plan {duel[0]:.3f} of that plan's time, where this race measured it {ratio:.3f}x "
+               f"{baseline}: two races of the same layouts apart by more than the margin, either way, are the "
+               "machine's noise between them (more verify_repeats and run_repeats race them longer)")
+        duel = None
     elif differ:
         kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
                 if "assignment" not in plan else
@@ -68,4 +78,18 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
         why = (f"that plan is {baseline}'s own layout in what its blocks make, yet compiles to another program than "
                f"{baseline}'s (one program would have raced once): XLA's layout of the rest or the race's noise set "
                "them apart (more run_repeats race them longer)")
+    if duel is not None:
+        why += (f"; the shortlist raced it alone against the plan {duel[2]}, {duel[1]} rounds, and measured it "
+                f"{duel[0]:.3f} of that plan's time")
     return f"{head}: {where}; {why}"
+
+
+def _duel(rows: Sequence[dict]) -> Optional[tuple[float, int, str]]:
+    """Where the shortlist kept its plan after racing it alone against the fastest plan nearest a
+    baseline (``measure.pick``'s duel; ``cfp.choose``'s rows): the kept plan's time over that
+    plan's, round by round, the rounds, and that plan's source ("nearest dp_tp"); else None."""
+    kept = next((r for r in rows if r.get("chosen")), None)
+    against = next((r for r in rows if r.get("incumbent") and r.get("duel_over_incumbent_paired") is not None), None)
+    if kept is None or against is None or kept.get("duel_over_incumbent_paired") is None or kept is against:
+        return None
+    return kept["duel_over_incumbent_paired"], kept["duel_rounds"], against["source"]
