@@ -63,7 +63,7 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
                f"measured the kept plan {duel[0]:.3f} of that plan's time, where this race measured it {ratio:.3f}x "
                f"{baseline}: two races of the same layouts apart by more than the margin, either way, are the "
                "machine's noise between them (more verify_repeats and run_repeats race them longer)")
-        duel = None
+        duel = None   # said: not again below
     elif differ:
         kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
                 if "assignment" not in plan else

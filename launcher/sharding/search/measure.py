@@ -406,10 +406,10 @@ def same_program(runner: Any, others: Sequence[Any]) -> int | None:
     found = -1
     if jax.process_index() == 0:
         try:
-            mine = runner.compiled.as_text()
+            mine, devices = runner.compiled.as_text(), _device_order(runner)
             mine_hash = None
             for k, other in enumerate(others):
-                if _device_order(other) != _device_order(runner):
+                if _device_order(other) != devices:
                     continue
                 text = other.compiled.as_text()
                 if _outline(text) != _outline(mine):
