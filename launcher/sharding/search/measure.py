@@ -407,12 +407,12 @@ def same_program(runner: Any, others: Sequence[Any]) -> int | None:
     if jax.process_index() == 0:
         try:
             mine, devices = runner.compiled.as_text(), _device_order(runner)
-            mine_hash = None
+            outline, mine_hash = _outline(mine), None
             for k, other in enumerate(others):
                 if _device_order(other) != devices:
                     continue
                 text = other.compiled.as_text()
-                if _outline(text) != _outline(mine):
+                if _outline(text) != outline:
                     continue
                 mine_hash = mine_hash or fingerprint(mine)
                 if fingerprint(text) == mine_hash:
