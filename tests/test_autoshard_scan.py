@@ -120,7 +120,7 @@ def test_a_scanned_lm_searched_from_python_trains_with_one_devices_losses(tmp_pa
     said.clear()
     again_plan = autoshard(step.fn, *step.args, in_shardings=step.in_shardings, store_dir=str(tmp_path),
                            mesh_shape=[4, 2], log=said.append, **SMALL)
-    assert len(said) == 1 and said[0].startswith("reusing the plan a search of train_step")
+    assert len(said) == 1 and said[0].startswith("autoshard: the stored answer of an earlier search of train_step")
     assert again_plan.constraints == plan.constraints
 
 

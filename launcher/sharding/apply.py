@@ -5,7 +5,13 @@ original primitive), and every tensor whose layout a block's chosen plan determi
 contractions' outputs and whatever the plan propagates to, ``Layouts.pinned``) is pinned with
 ``jax.lax.with_sharding_constraint``. XLA's sharding propagation fills in the rest (operators of
 blocks without a plan), and inserts the collectives. Program inputs are laid out as their
-first planned consumer wants them (``wanted_spec``).
+first planned consumer wants them (``wanted_spec``). The program's own layout hints
+(``with_sharding_constraint`` in the user's step, on the user's mesh) are left out of a plan's
+program (``USERS_LAYOUTS``): the search reads them as passing layouts through
+(``propagation.py``), so a plan that kept them would pay resharding to and from the user's
+layout at each one that no profile or prediction saw (Flax's pjit guide pins its activations to
+its own 2x4 mesh: CFP's plans ran 2-3x their prediction). The user's own baseline runs the step
+as written, hints and all.
 
 The mesh has axes ``cfp0`` (and ``cfp1``) and is built with ``jaxcompat.auto_mesh``, whose axes
 are Auto: ``jax.make_mesh``'s Explicit axes would refuse a contraction over a split dimension.
@@ -40,6 +46,8 @@ from launcher.errors import UserError
 from launcher.models.plans import Plan, arranged
 
 AXIS_NAMES = ("cfp0", "cfp1", "cfp2")
+# The program's own layout hints, identities in a plan's program (module doc).
+USERS_LAYOUTS = frozenset({"sharding_constraint"})
 
 
 def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None, across: int | None = None) -> Any:
@@ -241,6 +249,8 @@ def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping
         args = [env[v] if v is not None else eqn.invars[k].val for k, v in enumerate(op.inputs)]
         if op.prim == "scan" and _pinned_inside(g, i, pins):
             outs = _scan(g, op, eqn, args, pins)
+        elif op.prim in USERS_LAYOUTS:
+            outs = args   # the plan's pins lay the step out, not the program's own (module doc)
         else:
             with eqn.ctx.manager:
                 outs = jaxcompat.bind_equation(eqn, args)

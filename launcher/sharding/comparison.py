@@ -16,6 +16,7 @@ No JAX here: the console and the modes' schemas read results with it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
@@ -59,6 +60,29 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
 
 
 
+def noise_floor(times: Sequence[float], reference: Sequence[float]) -> float:
+    """How far from 1 the paired ratio of ``times`` over ``reference`` (``paired_over``) lands by
+    the race's noise alone: the half-width of its 95% interval from the spread of the rounds'
+    own ratios (their median absolute deviation, which one slow round moves no more than it moves
+    the paired median; a median's standard error is about 1.25 of the mean's, sigma over root n;
+    Student's t for the few rounds, and 1.2 more for the deviation's own spread). Simulated A/A
+    races, one program against itself, land ahead by more 2-4 times in 100 from 4 rounds up
+    (``tests/test_cfp_search.py`` races them so); ``bench/bench_race_noise.py`` measured such
+    races of the default job's plans at 0.95-1.06x over 10 rounds. 0 with fewer than 3 rounds."""
+    n = min(len(times), len(reference))
+    if n < 3:
+        return 0.0
+    logs = [math.log(t / u) for t, u in zip(times[:n], reference[:n], strict=True)]
+    centre = statistics.median(logs)
+    sigma = 1.4826 * statistics.median(abs(x - centre) for x in logs)
+    return 1 - math.exp(-1.2 * _t975(n - 1) * 1.2533 * sigma / math.sqrt(n))
+
+
+def _t975(df: int, z: float = 1.959964) -> float:
+    """Student's t at 97.5% for ``df`` degrees of freedom (Cornish-Fisher, within 4% from 3 up)."""
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Which plan of a final race is the answer (``verdict``), and the figures it was decided on."""
@@ -66,6 +90,15 @@ class Verdict:
     best_baseline: int | None          # the fastest baseline, round by round; None where none ran
     searched_over_best: float | None   # the searched plan's time over best_baseline's, paired
     rounds: int                        # the rounds decided on
+    # How far from 1 that ratio lands by the race's noise alone (``noise_floor``): a searched plan
+    # ahead by less is a tie, and the answer is the baseline.
+    noise: float = 0.0
+
+    @property
+    def tie(self) -> bool:
+        """The searched plan ahead of the fastest baseline, but not beyond the race's noise."""
+        return (self.answer != 0 and self.searched_over_best is not None and self.searched_over_best < 1
+                and self.searched_over_best >= 1 - self.noise)
 
     @property
     def answer_over_best(self) -> float | None:
@@ -74,11 +107,12 @@ class Verdict:
 
 def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin: float) -> Verdict:
     """The answer of a final race (``rounds``: each plan's time in each round; plan 0 the searched
-    plan): the searched plan only where it beats the fastest of ``baselines`` by ``margin``,
-    round by round, else that baseline (``winner``, the baselines as incumbents): a plan handed
-    to the user is never one the same rounds measured slower than a plan beside it, and a tie
-    within the rounds' noise goes to the hand-written plan. Only plans that ran every round
-    count: a baseline the race dropped (``Cut``) was far behind the fastest."""
+    plan): the searched plan only where it beats the fastest of ``baselines`` by ``margin`` and
+    beyond the race's own noise (``noise_floor``), round by round, else that baseline
+    (``winner``, the baselines as incumbents): a plan handed to the user is never one the same
+    rounds measured slower than a plan beside it, and a tie within the rounds' noise goes to the
+    hand-written plan (miniGPT's "win" at 0.958x dp paired was inside its race's 5%). Only plans
+    that ran every round count: a baseline the race dropped (``Cut``) was far behind the fastest."""
     n = len(rounds[0])
     full = [0, *(i for i in baselines if len(rounds[i]) == n)]
     if len(full) == 1:
@@ -86,7 +120,9 @@ def verdict(rounds: Sequence[Sequence[float]], baselines: Sequence[int], margin:
     ran = [rounds[i] for i in full]
     ratios = paired_ratios(ran)
     best = min(range(1, len(full)), key=lambda k: ratios[k])
-    return Verdict(full[winner(ran, range(1, len(full)), margin)], full[best], paired_over(ran[0], ran[best]), n)
+    noise = noise_floor(ran[0], ran[best]) if margin < 1 else 0.0
+    chosen = full[winner(ran, range(1, len(full)), max(margin, noise))]
+    return Verdict(chosen, full[best], paired_over(ran[0], ran[best]), n, noise)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ from launcher.sharding.profile.units import split_parts
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
 from launcher.sharding.search.measure import communication_study as study
-from launcher.sharding.search.behind import behind_note
+from launcher.sharding.search.behind import behind
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
 from launcher.sharding.search.nearest import builtin_references, nearest_on_meshes
 from launcher.errors import NoPlanFits, UserError
@@ -111,6 +111,7 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         # user's step has no logical axes, and its baselines lay out its inputs alone.
         references = builtin_references(program, natural_only=two_axis_only) if program.is_model else None
         result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
+        result.fed_back = fed_back_pairs(result.graph, program)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "
         "%d, segment space %d (%.2f s)" % (list(mesh_shape), len(result.contractions), len(result.blocks), len(result.segments),
@@ -120,6 +121,15 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         if line.startswith(("ParallelBlocks sequence", "template")):
             log(line)
     return Analyzed(result, program, seconds)
+
+
+def fed_back_pairs(g: Any, program: TrainingProgram) -> tuple[tuple[int, int], ...]:
+    """(output var, input var) of each state leaf ``program`` returns first and takes back next
+    step (``feeds_back``: the new state's leaves lead its outputs, in its inputs' order)."""
+    sizes = [len(jax.tree.leaves(a)) for a in program.args]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    ins = [g.inputs[starts[i] + k] for i in program.feeds_back for k in range(sizes[i])]
+    return tuple((out, v) for out, v in zip(g.outputs, ins, strict=False) if out is not None)
 
 
 def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, two_axis_only: bool = True,
@@ -341,9 +351,14 @@ class Answer:
         if self.same_as:
             measured = (f"{own} compiles to {self.same_as}'s own program, raced once as {self.same_as}: it "
                         f"{measured[len(own) + 1:]}")
+        noise = self.comparison.verdict.noise
+        if self.comparison.verdict.tie and noise > self.margin:
+            return (f"a tie: {measured}, within the race's own noise (±{noise * 100:.1f}%), so the answer is "
+                    f"{plan_title(self.name)}")
         asked = f" by the {self.margin * 100:g}% mode.verify_margin asks" if self.margin else ""
         if self.name == self.searched:
-            return f"{measured}: faster{asked}, so the answer is {own}"
+            beyond = f" and beyond the race's noise (±{noise * 100:.1f}%)" if noise > self.margin else ""
+            return f"{measured}: faster{asked}{beyond}, so the answer is {own}"
         return f"{measured}: not faster{asked}, so the answer is {plan_title(self.name)}"
 
 
@@ -400,20 +415,26 @@ def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), lear
     hooks.write({path: text for o in on for path, text in o.files().items()})
     planned = algorithm.plan(on, hooks)
     hooks.write(planned.files)
-    others = {}
+    others, unplanned = {}, {}
     for row in algorithm_baselines(options.baselines):
         if row != planned.row:
-            other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
+            try:
+                other = Algorithm.of_row(row)(options, algorithm.settings).plan(on, hooks)
+            except UserError as e:   # a baseline that cannot plan (under a budget, say) costs the search nothing
+                hooks.log(f"{row}: not raced: {e}")
+                unplanned[row] = str(e)
+                continue
             # Its plan file beside its own: it may be the answer (the searched plan's is written
             # with the answer, as an AutoPlan for a user's step).
             hooks.write({**other.files, f"{row}_plan.json": other.plan.to_json()})
             others[row] = other
-    return race_plans(planned, others, options, hooks, also=(lambda p: also(p, on)) if also is not None else None)
+    return race_plans(planned, others, options, hooks, also=(lambda p: also(p, on)) if also is not None else None,
+                      unplanned=unplanned)
 
 
 def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchOptions,
-               hooks: Optional[Hooks] = None, *, also: Optional[Callable[[Planned], Sequence[Any]]] = None
-               ) -> Searched:
+               hooks: Optional[Hooks] = None, *, also: Optional[Callable[[Planned], Sequence[Any]]] = None,
+               unplanned: Optional[Mapping[str, str]] = None) -> Searched:
     """The final race: ``planned`` run beside the built-in ``options.baselines`` and ``others``
     (other algorithms' plans) on its devices (``iterations`` steps, ``run_repeats`` interleaved
     rounds; after ``drop_after`` rounds a built-in baseline slower than ``drop_slower_than`` times
@@ -429,15 +450,17 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     runners = [planned.runner]
     more, skipped = baseline_runners(program, list(where.mesh.devices.flat), seed=seed, log=log,
                                      names=list(builtin_baselines(options.baselines)))
+    skipped = {**skipped, **(unplanned or {})}   # other algorithms that made no plan, and why
     runners += more
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
     # The searched plan compiled to a baseline's own program is not raced beside it: its figures
     # are that baseline's (measure.same_program). That baseline then runs every round.
-    twin = same_program(planned.runner, more)
+    # Another algorithm's plan alike (the ILP's beside CFP's) is looked at too, after the built-in ones.
+    twin = same_program(planned.runner, runners[1:])
     if twin is not None:
-        log(f"{plan_title(planned.row)} compiles to {more[twin].name}'s program (the same instructions): raced once, "
-            f"as {more[twin].name}")
+        log(f"{plan_title(planned.row)} compiles to {runners[1 + twin].name}'s program (the same instructions): "
+            f"raced once, as {runners[1 + twin].name}")
     racing = runners[1:] if twin is not None else runners
     skip = len(runners) - len(racing)   # runners[i] races as racing[i - skip]
     # Under a budget, a baseline over it (its compiled memory) races but is never the yardstick a
@@ -466,11 +489,13 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
                f"in each, mode.drop_slower_than)" if len(r.repeat_times_s) < run_repeats else ""))
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
     chosen = answer(runners, raced, plans.get, options.verify_margin, budget)
-    chosen.same_as = more[twin].name if twin is not None else ""
+    chosen.same_as = runners[1 + twin].name if twin is not None else ""
     if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
             and Algorithm.of_row(chosen.best_baseline) is None:
-        chosen.behind = behind_note(planned, plan_title(planned.row), chosen.best_baseline,
-                                    chosen.searched_vs_best_baseline_paired,
-                                    list(where.mesh.devices.flat)) or ""
+        trails = behind(planned, plan_title(planned.row), chosen.best_baseline, chosen.searched_vs_best_baseline_paired,
+                        list(where.mesh.devices.flat))
+        if trails is not None:   # the table says it in a user's words, the log all of it
+            chosen.behind = trails.short
+            log(f"why it trails: {trails.detail}")
     log(chosen.why())
     return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})

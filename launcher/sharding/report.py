@@ -20,10 +20,11 @@ if TYPE_CHECKING:  # measure.py imports JAX; the modes import this module with t
 
 
 def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str], title: str, rounds: int = 0,
-               why_fewer: str = "", answer: str = "", notes: Sequence[str] = ()) -> str:
-    """The plans run, one row each, the ``answer``'s marked; below it, the plans that ran fewer
-    than ``rounds`` rounds (``why_fewer``), the baselines that could not run, each named once,
-    and ``notes`` (which plan is the answer and why)."""
+               why_fewer: str = "", answer: str = "", notes: Sequence[str] = (), tie: str = "") -> str:
+    """The plans run, one row each, the ``answer``'s marked, and ``tie``'s (a searched plan ahead
+    of it within the race's noise); below it, the plans that ran fewer than ``rounds`` rounds
+    (``why_fewer``), the baselines that could not run, each named once, and ``notes`` (which
+    plan is the answer and why)."""
 
     # Each plan against the answer round by round (``comparison.paired_over``), the figure the
     # answer was decided on: against the fastest median instead, a race of a few noisy rounds
@@ -40,7 +41,8 @@ def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str], ti
                 "memory (MiB/device)"):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for name, r in runs.items():
-        t.add_row(f"{name} (answer)" if name == answer else name, f"{r.step_time_s * 1e3:.3f}", f"{vs(r):.3f}",
+        label = f"{name} (answer)" if name == answer else f"{name} (tie)" if name == tie else name
+        t.add_row(label, f"{r.step_time_s * 1e3:.3f}", f"{vs(r):.3f}",
                   f"{r.tflops:.4g}", f"{r.memory_bytes / 2**20:.2f}")
     console = Console(width=110, record=True, file=io.StringIO())
     console.print(t)
@@ -95,7 +97,8 @@ def comparison_text(result: Mapping[str, Any]) -> str:
                       title=f"{plan_heading(searched)} against the baselines (same devices)",
                       rounds=len(result.get("repeat_times_s") or []),
                       why_fewer=f"over {drop:g}x the fastest baseline in each, mode.drop_slower_than" if drop else "",
-                      answer=answer.get("name", ""), notes=[why] if why else [])
+                      answer=answer.get("name", ""), notes=[why] if why else [],
+                      tie=searched if answer.get("tie") else "")
 
 
 def bar_chart(runs: Mapping[str, PlanRun | Row], path: str | Path, answer: str = "") -> Path:

@@ -57,6 +57,8 @@ def answer_fields(answer: Answer, plan_file: str, searched_plan_file: str) -> di
             "searched": answer.searched, "searched_plan_file": searched_plan_file,
             "searched_vs_best_baseline_paired": answer.searched_vs_best_baseline_paired,
             "verify_margin": answer.margin, "rounds": answer.rounds,
+            # How far the race's noise alone moves that ratio, and whether the searched plan was ahead within it.
+            "noise_floor": answer.comparison.verdict.noise, "tie": answer.comparison.verdict.tie,
             "step_time_s": run.step_time_s, "memory_gb": run.memory_bytes / 2**30, "tflops": run.tflops,
             "losses": run.losses}
 

@@ -37,6 +37,10 @@ class Analysis:
     closed_jaxpr: Any = None     # the traced program, when there is one (apply.py re-evaluates it)
     two_axis_only: bool = False  # 2-D plans split two roles (strategies.py; mode.mesh_shape=auto)
     references: dict[str, Reference] = field(default_factory=dict)  # name -> layouts (references.py)
+    # (output var, input var) per state leaf the step returns and the next step takes back (the
+    # program's ``feeds_back``): the new value's layout becomes the input's each step
+    # (``profile/boundaries.py``).
+    fed_back: tuple[tuple[int, int], ...] = ()
     _expanded: frozenset[int] | None = field(default=None, repr=False)
 
     @property

@@ -38,6 +38,7 @@ budget no plan can meet is refused before profiling or stops it as soon as that 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -144,6 +145,8 @@ class Profiles:
 
 # What pricing resharding takes (``measuring/costmodel.py: reshard_seconds``).
 RESHARD_COLLECTIVES = ("all-gather", "all-to-all")
+# Of the resharding pairs that move a mesh axis, how many (the largest) are timed on each mesh.
+MOVED_TIMED = 8
 
 
 class Profiler:
@@ -164,6 +167,7 @@ class Profiler:
         self.top_k, self.measure_resharding = options.profile_top_k, options.measure_resharding
         self.budget_bytes = options.memory_budget_bytes
         self.priced = False   # resharding priced by the calibrated collectives (reshard_costs)
+        self.moved_scale = (0, 1.0)   # pairs moving a mesh axis, and the scale their prices took (reshard_costs)
 
     def run(self, progress_factory: Callable[[int, str], Any] | None = None) -> Profiles:
         t0 = time.perf_counter()
@@ -208,7 +212,10 @@ class Profiler:
         table = self.loop.table(profiled=candidates)
         boundaries = find_boundaries(self.a, self.units)
         reshard, n_reshard = self.reshard_costs(boundaries, table)
-        how = "priced by the calibrated collectives" if self.priced else f"{n_reshard} measured now"
+        moved, scale = self.moved_scale
+        how = (f"priced by the calibrated collectives; of the {moved} that move a mesh axis the largest "
+               f"{min(moved, MOVED_TIMED)} timed ({n_reshard} now), the others priced x{scale:.2f} as those timed"
+               if self.priced else f"{n_reshard} measured now")
         self.log(f"profile: resharding between {len(boundaries)} pairs of units: {len(reshard)} layout pairs ({how})")
         whole = self.whole_overhead()
         self.log(f"profile: running a program with the whole step's arguments and results costs "
@@ -246,7 +253,26 @@ class Profiler:
                 self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
                          "model on this mesh)")
             self.priced = True
-            return {p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2]) for p in pairs}, 0
+            price = lambda p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2])
+            costs = {p: price(p) for p in pairs}
+            # Pairs that move a mesh axis between dimensions XLA does in steps and copies no line
+            # prices (``CommModel.moves_an_axis``: a quarter of their time on the pjit guide's
+            # weights): the largest few are timed as XLA does them, and the others priced times
+            # the median of those times over their prices.
+            moved = sorted((p for p in pairs if model.moves_an_axis(p[1], p[2])),
+                           key=lambda p: (-math.prod(p[0][0]) * itemsize(p[0][1]), repr(p)))
+            ratios = []
+            for p in moved[:MOVED_TIMED]:
+                costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(
+                    p[0][0], p[0][1], p[1], p[2], self.mesh, self.timer))
+                measured += new
+                if price(p) > 0:
+                    ratios.append(costs[p] / price(p))
+            scale = float(np.median(ratios)) if ratios else 1.0
+            for p in moved[MOVED_TIMED:]:
+                costs[p] *= scale
+            self.moved_scale = (len(moved), scale)
+            return costs, measured
         for p in pairs:
             costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(p[0][0], p[0][1], p[1], p[2],
                                                                                     self.mesh, self.timer))

@@ -19,6 +19,7 @@ noise set them apart (miniGPT's plan nearest dp gathers its position table back 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from launcher.sharding.search.nearest import nearest
@@ -26,9 +27,25 @@ from launcher.sharding.search.nearest import nearest
 BEHIND = 1.02   # the searched plan over the fastest baseline, paired, beyond which the table says why
 
 
+@dataclass(frozen=True)
+class Behind:
+    """Why the searched plan trails: ``short``, in a user's words under the table (at most about
+    200 characters: the parameter and the two layouts, not block numbers: JAX's MNIST had 762
+    characters of "block 0 (head op 0): input [0][0][0] is [-, 0] in fsdp, ..."); ``detail``,
+    the whole account, for the search's log (``behind_note``)."""
+    short: str
+    detail: str
+
+
 def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[str]:
     """The note for ``planned`` (``title``: how the table names it) measured ``ratio`` times
     ``baseline`` (module doc), or None when it is not behind by ``BEHIND``."""
+    found = behind(planned, title, baseline, ratio, devices)
+    return found.detail if found is not None else None
+
+
+def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[Behind]:
+    """``behind_note``'s account, with its short form."""
     if ratio <= BEHIND:
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
@@ -38,12 +55,15 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
     assignment = plan.get("assignment", plan.get("block_assignment"))
     head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
     if assignment is None:
-        return (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
+        note = (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
                 f"named where it differs from {baseline}")
+        return Behind(f"Behind {baseline}: its cost model predicted it faster (it measures no plan)", note)
     # (Only now: finding the nearest plan traces the step again.)
     found = nearest(a, program, baseline, devices) if program is not None else None
     if found is None:
-        return f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
+        note = f"{head}: {baseline} has no plan nearest it on mesh {planned.on.shape}, so none was measured beside it"
+        return Behind(f"Behind {baseline}: its search has no plan near {baseline}'s layout on mesh {planned.on.shape}",
+                      note)
     differ = [b for b, (mine, near) in enumerate(zip(assignment, found.assignment, strict=True)) if mine != near]
     segments = sorted({s.index for s in a.segments for b in differ if s.start <= b < s.end})
     where = (f"it differs from the plan nearest {baseline} in block{'s' if len(differ) > 1 else ''} "
@@ -56,13 +76,17 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
     duel = _duel(planned.fields.get("candidates") or [])
     if split:
         where += ", with the state stored split over every device"
+    short = f"the search's profiles predicted it faster than the plan nearest {baseline} (the log says where)"
     if not found.exact:
         why = f"that plan is not {baseline}'s layout: {found.reason(a)}"
+        short = f"no plan of its search lays the step out as {baseline} does: {found.in_words(a)}"
     elif differ and duel is not None and duel[2] == f"nearest {baseline}":
         why = (f"that plan is {baseline}'s own layout; the shortlist raced the two alone, {duel[1]} rounds, and "
                f"measured the kept plan {duel[0]:.3f} of that plan's time, where this race measured it {ratio:.3f}x "
                f"{baseline}: two races of the same layouts apart by more than the margin, either way, are the "
                "machine's noise between them (more verify_repeats and run_repeats race them longer)")
+        short = (f"the shortlist measured it {duel[0]:.3f} of {baseline}'s layout: two races that far apart are the "
+                 "machine's noise")
         duel = None   # said: not again below
     elif differ:
         kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
@@ -70,18 +94,26 @@ def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: 
                 "the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell "
                 "them apart (more verify_repeats race them longer)")
         why = f"that plan is {baseline}'s own layout; {kept}"
+        if "assignment" not in plan:
+            short = f"the ILP's cost model predicted it faster than {baseline}'s layout (it measures no plan)"
     elif split:
         why = (f"{baseline} stores it as the plan nearest it computes with it; the shortlist's short rounds measured "
                f"the state stored split faster than that plan, {baseline}'s own layout (more verify_repeats race them "
                "longer)")
+        short = f"it stores the state split, which the shortlist measured faster than {baseline}'s own layout"
     else:   # the same layout, and yet not the baseline's program: that one would have raced once (same_program)
         why = (f"that plan is {baseline}'s own layout in what its blocks make, yet compiles to another program than "
                f"{baseline}'s (one program would have raced once): XLA's layout of the rest or the race's noise set "
                "them apart (more run_repeats race them longer)")
+        short = f"it is {baseline}'s layout, yet XLA compiles it to another program"
     if duel is not None:
         why += (f"; the shortlist raced it alone against the plan {duel[2]}, {duel[1]} rounds, and measured it "
                 f"{duel[0]:.3f} of that plan's time")
-    return f"{head}: {where}; {why}"
+    return Behind(_cut(f"Behind {baseline}: {short}", 220), f"{head}: {where}; {why}")
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _duel(rows: Sequence[dict]) -> Optional[tuple[float, int, str]]:

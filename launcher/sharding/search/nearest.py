@@ -169,6 +169,26 @@ class Nearest:
         more = f"; and {len(what) - 3} more" if len(what) > 3 else ""
         return f"{why}: " + "; ".join(what[:3]) + more
 
+    def in_words(self, a: Analysis) -> str:
+        """``reason`` for the table, short: the first tensor that differs (an argument by its path
+        in the step's arguments) and its two layouts, and how many more differ."""
+        if self.exact:
+            return ""
+        g = a.graph
+        inputs = dict(zip(g.inputs, g.input_names, strict=True))
+        m = self.mismatches[0]
+        outer = g.canonical(m.var) if m.is_input(g) else None
+        tensor = (inputs[outer] if outer in inputs else
+                  f"a {g.vars[m.var].type_str} the step computes" if outer is None else f"a {g.vars[m.var].type_str}")
+        more = f" (and {len(self.mismatches) - 1} more)" if len(self.mismatches) > 1 else ""
+        return f"{tensor} is {_in_words(m.want)} in {self.name}, {_in_words(m.got)} in its plan{more}"
+
+
+def _in_words(spec: Spec) -> str:
+    """A layout as a user says it: "replicated", or which dimensions split over which mesh axes."""
+    split = [f"dim {d} over {'+'.join(f'axis {x}' for x in ax)}" for d, ax in enumerate(spec) if ax]
+    return "split, " + " and ".join(split) if split else "replicated"
+
 
 def _spec_str(spec: Spec) -> str:
     return "[" + ", ".join("/".join(map(str, ax)) if ax else "-" for ax in spec) + "]"

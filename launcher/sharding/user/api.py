@@ -45,6 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from launcher.sharding import pipeline
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
 from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
+from launcher.sharding.ilp import NAME as ILP_ROW
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import PlanRun
@@ -54,7 +55,7 @@ from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.comparison import Comparison, compare
 from launcher.sharding.report import Row, table_text
 from launcher.sharding.user.console import Console, log_path
-from launcher.sharding.user.reading import combine, program_args, split, write_back
+from launcher.sharding.user.reading import combine, program_args, split, step_name, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
 from launcher import jaxcompat
@@ -66,12 +67,15 @@ from launcher.runtime import user_program
 # in ten short rounds rather than three long ones (pairing cancels a shared machine's drift round
 # by round, and a baseline 1.25x the fastest after three rounds stops racing), rounds of about
 # half a second a plan where its steps are slow, and a shortlist of three: a search from Python
-# is interactive, and these are where its time went.
+# is interactive, and these are where its time went. The ILP's plan races beside CFP's: it costs
+# seconds, and the two algorithms miss different plans (on Flax's pjit guide the ILP's ran 0.28x
+# the program's own layout, CFP's 1.0x); a baseline named ``baselines=`` alone races without it.
 AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3, "round_seconds": 0.5,
-                      "baselines": list(STEP_BASELINES)}
+                      "baselines": [*STEP_BASELINES, ILP_ROW]}
 
 FORMAT = "xlaunch-autoshard-plan"
 VERSION = 2  # 2: the step's reading (state_argnums, loss) saved, data_argnums in the step's positions
+ANSWER_KEY = 3  # the stored answers' key: 3, the user's layout with its mesh (``_layout_key``)
 
 
 @dataclass
@@ -133,24 +137,26 @@ def _autoshard(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any
     """``autoshard``; without ``log``, quiet (``console.py``): the details in a log file, a progress
     bar and the table on the user's screen."""
     Algorithm.named(algorithm, option="algorithm")
-    search = lambda log, progress=None: _search(step_fn, example_args, mesh_shape, algorithm, data_argnums,
-                                                in_shardings, state_argnums, loss, _keywords(log), progress, reuse,
-                                                options)
+    search = lambda log, progress=None, say=None: _search(step_fn, example_args, mesh_shape, algorithm,
+                                                          data_argnums, in_shardings, state_argnums, loss,
+                                                          _keywords(log), progress, reuse, options, say or log)
     if log is not None:
         return search(log)
-    name = getattr(step_fn, "__name__", type(step_fn).__name__)
+    name = step_name(step_fn)
     store_root = Path(options.get("store_dir", ProfileOptions.store_dir)).expanduser().resolve()
     with Console(log_path(store_root, name), is_main=jax.process_index() == 0) as console:
         console.show(f"autoshard: searching {name} on {jax.device_count()} devices (the details: {console.path}; "
                      "log=print shows them here)")
-        plan = search(console.log, console.progress)
+        plan = search(console.log, console.progress, console.show)
         console.show(plan.table())
     return plan
 
 
 def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
             data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
-            loss: Any, log: Callable[[str], None], progress: Any, reuse: bool, options: dict) -> "AutoPlan":
+            loss: Any, log: Callable[[str], None], progress: Any, reuse: bool, options: dict,
+            say: Callable[[str], None]) -> "AutoPlan":
+    """The search (``say``: the one line on the user's screen when a stored answer is handed back)."""
     kind = Algorithm.named(algorithm, option="algorithm")
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
                            state_argnums=state_argnums, loss=loss, log=log)
@@ -161,8 +167,8 @@ def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, a
     if reuse:
         earlier = _stored_answer(store, key)
         if earlier is not None:
-            log(f"reusing the plan a search of {program.name} with these arguments, devices and options left in "
-                f"{store.root} ({earlier.why or earlier.source}); reuse=False searches again")
+            say(f"autoshard: the stored answer of an earlier search of {program.name} with these arguments, layout, "
+                f"devices and options ({store.root}); reuse=False searches again")
             return earlier
     out = pipeline.run_search(program, kind(search, settings), mesh_shape=mesh_shape,
                               hooks=Hooks(log=log, progress=progress, is_main=jax.process_index() == 0))
@@ -181,13 +187,26 @@ def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, searc
     the store's format."""
     options = {**dataclasses.asdict(search), "profile": {k: v for k, v in dataclasses.asdict(search.profile).items()
                                                           if k != "store_dir"}}
-    user = ([str(s.spec) for s in jax.tree.leaves(program.in_shardings)] if program.in_shardings is not None else None)
-    return {"version": VERSION, "kind": "autoshard-answer", "program": program.signature,
+    user = _layout_key(program.in_shardings)
+    return {"version": ANSWER_KEY, "kind": "autoshard-answer", "program": program.signature,
             "args": describe_leaves(program.args), "devices": device_signature(make_mesh([jax.device_count()])),
             "mesh_shape": str(mesh_shape), "algorithm": algorithm, "options": json.loads(json.dumps(options, default=str)),
             # The package's algorithms' own options, at the values given or their defaults (Algorithm.option_defaults).
             **{name: settings.get(name, default) for name, default in Algorithm.package_options().items()},
             "user": user, "loss": program.reading.loss_path}
+
+
+def _layout_key(shardings: Any) -> Optional[dict]:
+    """The user's own layout (read from the arguments or given) as a key: each leaf's spec and
+    the mesh it is on (axis names and sizes, devices in mesh order), so that another layout,
+    the same specs on another mesh among them, is searched and measured anew."""
+    if shardings is None:
+        return None
+    leaves = jax.tree.leaves(shardings)
+    meshes = list(dict.fromkeys(s.mesh for s in leaves))
+    return {"meshes": [{"axes": {str(k): int(v) for k, v in m.shape.items()},
+                        "devices": [int(d.id) for d in m.devices.flat]} for m in meshes],
+            "leaves": [[meshes.index(s.mesh), str(s.spec)] for s in leaves]}
 
 
 def _stored_answer(store: ProfileStore, key: dict) -> Optional["AutoPlan"]:
@@ -264,6 +283,9 @@ class AutoPlan:
     # The mesh axis the devices' processes change along (a job of several processes: the axis
     # between hosts, ``plans.arranged``); None: one process, or the first axis.
     across: Optional[str] = None
+    # Python numbers in the arguments traced as arrays, as jax.jit takes them (``Reading.scalars``);
+    # files from before this was read say nothing and closed over them (``from_dict``).
+    scalars: bool = True
 
     @classmethod
     def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
@@ -282,7 +304,7 @@ class AutoPlan:
                    p.predicted_step_time_s, memory, _run_json(out.searched),
                    {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
-                   loss=reading.loss_path, across=getattr(p.plan, "across", None))
+                   loss=reading.loss_path, across=getattr(p.plan, "across", None), scalars=reading.scalars)
         plan.name, plan.searched = plan.row, p.details
         return plan
 
@@ -347,8 +369,9 @@ class AutoPlan:
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
         across = [f"mesh {self.mesh_shape}: {self.across} across processes"] if self.across else []
         runs = {name: Row.of(r) for name, r in {self.row: self.measured, **self.baselines}.items()}
+        tie = self._searched_row if self._searched_row != self.row and self.compared().verdict.tie else ""
         return table_text(runs, self.skipped, title=title, answer=self.row,
-                          notes=across + ([self.why] if self.why else []))
+                          notes=across + ([self.why] if self.why else []), tie=tie)
 
     # --- using it ------------------------------------------------------------------------------
 
@@ -365,7 +388,7 @@ class AutoPlan:
         """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
         (``reading.py``: Flax NNX objects as their joint state, first), as the plan lays them out:
         ``jax.device_put``, ``jax.jit(in_shardings=...)``. Non-array leaves (static) get None."""
-        pargs, _ = program_args(args)
+        pargs, _ = program_args(args, self.scalars)
         arrays, _ = split(pargs)
         self._check_args(arrays)
         mesh = self.mesh()
@@ -376,7 +399,7 @@ class AutoPlan:
         """``args`` laid out as the plan says (``shardings``): a value the same on every process
         (host arrays, or jax arrays each process holds whole) becomes a global array; Flax NNX
         objects are updated in place (and returned)."""
-        pargs, at = program_args(args)
+        pargs, at = program_args(args, self.scalars)
         arrays, static = split(pargs)
         with jaxcompat.outside_mesh_context():
             placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
@@ -446,7 +469,7 @@ class AutoPlan:
             raise UserError(f"{where}: plan format version {data.get('version')}, and this xlaunch reads {VERSION}: "
                             "autoshard the step again")
         known = {f.name for f in fields(cls)} - _NOT_SAVED
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{"scalars": False, **{k: v for k, v in data.items() if k in known}})
 
 
 _NOT_SAVED = {"searched", "own"}  # this session's objects
@@ -481,7 +504,7 @@ class Applied:
             return self._call(args)
 
     def _call(self, args: tuple) -> Any:
-        pargs, _ = program_args(args)
+        pargs, _ = program_args(args, self.plan.scalars)
         arrays, static = split(pargs)
         # Shapes too: arguments shaped otherwise than the plan's are refused in one line (``_build``).
         key = (jax.tree.structure(arrays), tuple((np.shape(x), str(x.dtype)) for x in jax.tree.leaves(arrays)),
@@ -500,7 +523,7 @@ class Applied:
         plan = self.plan
         shardings = plan.shardings(*args)
         program = step_program(self.fn, args, data_argnums=plan.data_argnums, state_argnums=plan.state_argnums,
-                               loss=plan.loss or None)
+                               loss=plan.loss or None, scalars=plan.scalars)
         if program.signature != plan.signature:
             raise UserError(f"this plan was searched for another step ({plan.step}, signature {plan.signature}); "
                             f"{program.name}'s traced program differs ({program.signature}): apply the plan to the "

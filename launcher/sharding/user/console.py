@@ -4,8 +4,11 @@ A search says a hundred and more lines of what it analysed, profiled and measure
 by default, those go to a log file of their own beside the profile store
 (``<store>/../autoshard_logs/<step>-<time>.log``), and the user's screen gets one line saying
 where, a progress bar (``rich``: in a terminal or a Jupyter notebook, its description the line
-the search last said), and the table of the race at the end. ``log=print`` (any callable) takes
-every line instead, and nothing else is drawn. Only process 0 shows or writes anything.
+the search last said), and the table of the race at the end. What XLA and the ILP's solver
+print themselves while the search runs (XLA's C++ warnings as it compiles candidates, HiGHS's
+banner) goes into the same log file (``runtime/native_output.py``). ``log=print`` (any callable)
+takes every line instead, and nothing else is drawn or redirected. Only process 0 shows or
+writes anything.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any, ContextManager, Iterator, Optional, TextIO
 
 from rich.console import Console as RichConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from launcher.runtime import native_output
 
 
 def log_path(store_root: Path, step: str) -> Path:
@@ -34,11 +39,17 @@ class Console:
         self._file: Optional[TextIO] = None
         self._bar: Optional[Progress] = None
         self._task: Any = None
+        self._native = contextlib.ExitStack()
+        self._stream: TextIO = sys.stdout
         self._screen = RichConsole(stderr=False)
-        # A bar where someone watches: a terminal or a notebook (a pipe or a CI log gets the lines only).
-        self._draws = is_main and (self._screen.is_terminal or self._screen.is_jupyter)
+        self._draws = False
 
     def __enter__(self) -> "Console":
+        if self.is_main:  # the search's own output (and XLA's, HiGHS's) into the log file from here on
+            self._stream = self._native.enter_context(native_output.to_file(self.path))
+            self._screen = RichConsole(file=self._stream, force_jupyter=RichConsole().is_jupyter or None)
+        # A bar where someone watches: a terminal or a notebook (a pipe or a CI log gets the lines only).
+        self._draws = self.is_main and (self._screen.is_terminal or self._screen.is_jupyter)
         if self._draws:
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=self._screen, transient=True)
@@ -53,6 +64,8 @@ class Console:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._native.close()
+        self._stream = sys.stdout
 
     def log(self, line: str) -> None:
         """A detail: into the log file; the bar's description shows the latest."""
@@ -72,7 +85,7 @@ class Console:
         if self._bar is not None:
             self._bar.console.print(text, markup=False, highlight=False)
         else:
-            print(text, file=sys.stdout, flush=True)
+            print(text, file=self._stream, flush=True)
 
     def progress(self, total: int, what: str) -> ContextManager:
         """``Hooks.progress``: a bar of ``total`` units while the search does ``what``."""

@@ -11,7 +11,12 @@ once from the user's function (``Reading.step``) and undone where the plan is ap
   objects. Host arrays are taken as JAX takes them: NumPy float64 is float32 unless
   ``jax_enable_x64`` (``jnp.asarray``'s dtype), in the search and wherever the plan is used.
   One array reached from two state arguments (not NNX: those are joined) is refused, naming
-  both paths: fed back, it would become two.
+  both paths: fed back, it would become two. Python numbers in the arguments (a Flax
+  ``TrainState.create``'s ``step=0``, a float schedule value) are taken as ``jax.jit`` takes them:
+  weakly typed scalar arrays, so that the ``int32[]`` a jitted step returns for ``step`` is the
+  new value of the ``0`` it was given. Where the step needs one as a Python value (``range(n)``,
+  an ``if``), the reading falls back to closing over them, as ``eqx.filter_jit`` does
+  (``Reading.scalars``).
 - **Data.** ``data_argnums``, or left out the last argument past trailing PRNG keys and counters
   and the ones before it of the same leading dimension (``_default_data``).
 - **State.** A state argument (any that is not data) is fed back where the step returns, at the
@@ -28,6 +33,7 @@ once from the user's function (``Reading.step``) and undone where the plan is ap
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -50,6 +56,14 @@ def nnx_module() -> Any:
     from flax import nnx  # noqa: PLC0415  only where the user's program uses Flax
 
     return nnx
+
+
+def step_name(fn: Any) -> str:
+    """What the user calls ``fn``: its ``__name__``, through the ``functools.partial`` a trainer
+    jits (``partial(train_step, config=...)``), and any wrapper that has none, its type's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def is_array(x: Any) -> bool:
@@ -75,7 +89,7 @@ class ArrayStep:
     def __init__(self, fn: Callable[..., Any], static_args: tuple) -> None:
         self.fn, self.static_args = fn, static_args
         self.static_out: Any = None
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__name__ = step_name(fn)
 
     def __call__(self, *arrays: Any) -> Any:
         out, self.static_out = split(self.fn(*combine(arrays, self.static_args)))
@@ -100,8 +114,27 @@ def canonical(x: Any) -> Any:
     return x
 
 
-def canonical_args(args: Any) -> Any:
-    return jax.tree.map(lambda x: canonical(x) if is_array(x) else x, args)
+def is_scalar(x: Any) -> bool:
+    """A Python number (bool, int, float, complex): ``jax.jit`` traces one as a weakly typed array."""
+    return isinstance(x, (bool, int, float, complex))
+
+
+def has_scalars(args: Any) -> bool:
+    return any(is_scalar(x) for x in jax.tree.leaves(args))
+
+
+def canonical_args(args: Any, scalars: bool = True) -> Any:
+    """``args`` as the program takes them: array leaves as JAX takes them (``canonical``) and,
+    with ``scalars``, Python numbers as ``jax.jit`` takes them (weakly typed scalar arrays)."""
+    def leaf(x: Any) -> Any:
+        if is_array(x):
+            return canonical(x)
+        return jnp.asarray(x) if scalars and is_scalar(x) else x
+    return jax.tree.map(leaf, args)
+
+
+# What a step that needs one of its Python numbers as a Python value raises when it is traced.
+_NEEDS_PYTHON_VALUE = (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)
 
 
 @dataclass(frozen=True)
@@ -120,6 +153,9 @@ class Reading:
     # The options as given, in the user's positions: what reads the step again (a plan applied).
     user_data_argnums: tuple[int, ...] = ()
     user_state_argnums: Optional[tuple[int, ...]] = None
+    # Python numbers in the arguments traced as arrays (``jax.jit``'s way), or closed over where
+    # the step needs their Python values (module doc).
+    scalars: bool = True
 
     # --- arguments ------------------------------------------------------------------------------
 
@@ -127,14 +163,14 @@ class Reading:
         """The program's arguments: the NNX objects' joint state first, where there are any."""
         user_args = tuple(user_args)
         if not self.nnx:
-            return canonical_args(user_args)
+            return canonical_args(user_args, self.scalars)
         nnx = nnx_module()
         objects = tuple(user_args[i] for i in self.nnx)
         graphdef, state = nnx.split(objects)
         if graphdef != self.graphdef:
             raise UserError("the Flax NNX objects passed are not those the plan was searched for (their graph "
                             "differs): pass the model and optimizer the step was searched with, or autoshard again")
-        return (state, *canonical_args([a for i, a in enumerate(user_args) if i not in self.nnx]))
+        return (state, *canonical_args([a for i, a in enumerate(user_args) if i not in self.nnx], self.scalars))
 
     def _user_args(self, args: Sequence[Any]) -> tuple[tuple, tuple]:
         """(the user's arguments, the NNX objects among them) from the program's."""
@@ -159,7 +195,7 @@ class Reading:
                 nnx = nnx_module()
                 out = jax.tree.map(lambda o: _returned(o, objects), out, is_leaf=nnx.graph.is_graph_node)
             return (nnx_module().state(objects) if objects else None), out
-        raw_step.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        raw_step.__name__ = step_name(fn)
         return raw_step
 
     def step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,16 +248,17 @@ def _returned(o: Any, objects: tuple) -> Any:
     return next((Returned(j) for j, obj in enumerate(objects) if o is obj), o)
 
 
-def program_args(args: Sequence[Any]) -> tuple[tuple, tuple[int, ...]]:
+def program_args(args: Sequence[Any], scalars: bool = True) -> tuple[tuple, tuple[int, ...]]:
     """(the program's arguments, the positions of the NNX objects among ``args``) of a step's
-    arguments, read as ``read`` reads them (for a plan used without its step: ``AutoPlan.place``)."""
+    arguments, read as ``read`` reads them (for a plan used without its step: ``AutoPlan.place``;
+    ``scalars``: ``Reading.scalars``)."""
     args = tuple(args)
     nnx = nnx_module()
     at = tuple(i for i, a in enumerate(args) if nnx is not None and nnx.graph.is_graph_node(a))
     if not at:
-        return canonical_args(args), ()
+        return canonical_args(args, scalars), ()
     _, state = nnx.split(tuple(args[i] for i in at))
-    return (state, *canonical_args([a for i, a in enumerate(args) if i not in at])), at
+    return (state, *canonical_args([a for i, a in enumerate(args) if i not in at], scalars)), at
 
 
 def write_back(args: Sequence[Any], at: tuple[int, ...], placed: tuple) -> tuple:
@@ -236,10 +273,11 @@ def write_back(args: Sequence[Any], at: tuple[int, ...], placed: tuple) -> tuple
 # --- reading a step ---------------------------------------------------------------------------
 
 def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums: Optional[Sequence[int]] = None,
-         state_argnums: Optional[Sequence[int]] = None, loss: Loss = None, log: Callable[[str], None] = print
-         ) -> tuple[Reading, tuple]:
+         state_argnums: Optional[Sequence[int]] = None, loss: Loss = None, log: Callable[[str], None] = print,
+         scalars: Optional[bool] = None) -> tuple[Reading, tuple]:
     """(how ``fn`` is read, the program's arguments) from the user's example arguments
-    ``args`` and options (module doc). UserError naming what cannot be read, and the fix."""
+    ``args`` and options (module doc). UserError naming what cannot be read, and the fix.
+    ``scalars``: Python numbers traced as arrays (default: unless the step needs their values; ``Reading.scalars``)."""
     args = tuple(args)
     n = len(args)
     nnx_mod = nnx_module()
@@ -248,10 +286,11 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
     if set(nnx_at) & set(data):
         raise UserError(f"data_argnums={list(data)} names a Flax NNX object (argument {sorted(set(nnx_at) & set(data))}):"
                         " data are the batch; give the positions of the batch arguments")
-    graphdef, pargs = None, canonical_args(args)
+    scalars = True if scalars is None else scalars
+    graphdef, pargs = None, canonical_args(args, scalars)
     if nnx_at:
         graphdef, state = nnx_mod.split(tuple(args[i] for i in nnx_at))
-        pargs = (state, *canonical_args([a for i, a in enumerate(args) if i not in nnx_at]))
+        pargs = (state, *canonical_args([a for i, a in enumerate(args) if i not in nnx_at], scalars))
     to_program = _program_positions(n, nnx_at)
     pdata = tuple(sorted({to_program[i] for i in data}))
     stated = _positions("state_argnums", state_argnums, n, None, name, "state arguments")
@@ -259,13 +298,21 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
               [i for i in range(len(pargs)) if i not in pdata])
     _refuse_shared(pargs, pstate)
     probe = Reading(n, nnx_at, graphdef, pdata, (), (), False, 0, None)
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) if is_array(x) else x, pargs)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x),
+                                                         weak_type=getattr(x, "weak_type", False))
+                          if is_array(x) else x, pargs)
     try:
         (_, out), values = _eval_shape(probe.raw(fn), shapes)
     except UserError:
         raise
     except Exception as e:  # the user's function on arguments it does not take: say which, keep the cause
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if isinstance(e, _NEEDS_PYTHON_VALUE) and scalars and has_scalars(args):
+            # The step reads one of its Python numbers as a Python value: close over them instead.
+            log(f"{name}: its Python numbers are used as Python values (an if, a range), so they are kept as they "
+                "are, not traced")
+            return read(fn, args, name=name, data_argnums=data_argnums, state_argnums=state_argnums, loss=loss,
+                        log=log, scalars=False)
+        first = _cut((str(e).strip().splitlines() or [type(e).__name__])[0], 120)
         raise UserError(f"{name} cannot be traced on its example arguments ({type(e).__name__}: {first}); give "
                         "example arguments shaped as the step takes them, one per parameter") from e
     # A tuple or list is the step's outputs, unless it is itself a state argument's new value
@@ -279,7 +326,7 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
     if loss_leaf is not None:  # among the program's output leaves: the fed-back values' come first
         loss_leaf += sum(len(_array_leaves(pargs[i])) for i in feeds)
     return Reading(n, nnx_at, graphdef, pdata, tuple(feeds), tuple(at), returns_tuple, len(outs), loss_leaf,
-                   loss_path, tuple(data), stated), pargs
+                   loss_path, tuple(data), stated, scalars), pargs
 
 
 def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> tuple[Any, dict[int, Any]]:
@@ -398,8 +445,8 @@ def _fed_back(name: str, pargs: tuple, state: Sequence[int], outs: list, nnx: bo
         what = ", ".join(_describe(o) for o in outs) or "nothing"
         raise UserError(f"{name} returns {what}: none of it is the new value of a state argument "
                         f"({', '.join(f'argument {user[i]}' for i in state)}), so the search would time reruns of one "
-                        "step. Return the new state (e.g. state, loss = step(state, batch)), name the state arguments "
-                        "with state_argnums=..., or give state_argnums=() to time the step's reruns as they are")
+                        "step. Return the new state (state, loss = step(state, batch)), or give state_argnums=() to "
+                        "time the step's reruns as they are")
     if missing and not named:
         log(f"{name}: argument{'s' if len(missing) > 1 else ''} {', '.join(str(user[i]) for i in missing)} "
             "not returned: every step of the search's runs gets the same value (state_argnums=... to say otherwise)")
@@ -492,6 +539,10 @@ def _loss_rank(path: str) -> tuple[int, bool, int]:
     plain = key.lower().lstrip("_")
     rank = next((i for i, named in enumerate(_LOSS_NAMES) if named(plain)), len(_LOSS_NAMES))
     return rank, key.startswith("_"), len(path)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _few(paths: Any, n: int = 3, width: int = 40) -> str:

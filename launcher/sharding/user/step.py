@@ -35,6 +35,7 @@ booleans zero, keys from a fixed seed; the same on every process.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
@@ -51,7 +52,7 @@ from launcher.sharding.analysis.strategies import Spec
 from launcher.sharding.apply import make_mesh, program_signature, spec_json
 from launcher.sharding.options import USER_BASELINE as USER
 from launcher.sharding.program import TrainingProgram
-from launcher.sharding.user.reading import ArrayStep, canonical, nnx_module, read, split
+from launcher.sharding.user.reading import ArrayStep, canonical, nnx_module, read, split, step_name
 from launcher import jaxcompat
 from launcher.errors import UserError
 
@@ -64,7 +65,8 @@ STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout
 
 def shapes_of(tree: Any) -> Any:
     """Shapes and dtypes of an array pytree, dtypes as JAX takes them (``reading.canonical``)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x).dtype), tree)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x).dtype,
+                                                       weak_type=getattr(x, "weak_type", False)), tree)
 
 
 def describe_leaves(tree: Any) -> list[dict]:
@@ -80,15 +82,17 @@ def describe_leaves(tree: Any) -> list[dict]:
 
 def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: Optional[Sequence[int]] = None,
                  in_shardings: Any = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
-                 loss: Any = None, log: Callable[[str], None] = lambda line: None) -> StepProgram:
+                 loss: Any = None, log: Callable[[str], None] = lambda line: None,
+                 scalars: Optional[bool] = None) -> StepProgram:
     """``fn(*args)`` as a ``TrainingProgram`` (a ``StepProgram``): read as ``reading.py`` says (NNX objects as their
     joint state, host arrays as JAX takes them, the state fed back, the loss), refused in one
     line (UserError) where it cannot be: no argument, no array among them, positions out of
     range, a step that cannot be traced on them, one with no contraction for the search to
     decide, state that is not returned or changes type, an ambiguous loss, ``in_shardings``
     that do not match the arguments. ``in_shardings`` None: the layouts the example arguments
-    already have, where the state's are all laid out on one mesh (``_given_shardings``)."""
-    name = name or getattr(fn, "__name__", type(fn).__name__)
+    already have, where the state's are all laid out on one mesh (``_given_shardings``).
+    ``scalars``: ``reading.read``'s (a plan applied reads the step as it was searched)."""
+    name = name or step_name(fn)
     args = tuple(args)
     if not args:
         raise UserError(f"{name}: no example arguments; give them as the step takes them: "
@@ -97,7 +101,7 @@ def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: O
         raise UserError(f"{name}: none of its example arguments holds an array (jax or numpy array, or "
                         "jax.ShapeDtypeStruct); give the parameters, optimizer state and batch the step takes")
     reading, pargs = read(fn, args, name=name, data_argnums=data_argnums, state_argnums=state_argnums, loss=loss,
-                          log=log)
+                          log=log, scalars=scalars)
     arrays, static = split(pargs)
     step = ArrayStep(reading.step(fn), static)
     shapes = shapes_of(arrays)
@@ -160,11 +164,18 @@ def _given_shardings(name: str, arrays: tuple, data_argnums: Sequence[int], log:
         lead = data and np.ndim(x) > 0 and np.shape(x)[0] % mesh.shape[first] == 0
         return NamedSharding(auto, PartitionSpec(first) if lead else PartitionSpec())
 
+    out = tuple(jax.tree.map(lambda x, i=i: laid_out(x, i in data_argnums), a) for i, a in enumerate(arrays))
     read = sum(_laid_out_on(x) == mesh for x in leaves)
+    # What was read, as it was: the leaves found laid out, and of the others which were split as a
+    # batch and which replicated (a batch the program replicates itself stays replicated).
+    split = sum(_laid_out_on(x) != mesh and any(s.spec) for x, s in zip(leaves, jax.tree.leaves(out), strict=True))
+    rest = len(leaves) - read
+    others = ("" if not rest else f", the other {rest} " + (
+        "replicated" if not split else "split on their leading dimension (a batch)" if split == rest else
+        f"replicated but {split} split on their leading dimension (a batch)"))
     log(f"{name}: its own layout, raced as 'user': {read} of {len(leaves)} array leaves read as laid out on its mesh "
-        f"{dict(mesh.shape)}, the other {len(leaves) - read} replicated (a batch split on its leading dimension); "
-        "in_shardings=... gives another")
-    return tuple(jax.tree.map(lambda x, i=i: laid_out(x, i in data_argnums), a) for i, a in enumerate(arrays))
+        f"{dict(mesh.shape)}{others}; in_shardings=... gives another")
+    return out
 
 
 def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> tuple:
@@ -207,9 +218,10 @@ def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
     prefix = jax.tree.structure(tuple(in_shardings), is_leaf=is_leaf)
     try:
         subtrees = prefix.flatten_up_to(shapes)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"in_shardings of {name}: its structure does not match the example arguments' ({e}); give "
-                        "one sharding per argument, or a pytree of them shaped like it, as for jax.jit") from None
+    except (ValueError, TypeError):
+        raise UserError(f"in_shardings of {name}: {first_difference(tuple(in_shardings), shapes, is_leaf)}; give one "
+                        "sharding per argument, or a pytree of them made from the arguments themselves "
+                        "(jax.tree.map), as for jax.jit") from None
     given = jax.tree.leaves(tuple(in_shardings), is_leaf=is_leaf)
     meshes = {s.mesh for s in given if s is not None}
     if not all(s is None or isinstance(s, NamedSharding) for s in given) or len(meshes) != 1:
@@ -220,6 +232,43 @@ def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
     full = [jax.tree.map(lambda _, s=s: NamedSharding(auto, s.spec if s is not None else PartitionSpec()), sub)
             for s, sub in zip(given, subtrees, strict=True)]
     return tuple(prefix.unflatten(full))
+
+
+def first_difference(given: Any, args: Any, is_leaf: Callable[[Any], bool]) -> str:
+    """Where the pytree ``given`` (a prefix of ``args`` down to its ``is_leaf`` leaves) first
+    stops matching ``args``, and what stands on each side, in a few words: the whole of either
+    (a TrainState's static fields print its model and optimizer) runs to thousands of characters."""
+    def walk(a: Any, b: Any, path: str) -> Optional[str]:
+        if is_leaf(a):
+            return None
+        one = lambda x: jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+        (ka, da), (kb, db) = one(a), one(b)
+        if type(a) is not type(b):
+            return f"at {path or 'the top'} the arguments hold a {type(b).__name__}, the shardings a {type(a).__name__}"
+        if len(ka) != len(kb) or [k for k, _ in ka] != [k for k, _ in kb]:
+            keys = lambda kv: ", ".join(jax.tree_util.keystr(k) for k, _ in kv[:4]) or "nothing"
+            return f"at {path or 'the top'} the arguments hold {keys(kb)}, the shardings {keys(ka)}"
+        if da != db:
+            return f"at {path or 'the top'} the {type(b).__name__}s differ in {_static_difference(a, b)}"
+        for (k, x), (_, y) in zip(ka, kb, strict=True):
+            found = walk(x, y, path + jax.tree_util.keystr(k))
+            if found:
+                return found
+        return None
+
+    return walk(given, args, "") or "its structure is not the arguments'"
+
+
+def _static_difference(a: Any, b: Any) -> str:
+    """Which static (not pytree) field of two dataclass nodes of one type differs."""
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            if f.metadata.get("pytree_node", True):
+                continue
+            x, y = getattr(a, f.name, None), getattr(b, f.name, None)
+            if x is not y and x != y:
+                return f"their static field {f.name} (another {type(y).__name__} object)"
+    return "their static data"
 
 
 # ---------------------------------------------------------------------------------------------
