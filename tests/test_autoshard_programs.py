@@ -12,14 +12,12 @@ import functools
 import os
 import re
 
-import flax.linen as nn
 import highspy
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax.training import train_state
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from launcher.errors import UserError
@@ -27,28 +25,19 @@ from launcher.runtime import native_output
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh
 from launcher.sharding.user.api import autoshard
 from launcher.sharding.user.step import step_program
+from tests import user_programs
 
 SMALL = dict(repeats=2, iterations=2, run_repeats=3, verify_top_k=1, verify_iterations=2, verify_repeats=2,
              mesh_shape=[8], baselines=["dp", "fsdp"])
 quiet = lambda line: None
 
 
-class MLP(nn.Module):
-    width: int = 32
-
-    @nn.compact
-    def __call__(self, x):
-        return nn.Dense(10)(nn.relu(nn.Dense(self.width)(x)))
-
-
 X, Y = jnp.ones((16, 8)), jnp.arange(16, dtype=jnp.int32) % 10
 
 
-def created(tx=None, width: int = 32) -> train_state.TrainState:
+def created(tx=None, width: int = 32):
     """A TrainState as Flax's examples make it: ``create`` leaves ``step=0`` a Python int."""
-    model = MLP(width)
-    return train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), X)["params"],
-                                         tx=tx or optax.adam(1e-2))
+    return user_programs.make_created_state(X, width, tx)
 
 
 def cross_entropy_step(state, batch):
@@ -254,37 +243,8 @@ def test_what_xla_and_highs_print_themselves_goes_to_the_log_file_not_the_screen
 
 # --- the program's own layout hints and the ILP's plan -----------------------------------------
 
-class Hinted(nn.Module):
-    """Flax's pjit guide's DotReluDot, smaller: activations pinned to the program's own mesh."""
-    mesh: Mesh
-    depth: int = 64
-
-    @nn.compact
-    def __call__(self, x):
-        for i in range(2):
-            y = nn.Dense(self.depth, use_bias=False)(x)
-            y = jax.lax.with_sharding_constraint(jax.nn.relu(y), NamedSharding(self.mesh, P("data", "model")))
-            w2 = self.param(f"W2_{i}", nn.initializers.xavier_normal(), (self.depth, x.shape[-1]))
-            x = jax.lax.with_sharding_constraint(y @ w2, NamedSharding(self.mesh, P("data", None)))
-        return x
-
-
 def pjit_guide_program():
-    """The guide's shape: a Linen model on its own 2x4 mesh, ``jax.jit`` with in_shardings and
-    out_shardings, a state ``TrainState.create`` made through a jitted init."""
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
-    model, x = Hinted(mesh), jnp.ones((8, 32))
-    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), x)["params"],
-                                          tx=optax.adam(1e-3))
-    state_sharding = jax.tree.map(lambda _: NamedSharding(mesh, P()), state)
-    x_sharding = NamedSharding(mesh, P("data", None))
-
-    @functools.partial(jax.jit, in_shardings=(state_sharding, x_sharding), out_shardings=state_sharding)
-    def train_step(state, x):
-        grads = jax.grad(lambda p: model.apply({"params": p}, x).sum())(state.params)
-        return state.apply_gradients(grads=grads)
-
-    return train_step, jax.device_put(state, state_sharding), jax.device_put(x, x_sharding), mesh
+    return user_programs.make_pjit_guide()
 
 
 def test_a_plans_program_leaves_the_programs_own_layout_hints_out():

@@ -40,7 +40,7 @@ from launcher.sharding.comparison import paired_ratios
 from launcher.sharding.search.measure import Cut, race, steps_per_round
 from launcher.sharding.comparison import winner
 from launcher.sharding.search.measure import _clearly_ahead, _decided
-from launcher.sharding.comparison import verdict
+from launcher.sharding.comparison import Verdict, verdict
 from launcher.sharding.pipeline import Searched, answer
 from launcher.sharding import results
 from launcher.sharding.comparison import compare
@@ -486,6 +486,29 @@ def test_the_answer_is_the_searched_plan_only_where_it_beat_the_fastest_baseline
     # No baseline ran: the searched plan, with nothing to compare.
     v = verdict([[1.0, 1.0]], [], margin=0.02)
     assert (v.answer, v.best_baseline, v.searched_over_best, v.answer_over_best) == (0, None, None, None)
+
+
+def test_an_a_a_race_is_a_tie_and_a_plan_ahead_beyond_the_races_noise_is_the_answer():
+    # Races of 10 rounds on a machine whose speed drifts round to round, each plan's time 5% noisy
+    # within a round (bench_race_noise.py measured 0.95-1.06x for one program against itself).
+    rng = np.random.default_rng(0)
+
+    def race(ahead: float, noise: float = 0.05) -> Verdict:
+        drift = rng.uniform(0.8, 1.2, 10)
+        rounds = [list(ahead * drift * rng.lognormal(0, noise, 10)), list(drift * rng.lognormal(0, noise, 10))]
+        return verdict(rounds, [1], margin=0.02)
+
+    same = [race(1.0) for _ in range(400)]
+    wins = sum(v.answer == 0 for v in same)
+    assert wins <= 0.05 * len(same), wins                     # one program against itself: the baseline
+    ties = [v for v in same if v.tie]
+    assert ties and all(1 - v.noise <= v.searched_over_best < 1 for v in ties)
+    # Past the 2% margin but inside the noise: a tie, where the margin alone made it the answer.
+    inside = [v for v in same if v.searched_over_best < 0.98 and v.answer != 0]
+    assert inside and all(v.tie for v in inside)
+    ahead = [race(0.85) for _ in range(200)]
+    assert sum(v.answer == 0 for v in ahead) >= 0.95 * len(ahead)   # 15% ahead: the searched plan
+    assert verdict([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [1], margin=0.02).noise == 0.0   # no spread, no floor
 
 
 def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():

@@ -35,6 +35,9 @@ has one, its own layout as ``in_shardings``) and is a ``mode.step`` factory too.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -318,6 +321,55 @@ def make_linen_lm(vocab: int = 64, width: int = 32, heads: int = 4, layers: int 
         return state.apply_gradients(grads=grads), metrics
 
     return Step(train_step, (state, data))
+
+
+def make_created_state(x: Any, width: int = 32, tx: Any = None) -> Any:
+    """A Linen MLP's ``TrainState`` as Flax's examples make it: ``TrainState.create`` leaves
+    ``step=0`` a Python int (a jitted step returns it an int32 array)."""
+    import flax.linen as nn  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+    from flax.training import train_state  # noqa: PLC0415  likewise
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(10)(nn.relu(nn.Dense(width)(x)))
+
+    model = MLP()
+    return train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), x)["params"],
+                                         tx=tx or optax.adam(1e-2))
+
+
+def make_pjit_guide(depth: int = 64, layers: int = 2, batch: int = 8, features: int = 32) -> tuple:
+    """Flax's pjit guide, smaller: its DotReluDot layers pin their activations to the program's
+    own 2x4 mesh (``with_sharding_constraint``), ``jax.jit`` with in_shardings and out_shardings,
+    a ``TrainState.create`` state laid out on that mesh. Returns (train_step, state, x, mesh)."""
+    import flax.linen as nn  # noqa: PLC0415  the frameworks extra: absent where the oldest JAX runs the core tests
+    from flax.training import train_state  # noqa: PLC0415  likewise
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))   # the guide's: Auto axes
+
+    class Hinted(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(layers):
+                y = nn.Dense(depth, use_bias=False)(x)
+                y = jax.lax.with_sharding_constraint(jax.nn.relu(y), NamedSharding(mesh, P("data", "model")))
+                w2 = self.param(f"W2_{i}", nn.initializers.xavier_normal(), (depth, x.shape[-1]))
+                x = jax.lax.with_sharding_constraint(y @ w2, NamedSharding(mesh, P("data", None)))
+            return x
+
+    model, x = Hinted(), jnp.ones((batch, features))
+    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(0), x)["params"],
+                                          tx=optax.adam(1e-3))
+    state_sharding = jax.tree.map(lambda _: NamedSharding(mesh, P()), state)
+    x_sharding = NamedSharding(mesh, P("data", None))
+
+    @functools.partial(jax.jit, in_shardings=(state_sharding, x_sharding), out_shardings=state_sharding)
+    def train_step(state, x):
+        grads = jax.grad(lambda p: model.apply({"params": p}, x).sum())(state.params)
+        return state.apply_gradients(grads=grads)
+
+    return train_step, jax.device_put(state, state_sharding), jax.device_put(x, x_sharding), mesh
 
 
 def make_equinox_mlp(width: int = 64, depth: int = 2, batch: int = 32, lr: float = 1e-2) -> Step:
