@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from launcher.errors import UserError
 from launcher.runtime import native_output
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh
-from launcher.sharding.user.api import autoshard
+from launcher.sharding.user.api import autoshard, search_options
 from launcher.sharding.user.step import step_program
 from tests import user_programs
 
@@ -185,6 +185,13 @@ def test_a_refusal_is_one_short_line_and_following_its_advice_reads_the_step(cas
     refused, says, advised = REFUSALS[case]
     assert re.search(says, _refused(refused))
     assert advised().feeds_back is not None
+
+
+def test_a_misspelt_option_is_refused_in_one_line_naming_the_option_meant():
+    program = step_program(jitted_step, (created(), (X, Y)))
+    line = _refused(lambda: search_options(program, {"verify_margn": 0.1}))
+    assert "did you mean verify_margin" in line
+    assert search_options(program, {"verify_margin": 0.1}).verify_margin == 0.1
 
 
 def test_in_shardings_unlike_the_state_is_refused_naming_the_first_path_that_differs():

@@ -29,6 +29,7 @@ from the one searched (its signature, ``apply.program_signature``) and another d
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -225,8 +226,11 @@ def search_options(program: TrainingProgram, settings: dict, seed: int = 0) -> S
     own = {n for a in algorithms().values() for n in a.option_names}
     unknown = sorted(set(settings) - names - own)
     if unknown:
-        raise UserError(f"autoshard: no option {', '.join(unknown)}; the options are {', '.join(sorted(names))} and "
-                        f"{', '.join(sorted(own))} (launcher/sharding/options.py says what each does)")
+        # One short line: the nearest names, not all forty (docs/autoshard.md lists them).
+        near = sorted({m for u in unknown for m in difflib.get_close_matches(u, names | own, n=2)})
+        raise UserError(f"autoshard: no option {', '.join(unknown)}"
+                        + (f"; did you mean {' or '.join(near)}?" if near else "")
+                        + " (the options: launcher/sharding/options.py, docs/autoshard.md)")
     defaults = {f.name: f.default for cls in (SearchOptions, ProfileOptions) for f in fields(cls)
                 if f.name != "profile"}
     config = {**defaults, **AUTOSHARD_DEFAULTS, "seed": seed, **{k: v for k, v in settings.items() if k in names}}
