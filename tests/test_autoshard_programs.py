@@ -177,6 +177,20 @@ REFUSALS = {
     "unknown loss path": (lambda: step_program(two_scalars, (mlp_params(), X), loss="[1]['c']"),
                           r"give one of them",
                           lambda: step_program(two_scalars, (mlp_params(), X), loss="[1]['b']")),
+    "loss in the state": (lambda: step_program(two_scalars, (mlp_params(), X), loss=lambda out: out[0]["w1"]),
+                          r"pick the step's loss",
+                          lambda: step_program(two_scalars, (mlp_params(), X), loss=lambda out: out[1]["a"])),
+    "position out of range": (lambda: step_program(halves_as_it_came, (mlp_params(), X), data_argnums=(2,)),
+                              r"give the positions of its data \(batch\) arguments, 0 to 1",
+                              lambda: step_program(halves_as_it_came, (mlp_params(), X), data_argnums=(1,))),
+    "shardings on two meshes": (
+        lambda: step_program(halves_as_it_came, (mlp_params(), X), in_shardings=(
+            NamedSharding(Mesh(np.array(jax.devices()), ("a",)), P()),
+            NamedSharding(Mesh(np.array(jax.devices())[::-1], ("b",)), P("b")))),
+        r"give NamedShardings on one mesh",
+        lambda: step_program(halves_as_it_came, (mlp_params(), X), in_shardings=(
+            NamedSharding(Mesh(np.array(jax.devices()), ("a",)), P()),
+            NamedSharding(Mesh(np.array(jax.devices()), ("a",)), P("a"))))),
 }
 
 
