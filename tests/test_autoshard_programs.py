@@ -289,3 +289,7 @@ def test_the_ilps_plan_races_beside_cfps_and_the_answer_is_within_1_1x_of_it(tmp
     assert {"alpa_ilp", "user", "dp", "fsdp"} <= set(runs)
     compared = plan.compared()
     assert compared.over(plan.row, "alpa_ilp") <= 1.1
+    # Each algorithm's prediction beside what the race measured; a built-in plan has none.
+    table = plan.table()
+    cells = {line.split()[1]: line.split("│")[6].strip() for line in table.splitlines() if line.startswith("│")}
+    assert "predicted (ms)" in table and float(cells["alpa_ilp"]) > 0 and cells["dp"] == "", table

@@ -783,6 +783,9 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     assert (answer["source"], answer["name"]) == (("cfp", "cfp") if beat else ("baseline", result["best_baseline"]))
     assert answer["vs_best_baseline_paired"] == (answer["searched_vs_best_baseline_paired"] if beat else 1.0)
     assert answer["why"] in table and f"{answer['name']} (answer)" in table
+    # The searched plan's prediction beside its measured time, and the model's error kept.
+    assert "predicted (ms)" in table
+    assert result["prediction_error"] == pytest.approx(result["step_time_s"] / result["predicted_step_time_s"] - 1)
     # The reason ends with the answer, then, where CFP's plan ran over 1.02x the fastest baseline,
     # which segments differ from the plan nearest it and why (search/behind.py).
     said, _, behind = answer["why"].partition(f". Behind {answer['best_baseline']}: ")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -36,14 +36,18 @@ def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str], ti
             return paired_over(r.repeat_times_s, ref.repeat_times_s)
         return r.step_time_s / ref.step_time_s   # a result that kept no rounds
 
+    # What an algorithm predicted for its plan, beside what the race measured (a built-in plan has
+    # no prediction): the model's error in plain sight, as result.json keeps it (prediction_error).
+    predicted = any(getattr(r, "predicted_s", None) for r in runs.values())
     t = Table(title=title)
     for col in ("plan", "step time (ms)", "vs answer" if answer in runs else "vs best", "TFLOPS",
-                "memory (MiB/device)"):
+                "memory (MiB/device)", *(["predicted (ms)"] if predicted else [])):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for name, r in runs.items():
         label = f"{name} (answer)" if name == answer else f"{name} (tie)" if name == tie else name
-        t.add_row(label, f"{r.step_time_s * 1e3:.3f}", f"{vs(r):.3f}",
-                  f"{r.tflops:.4g}", f"{r.memory_bytes / 2**20:.2f}")
+        guess = getattr(r, "predicted_s", None)
+        t.add_row(label, f"{r.step_time_s * 1e3:.3f}", f"{vs(r):.3f}", f"{r.tflops:.4g}",
+                  f"{r.memory_bytes / 2**20:.2f}", *([f"{guess * 1e3:.3f}" if guess else ""] if predicted else []))
     console = Console(width=110, record=True, file=io.StringIO())
     console.print(t)
     fewer = [f"{name} ({len(r.repeat_times_s)})" for name, r in runs.items() if len(r.repeat_times_s) < rounds]
@@ -64,11 +68,12 @@ class Row:
     tflops: float
     memory_bytes: float
     repeat_times_s: list = field(default_factory=list)
+    predicted_s: Optional[float] = None   # what its algorithm predicted (a searched plan, the ILP's)
 
     @classmethod
-    def of(cls, fields: Mapping[str, Any]) -> "Row":
+    def of(cls, fields: Mapping[str, Any], predicted_s: Optional[float] = None) -> "Row":
         return cls(fields["step_time_s"], fields["tflops"], fields["memory_gb"] * 2**30,
-                   list(fields.get("repeat_times_s") or []))
+                   list(fields.get("repeat_times_s") or []), predicted_s or fields.get("predicted_step_time_s"))
 
 
 def rows_of(result: Mapping[str, Any]) -> dict[str, Row]:

@@ -12,7 +12,7 @@ answer; ``answer`` says which plan ``plan.json`` holds, why, and how it compares
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Optional, Sequence
 
 from launcher.sharding.algorithms.base import OnMesh
 from launcher.sharding.options import ProfileOptions, SearchOptions
@@ -80,10 +80,19 @@ def race_fields(out: Searched, options: ProfileOptions) -> dict:
         **({"best_baseline": best, "vs_best_baseline": compared.vs_best_baseline(compared.searched),
             "vs_best_baseline_paired": compared.searched_vs_best_baseline_paired} if best is not None else {}),
         "memory_budget_gb": options.memory_budget_gb,
-        "baselines": {name: {**r.summary(), **(out.others[name].baseline_fields if name in out.others else {})}
+        "baselines": {name: {**r.summary(), **(out.others[name].baseline_fields if name in out.others else {}),
+                             **_error(r.step_time_s, out.others[name].predicted_step_time_s if name in out.others
+                                      else None)}
                       for name, r in out.baselines.items()},
+        # The searched plan's measured step time over its prediction, less 1 (the model's error).
+        **_error(run.step_time_s, getattr(out.planned, "predicted_step_time_s", None)),
         "baselines_skipped": dict(out.skipped),
     }
+
+
+def _error(measured_s: float, predicted_s: Optional[float]) -> dict:
+    """``prediction_error``: measured over predicted, less 1 (+0.1: it ran 10% slower than predicted)."""
+    return {"prediction_error": measured_s / predicted_s - 1} if predicted_s else {}
 
 
 def search_fields(out: Searched, options: SearchOptions, plan_file: str, answer_file: str) -> dict:

@@ -307,7 +307,7 @@ class AutoPlan:
         plan = cls([int(n) for n in p.mesh_shape], dict(p.plan.constraints), describe_leaves(program.args),
                    list(reading.user_data_argnums), jax.device_count(), p.algorithm, program.name, p.source,
                    p.predicted_step_time_s, memory, _run_json(out.searched),
-                   {name: _run_json(r) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
+                   {name: _run_json(r, out.others.get(name)) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
                    loss=reading.loss_path, across=getattr(p.plan, "across", None), scalars=reading.scalars)
         plan.name, plan.searched = plan.row, p.details
@@ -373,7 +373,9 @@ class AutoPlan:
         """The comparison table (``report.py``), as mode=search writes comparison.txt."""
         title = f"{plan_heading(self._searched_row)} of {self.step} against the baselines (same devices)"
         across = [f"mesh {self.mesh_shape}: {self.across} across processes"] if self.across else []
-        runs = {name: Row.of(r) for name, r in {self.row: self.measured, **self.baselines}.items()}
+        searched = self.own or self   # the searched plan's prediction, where a baseline is the answer
+        runs = {name: Row.of(r, searched.predicted_step_time_s if name == self._searched_row else None)
+                for name, r in {self.row: self.measured, **self.baselines}.items()}
         tie = self._searched_row if self._searched_row != self.row and self.compared().verdict.tie else ""
         return table_text(runs, self.skipped, title=title, answer=self.row,
                           notes=across + ([self.why] if self.why else []), tie=tie)
@@ -491,8 +493,11 @@ def _placed(x: Any, sharding: Any) -> Any:
     return place(x, sharding)
 
 
-def _run_json(r: PlanRun) -> dict:
-    return {**r.summary(), "losses": list(r.losses), "flops": r.flops}
+def _run_json(r: PlanRun, planned: Any = None) -> dict:
+    """A run as a plan file keeps it; another algorithm's plan (``planned``) with its prediction."""
+    predicted = getattr(planned, "predicted_step_time_s", None)
+    return {**r.summary(), "losses": list(r.losses), "flops": r.flops,
+            **({"predicted_step_time_s": predicted} if predicted else {})}
 
 
 class Applied:
