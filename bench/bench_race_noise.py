@@ -13,8 +13,11 @@ Reported: a round's spread (its standard deviation over the median round, per pl
 whole race's ratios (second dp_tp and nearest plan over dp_tp; paired: the median over rounds of
 the ratio within a round; medians: the ratio of median rounds); and, resampling the A/A race's
 rounds (bootstrap, 4000 draws), the standard deviation of each ratio over a race of 10 and of
-20 rounds: how far from 1 a race of that many rounds may put two identical plans. Results go to
-bench/results/bench_race_noise.json.
+20 rounds: how far from 1 a race of that many rounds may put two identical plans; and over the
+same draws, how often the final race's verdict (``comparison.verdict``: the 2% margin, and the
+race's own noise floor) would have handed the answer to the second dp_tp, and how often the
+margin alone would have. Results go to bench/results/bench_race_noise.json. ``--reuse`` computes
+them again from the rounds that file holds, racing nothing.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--model", default="gpt")
+    ap.add_argument("--reuse", action="store_true", help="the rounds of the results file, raced again in no process")
     ap.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -81,19 +85,27 @@ def main() -> None:
 
     import numpy as np
 
+    from launcher.sharding.comparison import verdict
     from launcher.sharding.search.measure import paired_over as paired
     from launcher.clusters.base import free_port
 
-    out = RESULTS.with_suffix(".tmp")
-    coordinator = f"127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--coordinator", coordinator,
-                               "--out", str(out), "--rounds", str(args.rounds), "--iterations", str(args.iterations),
-                               "--model", args.model], env={**os.environ, "JAX_PLATFORMS": "cpu"})
-             for i in range(2)]
-    if any(p.wait() for p in procs):
-        sys.exit("a worker failed; see its output above")
-    raw = json.loads(out.read_text())
-    out.unlink()
+    if args.reuse:
+        raw = json.loads(RESULTS.read_text())
+        command, args.rounds, args.iterations = raw["command"], raw["rounds"], raw["iterations"]
+        args.model = raw["model"].removesuffix("-tiny")
+    else:
+        command = "python bench/bench_race_noise.py " + " ".join(sys.argv[1:])
+        out = RESULTS.with_suffix(".tmp")
+        coordinator = f"127.0.0.1:{free_port()}"
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(i), "--coordinator", coordinator,
+                                   "--out", str(out), "--rounds", str(args.rounds), "--iterations",
+                                   str(args.iterations), "--model", args.model],
+                                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                 for i in range(2)]
+        if any(p.wait() for p in procs):
+            sys.exit("a worker failed; see its output above")
+        raw = json.loads(out.read_text())
+        out.unlink()
     r = {k: np.asarray(v) for k, v in raw["rounds_s"].items()}
     a, b = r["dp_tp"], r["dp_tp again"]
     rng = np.random.default_rng(0)
@@ -103,8 +115,15 @@ def main() -> None:
         for name, f in (("paired", paired), ("medians", medians)):
             v = np.array([f(b[i], a[i]) for i in draws])
             resampled[f"{n} rounds, {name}"] = {"sd": float(v.std())}
+        # The same draws as final races of dp_tp again (the "searched" plan) against dp_tp: the
+        # share the verdict answers with the second compile, and with the margin alone.
+        verdicts = [verdict([list(b[i]), list(a[i])], [1], margin=0.02) for i in draws]
+        resampled[f"{n} rounds, A/A answered by the second dp_tp"] = {
+            "with the noise floor": float(np.mean([v.answer == 0 for v in verdicts])),
+            "with the margin alone": float(np.mean([v.searched_over_best < 0.98 for v in verdicts])),
+            "median noise floor": float(np.median([v.noise for v in verdicts]))}
     summary = {
-        "command": "python bench/bench_race_noise.py " + " ".join(sys.argv[1:]),
+        "command": command,
         "model": f"{args.model}-tiny", "processes": 2, "devices_per_process": 4, "mesh": [4, 2],
         "rounds": args.rounds, "iterations": args.iterations, "nearest_dp_tp": raw["nearest_dp_tp"],
         "round_spread": {k: float(v.std() / np.median(v)) for k, v in r.items()},
@@ -112,14 +131,16 @@ def main() -> None:
         "nearest_over_dp_tp": {"paired": paired(r["nearest dp_tp"], a), "medians": medians(r["nearest dp_tp"], a)},
         "aa_resampled": resampled,
         "rounds_s": raw["rounds_s"],
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        # The machine that raced the rounds (--reuse computes from them again, elsewhere maybe).
+        "machine": raw["machine"] if args.reuse else {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                                      "python": platform.python_version()},
     }
     RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"a round's spread: {', '.join(f'{k} {v:.3f}' for k, v in summary['round_spread'].items())}")
     print(f"dp_tp again / dp_tp: paired {paired(b, a):.3f}, medians {medians(b, a):.3f}; nearest / dp_tp: paired "
           f"{summary['nearest_over_dp_tp']['paired']:.3f}, medians {summary['nearest_over_dp_tp']['medians']:.3f}")
     for k, v in resampled.items():
-        print(f"A/A over {k}: sd {v['sd']:.3f}")
+        print(f"A/A over {k}: " + ", ".join(f"{name} {x:.3f}" for name, x in v.items()))
     print(f"wrote {RESULTS}")
 
 
