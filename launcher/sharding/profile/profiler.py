@@ -253,8 +253,7 @@ class Profiler:
                 self.log(f"profile: the mesh's collectives calibrated in {seconds:.1f} s (kept in the store for every "
                          "model on this mesh)")
             self.priced = True
-            price = lambda p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2])
-            costs = {p: price(p) for p in pairs}
+            costs = {p: model.reshard_seconds(p[0][0], itemsize(p[0][1]), p[1], p[2]) for p in pairs}
             # Pairs that move a mesh axis between dimensions XLA does in steps and copies no line
             # prices (``CommModel.moves_an_axis``: a quarter of their time on the pjit guide's
             # weights): the largest few are timed as XLA does them, and the others priced times
@@ -263,11 +262,12 @@ class Profiler:
                            key=lambda p: (-math.prod(p[0][0]) * itemsize(p[0][1]), repr(p)))
             ratios = []
             for p in moved[:MOVED_TIMED]:
+                priced = costs[p]
                 costs[p], new = self._stored(self.keys.reshard(p), lambda p=p: reshard_time(
                     p[0][0], p[0][1], p[1], p[2], self.mesh, self.timer))
                 measured += new
-                if price(p) > 0:
-                    ratios.append(costs[p] / price(p))
+                if priced > 0:
+                    ratios.append(costs[p] / priced)
             scale = float(np.median(ratios)) if ratios else 1.0
             for p in moved[MOVED_TIMED:]:
                 costs[p] *= scale

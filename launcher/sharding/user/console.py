@@ -47,7 +47,7 @@ class Console:
     def __enter__(self) -> "Console":
         if self.is_main:  # the search's own output (and XLA's, HiGHS's) into the log file from here on
             self._stream = self._native.enter_context(native_output.to_file(self.path))
-            self._screen = RichConsole(file=self._stream, force_jupyter=RichConsole().is_jupyter or None)
+            self._screen = RichConsole(file=self._stream, force_jupyter=self._screen.is_jupyter or None)
         # A bar where someone watches: a terminal or a notebook (a pipe or a CI log gets the lines only).
         self._draws = self.is_main and (self._screen.is_terminal or self._screen.is_jupyter)
         if self._draws:
