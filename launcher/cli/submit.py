@@ -39,6 +39,14 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.mode.get("predict"):  # plans for nodes one does not have: computed here, nothing submitted
+        from launcher.sharding.predict.command import run_prediction  # noqa: PLC0415 - only for this
+
+        try:
+            run_prediction(cfg, run_dir)
+        except RuntimeError as e:
+            raise JobFailed(str(e)) from None
+        return None
     mode = modes.find(cfg.mode)
     code = mode.code(cfg.mode)  # the user's code its tasks run (mode=run), which the backend ships or binds
     cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg), UserCode(code[0], tuple(code[1])) if code else None)

@@ -15,6 +15,11 @@ class Config(ModeConfig):
     code: str = "check"
     allgather_mb: float = 4.0  # per-device payload of the bandwidth test
     repeats: int = 5
+    # Measure the link model a prediction reads (mode=search mode.predict=true mode.links=<file>):
+    # each collective within a node (over a process's devices) and across nodes (one device of
+    # each process), written to the run dir's links.yaml (docs/predict.md). Run it with a process
+    # per node, or per device as on LUMI, on two nodes at least.
+    measure_links: bool = False
 
     @classmethod
     def check(cls, mode, job) -> None:

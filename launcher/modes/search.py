@@ -53,6 +53,12 @@ class _Search(ProfileConfig):
     algorithm_options: Dict[str, Any] = field(default_factory=dict)
     # pkg.module:make_step: search this factory's training step instead of the model (docs/autoshard.md).
     step: Optional[str] = None
+    # Predict instead of run: the plans for the cluster's nodes ranked by predicted step time,
+    # computed in the launcher's own process on virtual CPU devices, nothing submitted
+    # (docs/predict.md). mode.links: the link model (conf/links/: lumi, tpu-v5e, h100; or a path);
+    # null: the cluster's (lumi for cluster=lumi, tpu-v5e for cluster=tpu).
+    predict: bool = False
+    links: Optional[str] = None
 
     @classmethod
     def check(cls, mode, job) -> None:
@@ -61,6 +67,9 @@ class _Search(ProfileConfig):
         known algorithm, and a ``mode.step`` that can be imported without options it overrides."""
         super().check(mode, job)
         algorithm_of(mode)
+        if mode.links and not mode.predict:
+            raise UserError(f"mode.links={mode.links} is the link model a prediction uses: add mode.predict=true, "
+                            "or leave mode.links out")
         if mode.step:
             parse_target(mode.step, "mode.step")
             if mode.learning_rate != AnalysisConfig.learning_rate:

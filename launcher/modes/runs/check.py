@@ -60,7 +60,16 @@ def run(ctx: TaskContext) -> dict:
     host_of = {r: st.host for r, (st, _) in read_statuses(ctx.run_dir).items()}
     for p in processes:
         p["host"] = host_of.get(p["process_id"], "?")
+    links = {}
+    if cfg.get("measure_links"):
+        from launcher.sharding.predict.measure_links import measure_links  # noqa: PLC0415 - only when asked
+
+        model = measure_links(name=f"{ctx.cfg.cluster.name}-measured")
+        ctx.write_text("links.yaml", model.to_yaml())
+        ctx.log.info("link model measured: %s (written to %s)", model.describe(), ctx.path("links.yaml"))
+        links = {"links_file": str(ctx.path("links.yaml")), "links_described": model.describe()}
     return {
+        **links,
         "processes": processes,
         "hosts": sorted(set(host_of.values())),
         "psum_ok": psum_ok,

@@ -26,7 +26,9 @@ One choice per node (a contraction and the operators that follow it): strategy `
   fit the budget: one linear row per point;
 - computation: none, as in Alpa (every allowed strategy divides a contraction's work evenly over
   the devices, ``operators.alpa_strategies``): the contractions' FLOPs over the calibrated matmul
-  rate are the same for every plan, added only to predict a step time.
+  rate (once per iteration of a scanned body) are the same for every plan, added only to predict
+  a step time. A prediction (``launcher/sharding/predict/``) keeps every strategy instead, and each
+  node then pays its contraction's computation under each (``formulate(compute=True)``).
 
 ``Problem.time_s``/``memory_bytes`` evaluate any choice exactly as the ILP scores it (the tests
 check the solver's optimum against a brute force over them).
@@ -37,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -104,14 +106,20 @@ def itemsize(dtype: str) -> int:
     return int(bits.group(1)) // 8 if bits else 0
 
 
-def formulate(og: OperatorGraph, model: CommModel) -> Problem:
-    """The ILP's costs and memory rows for ``og`` (module doc)."""
+def formulate(og: OperatorGraph, model: CommModel, compute: bool = False) -> Problem:
+    """The ILP's costs and memory rows for ``og`` (module doc). ``compute``: each strategy's
+    node also pays its contraction's computation, its FLOPs over the devices that share them
+    at the model's matmul rate (a graph of ``every_strategy``, where that differs by strategy)."""
     a = og.analysis
     nodes = a.blocks
     sizes = [b.num_plans for b in nodes]
     pricer = _Pricer(a, model)
     # A node inside a scanned body runs once per iteration (its glue too, where it is there).
     node_s = [pricer.node(u) * a.trips_of(b.head) for u, b in enumerate(nodes)]
+    if compute:
+        for u, b in enumerate(nodes):
+            node_s[u] = node_s[u] + a.trips_of(b.head) * np.array(
+                [contraction_s(a.contractions[b.head], s, a.mesh_shape, model.matmul_flops_per_s) for s in b.plans])
     for op, per_plan in og.glue.items():
         u = a.owner[op]
         node_s[u] = node_s[u] + a.trips_of(op) * np.array([pricer.glue(op, x) if x else 0.0 for x in per_plan])
@@ -134,9 +142,18 @@ def formulate(og: OperatorGraph, model: CommModel) -> Problem:
         charge(u, v, m)
     edges = {k: m for k, m in edges.items() if np.any(m)}
     rows, const = pricer.liveness()
-    compute = sum(2.0 * math.prod(d.size for d in c.dims) / devices_used(nodes[a.owner[op]].plans[0], a.mesh_shape)
-                  for op, c in a.contractions.items() if c.kind in ("dot", "conv")) / model.matmul_flops_per_s
-    return Problem(sizes, node_s, edges, rows, const, compute)
+    fixed = 0.0 if compute else sum(a.trips_of(op) * contraction_s(c, nodes[a.owner[op]].plans[0], a.mesh_shape,
+                                                                   model.matmul_flops_per_s)
+                                    for op, c in a.contractions.items())
+    return Problem(sizes, node_s, edges, rows, const, fixed)
+
+
+def contraction_s(c: Any, s: Any, mesh_shape: Sequence[int], flops_per_s: float) -> float:
+    """Seconds of one contraction's computation under strategy ``s`` (a dot's or convolution's
+    FLOPs over the devices sharing them; an embedding lookup computes nothing to speak of)."""
+    if c.kind not in ("dot", "conv"):
+        return 0.0
+    return 2.0 * math.prod(d.size for d in c.dims) / devices_used(s, mesh_shape) / flops_per_s
 
 
 class _Pricer:

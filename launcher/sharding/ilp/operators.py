@@ -76,8 +76,11 @@ class OperatorGraph:
         return {b.head: b.plans[p] for b, p in zip(self.nodes, assignment, strict=True)}
 
 
-def operator_graph(a: Analysis) -> OperatorGraph:
-    """Alpa's graph of the program ``a`` analysed (same operators, same ids, same mesh)."""
+def operator_graph(a: Analysis, every_strategy: bool = False) -> OperatorGraph:
+    """Alpa's graph of the program ``a`` analysed (same operators, same ids, same mesh).
+    ``every_strategy``: keep the strategies that leave a mesh axis repeating a contraction's work
+    too (their computation is then priced per strategy, ``formulate(compute=True)``: how a
+    prediction prices any plan, a baseline's among them)."""
     g, cons, mesh_shape = a.graph, a.contractions, a.mesh_shape
     blocks: list[Block] = []
     owner: list[int | None] = [None] * len(g.ops)
@@ -90,7 +93,9 @@ def operator_graph(a: Analysis) -> OperatorGraph:
         c = cons.get(op.id)
         if c is not None:
             cfp = a.blocks[a.owner[c.op]]
-            b = Block(len(blocks), c.op, alpa_strategies(c, mesh_shape, cfp.strategies[c.op]))
+            strategies = (list(dict.fromkeys([*enumerate_strategies(c, mesh_shape), *cfp.strategies[c.op]]))
+                          if every_strategy else alpa_strategies(c, mesh_shape, cfp.strategies[c.op]))
+            b = Block(len(blocks), c.op, strategies)
             b.roles[c.op], b.strategies[c.op], owner[c.op] = "head", list(b.plans), b.id
             b.members.add(c.op)
             b.specs = [{c.out: operand_specs(c, s)[2]} for s in b.plans]

@@ -1,0 +1,10 @@
+"""Plans for the job you will run, predicted before its allocation is spent (docs/predict.md).
+
+- ``links.py``: the link model, a file a user reads and edits (``conf/links/*.yaml``): the
+  device's matmul rate and memory, the fast link within a node (or TPU slice) and the slow one
+  between them; from it, the ``CommModel`` of any logical mesh over any number of nodes.
+- ``collectives.py``: the collectives XLA's partitioned program runs, read from its text, each
+  priced on the link it crosses (how a plan measured on one host is predicted on several).
+- ``ahead.py``: ``mode=search mode.predict=true``: every baseline and the search's plan for N
+  nodes ranked by predicted step time, on a laptop, and the best written as a plan.
+"""

@@ -1,0 +1,254 @@
+"""The link model: what a plan's collectives cost on a machine, from a file a user can read.
+
+A link model (``conf/links/<name>.yaml``, or any path) says, for one kind of machine:
+
+- ``device``: its name, its matmul rate per dtype (FLOP/s a device sustains on the step's
+  contractions: the data sheet's peak times ``matmul_efficiency``), and its memory;
+- ``devices_per_node``: the devices one node (host, worker) holds;
+- ``within``: the fast link joining ``within.devices`` devices (a node's xGMI or NVLink, a TPU
+  slice's ICI: that domain may span several nodes), and ``across``: the slow one between those
+  domains (Slingshot, InfiniBand, a TPU pod's DCN). Each is ``latency_us`` per algorithm step and
+  ``bandwidth_gb_s``, one direction, per device (a node's NICs shared by its devices);
+- ``hierarchical``: whether a collective spanning domains runs in two levels (NCCL and RCCL
+  reduce within the node first, then across on each device's share of the data), or flat over
+  the slow link (XLA:CPU's gloo: every participant talks over TCP);
+- ``operands_one_by_one``: whether a tuple collective (XLA combines a step's small all-reduces
+  into one of many operands) costs one collective per operand, as XLA:CPU's gloo runs it, or one
+  for the whole, as NCCL, RCCL and the TPU runtime do (default);
+- ``source``: where each figure comes from.
+
+Collectives follow the bandwidth-optimal algorithms' costs (Thakur et al., 2005; NCCL's docs'
+"bus bandwidth"), for ``n`` devices each holding ``b`` bytes at the collective's larger end:
+all-reduce ``2(n-1)/n b/bw + 2 ceil(log2 n) latency``; all-gather and reduce-scatter
+``(n-1)/n b/bw + ceil(log2 n) latency``; all-to-all ``(n-1)/n b/bw + (n-1) latency``. Every one
+is a straight line in ``b``, so a mesh's model is a ``CommModel`` like a calibrated one, and the
+ILP and every plan are priced through the same code whether the lines were measured or derived.
+
+Which devices a mesh axis joins: devices are numbered node by node (a node's devices adjacent,
+as SLURM and the TPU runtime give them), the logical mesh lays them out in row-major order, so
+its last axes stay within a node and its first crosses nodes (``make_mesh``'s order).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from launcher.errors import UserError
+from launcher.sharding.measuring.costmodel import COLLECTIVES, CommModel, Line, axis_groups
+
+LINKS_DIR = Path(__file__).resolve().parents[2] / "conf" / "links"   # the package's conf/links
+
+
+@dataclass(frozen=True)
+class Link:
+    latency_s: float      # per algorithm step
+    bytes_per_s: float    # one direction, per device
+    # A collective's own figures where they differ (a measured file's: XLA:CPU's all-to-all is
+    # not its all-reduce), by name: (latency_s, bytes_per_s).
+    by_collective: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # The same measured at several group sizes (a measured file's): {n: {name: (latency_s,
+    # bytes_per_s)}}; a group of another size takes the nearest size's figures.
+    by_group_size: Mapping[int, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+
+    def of(self, kind: str, n: int = 0) -> "Link":
+        if self.by_group_size:
+            near = min(self.by_group_size, key=lambda k: (abs(math.log2(k) - math.log2(max(n, 1))), k))
+            if kind in self.by_group_size[near]:
+                return Link(*self.by_group_size[near][kind])
+        if kind in self.by_collective:
+            return Link(*self.by_collective[kind])
+        return self
+
+    def to_json(self) -> dict:
+        def figures(own: Mapping[str, tuple[float, float]]) -> dict:
+            return {k: {"latency_us": float(lat * 1e6), "bandwidth_gb_s": float(bw / 1e9)}
+                    for k, (lat, bw) in sorted(own.items())}
+
+        out = {"latency_us": float(self.latency_s * 1e6), "bandwidth_gb_s": float(self.bytes_per_s / 1e9)}
+        if self.by_collective:
+            out["by_collective"] = figures(self.by_collective)
+        if self.by_group_size:
+            out["by_group_size"] = {int(n): figures(own) for n, own in sorted(self.by_group_size.items())}
+        return out
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    name: str
+    device: str
+    flops_per_s: Mapping[str, float]   # matmul FLOP/s per device by dtype, efficiency applied
+    memory_bytes: float
+    devices_per_node: int
+    domain_devices: int                # devices the fast link joins
+    within: Link
+    across: Link
+    hierarchical: bool = True
+    source: Mapping[str, str] = field(default_factory=dict)
+    path: str = ""
+    operands_one_by_one: bool = False  # a tuple collective's operands each a collective (XLA:CPU's gloo)
+
+    # --- one collective -----------------------------------------------------------------------
+
+    def seconds(self, kind: str, devices: Sequence[int], nbytes: float, domain_of: Sequence[int] | None = None
+                ) -> float:
+        """Seconds of collective ``kind`` among the global devices ``devices`` (one replica
+        group), ``nbytes`` per device at its larger end; ``domain_of``: each device's fast-link
+        domain where they are not numbered domain by domain (a process's devices, measured)."""
+        return self.line(kind, devices, domain_of).seconds(nbytes) if len(devices) > 1 and nbytes > 0 else 0.0
+
+    def line(self, kind: str, devices: Sequence[int], domain_of: Sequence[int] | None = None) -> Line:
+        """The collective's cost as ``latency + bytes / bandwidth`` (module doc)."""
+        n = len(devices)
+        domains = {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
+        if len(domains) == 1:
+            return _flat(kind, n, self.within)
+        if not self.hierarchical:
+            return _flat(kind, n, self.across)
+        m = n // len(domains)          # devices of the group in each domain
+        h = len(domains)
+        inner, outer = _flat(kind, m, self.within), _flat(kind, h, self.across)
+        # Two levels: the domain's devices share the data first (or last), and each moves its
+        # 1/m share across (an all-reduce is a reduce-scatter within, an all-reduce across, an
+        # all-gather within); an all-to-all sends (n-m)/n of its bytes across.
+        if kind == "all-to-all":   # one message per domain pair across, one per device pair within
+            w, x = self.within.of(kind, m), self.across.of(kind, h)
+            return _sum(Line((m - 1) * w.latency_s, w.bytes_per_s * n / max(m - 1, 1e-9)),
+                        Line((h - 1) * x.latency_s, x.bytes_per_s * n / (n - m)))
+        return _sum(inner, _scaled(outer, 1.0 / m))
+
+    def flops(self, dtype: str) -> float:
+        if dtype in self.flops_per_s:
+            return float(self.flops_per_s[dtype])
+        return float(self.flops_per_s.get("float32", next(iter(self.flops_per_s.values()))))
+
+    # --- a mesh -------------------------------------------------------------------------------
+
+    def comm_model(self, mesh_shape: Sequence[int], dtype: str = "float32") -> CommModel:
+        """The ``CommModel`` of a logical mesh over devices numbered node by node (module doc):
+        each (collective, axis group) line from the group holding device 0."""
+        shape = tuple(int(n) for n in mesh_shape)
+        lines = {(kind, axes): self.line(kind, group(shape, axes)) for axes in axis_groups(shape) for kind in COLLECTIVES}
+        return CommModel(shape, lines, self.flops(dtype))
+
+    def crossing(self, mesh_shape: Sequence[int]) -> list[int]:
+        """The mesh axes whose groups join devices of different fast-link domains."""
+        shape = tuple(int(n) for n in mesh_shape)
+        return [a for a in range(len(shape)) if shape[a] > 1
+                and len({d // self.domain_devices for d in group(shape, (a,))}) > 1]
+
+    def describe(self) -> str:
+        w, x = self.within.to_json(), self.across.to_json()
+        return (f"{self.name} ({self.path or 'built in'}): {self.device}, {self.devices_per_node} per node; within "
+                f"{self.domain_devices} devices {w['bandwidth_gb_s']:.3g} GB/s + {w['latency_us']:.3g} us a step, "
+                f"across {x['bandwidth_gb_s']:.3g} GB/s + {x['latency_us']:.3g} us a step"
+                + ("" if self.hierarchical else " (flat, not hierarchical)"))
+
+    # --- the file -----------------------------------------------------------------------------
+
+    def to_yaml(self) -> str:
+        d = {"name": self.name, "device": {"name": self.device, "memory_gb": float(self.memory_bytes / 1e9),
+                                           "matmul_tflops": {k: float(v / 1e12) for k, v in self.flops_per_s.items()},
+                                           "matmul_efficiency": 1.0},
+             "devices_per_node": self.devices_per_node,
+             "within": {"devices": self.domain_devices, **self.within.to_json()},
+             "across": self.across.to_json(), "hierarchical": self.hierarchical,
+             "operands_one_by_one": self.operands_one_by_one, "source": dict(self.source)}
+        return yaml.safe_dump(d, sort_keys=False)
+
+
+def group(shape: tuple[int, ...], axes: Sequence[int]) -> list[int]:
+    """The global device numbers of the replica group over mesh ``axes`` holding device 0 (every
+    other index 0), for devices laid out in row-major order."""
+    strides = [math.prod(shape[a + 1:]) for a in range(len(shape))]
+    out = [0]
+    for a in axes:
+        out = [d + k * strides[a] for d in out for k in range(shape[a])]
+    return sorted(out)
+
+
+def _flat(kind: str, n: int, link: Link) -> Line:
+    """``kind`` among ``n`` devices over one ``link`` (module doc)."""
+    if n <= 1:
+        return Line(0.0, math.inf)
+    link = link.of(kind, n)
+    steps = {"all-reduce": 2 * math.ceil(math.log2(n)), "all-to-all": n - 1}.get(kind, math.ceil(math.log2(n)))
+    factor = (2.0 if kind == "all-reduce" else 1.0) * (n - 1) / n
+    return Line(steps * link.latency_s, link.bytes_per_s / factor)
+
+
+def _scaled(line: Line, bytes_factor: float) -> Line:
+    return Line(line.latency_s, line.bytes_per_s / bytes_factor)
+
+
+def _sum(a: Line, b: Line) -> Line:
+    slope = 1.0 / a.bytes_per_s + 1.0 / b.bytes_per_s
+    return Line(a.latency_s + b.latency_s, 1.0 / slope if slope > 0 else math.inf)
+
+
+# --- reading a file -------------------------------------------------------------------------------
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in LINKS_DIR.glob("*.yaml"))
+
+
+def load(name_or_path: str) -> LinkModel:
+    """A link model by name (``conf/links/<name>.yaml``) or path; bad input names what is wrong."""
+    p = Path(str(name_or_path)).expanduser()
+    if not p.suffix and not p.exists():
+        p = LINKS_DIR / f"{name_or_path}.yaml"
+    if not p.is_file():
+        raise UserError(f"mode.links={name_or_path}: no such link model; give one of {', '.join(shipped())} "
+                        f"(conf/links/) or the path of a YAML file written like them")
+    try:
+        d = yaml.safe_load(p.read_text())
+        return from_dict(d, str(p))
+    except (KeyError, TypeError, ValueError, yaml.YAMLError) as e:
+        raise UserError(f"mode.links={name_or_path} ({p}): not a link model: {type(e).__name__}: {e}; "
+                        f"write it like {LINKS_DIR / 'lumi.yaml'}") from None
+
+
+def from_dict(d: Mapping[str, Any], path: str = "") -> LinkModel:
+    dev = d["device"]
+    efficiency = float(dev.get("matmul_efficiency", 1.0))
+    rates = {str(k): float(v) * 1e12 * efficiency for k, v in dev["matmul_tflops"].items()}
+
+    def figures(e: Mapping[str, Any], what: str) -> tuple[float, float]:
+        lat, bw = float(e["latency_us"]), float(e["bandwidth_gb_s"])
+        if lat < 0 or bw <= 0:
+            raise ValueError(f"{what}: latency_us must be at least 0 and bandwidth_gb_s more than 0")
+        return lat * 1e-6, bw * 1e9
+
+    def per_collective(e: Mapping[str, Any], what: str) -> dict:
+        own = {str(k): figures(v, f"{what}.{k}") for k, v in (e or {}).items()}
+        unknown = sorted(set(own) - set(COLLECTIVES))
+        if unknown:
+            raise ValueError(f"{what}.{unknown[0]}: not a collective ({', '.join(COLLECTIVES)})")
+        return own
+
+    def link(e: Mapping[str, Any], what: str) -> Link:
+        sizes = {int(n): per_collective(v, f"{what}.by_group_size.{n}") for n, v in (e.get("by_group_size") or {}).items()}
+        if any(n < 2 for n in sizes):
+            raise ValueError(f"{what}.by_group_size: group sizes are at least 2")
+        return Link(*figures(e, what), per_collective(e.get("by_collective"), f"{what}.by_collective"), sizes)
+
+    per_node = int(d["devices_per_node"])
+    domain = int(d["within"].get("devices", per_node))
+    if per_node < 1 or domain < 1 or not rates or any(r <= 0 for r in rates.values()):
+        raise ValueError("devices_per_node, within.devices and device.matmul_tflops must be positive")
+    return LinkModel(str(d.get("name", Path(path).stem)), str(dev["name"]), rates, float(dev["memory_gb"]) * 1e9,
+                     per_node, domain, link(d["within"], "within"), link(d["across"], "across"),
+                     bool(d.get("hierarchical", True)), dict(d.get("source") or {}), path,
+                     bool(d.get("operands_one_by_one", False)))
+
+
+def from_line(kind: str, n: int, line: Line) -> tuple[float, float]:
+    """The link's (latency per step, bytes/s per device) that make ``_flat(kind, n)`` the
+    measured ``line``: how a measured collective becomes a link model's figures."""
+    steps = {"all-reduce": 2 * math.ceil(math.log2(n)), "all-to-all": n - 1}.get(kind, math.ceil(math.log2(n)))
+    factor = (2.0 if kind == "all-reduce" else 1.0) * (n - 1) / n
+    return line.latency_s / steps, line.bytes_per_s * factor
