@@ -125,8 +125,8 @@ def predict_job(cfg: Any, run_dir: Path) -> None:
     (run_dir / "result.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     print(Path(files["text"]).read_text(), end="", flush=True)
     if "plan" in files:
-        print(f"plan written: {files['plan']} (on the nodes: mode=train mode.plan={files['plan']}); "
-              f"details: {log_path}", flush=True)
+        use = "" if mode.get("step") else f" (on the nodes: mode=train mode.plan={files['plan']})"
+        print(f"plan written: {files['plan']}{use}; details: {log_path}", flush=True)
 
 
 def predict(subject: Any, links: Any, *, nodes: int, per_node: int, mesh_shape: Any = "auto",
@@ -153,7 +153,7 @@ def predict(subject: Any, links: Any, *, nodes: int, per_node: int, mesh_shape: 
     program = kept[0][1].program
     analyses = [a.analysis for _, a in kept]
     cands: list[Candidate] = []
-    names = builtin_baselines(baselines) if program.is_model else ()
+    names = builtin_baselines(baselines)   # a user's step maps those it has a layout for (dp, fsdp)
     state = state_inputs(program)
     for name, near in nearest_on_meshes(analyses, program, names, jax.devices(), log=log).items():
         a = analyses[near.mesh]
