@@ -17,17 +17,14 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from launcher.hlo import text as hlo_text
 from launcher.sharding.predict.links import LinkModel
 
-KINDS = {"all-reduce": "all-reduce", "all-gather": "all-gather", "reduce-scatter": "reduce-scatter",
-         "all-to-all": "all-to-all", "collective-permute": "collective-permute"}
-_ITEM = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
-         "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+KINDS = frozenset({"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"})
 
 
 @dataclass(frozen=True)
@@ -52,13 +49,9 @@ class Collective:
 
 
 def _bytes(type_text: str) -> float:
-    return float(sum(math.prod(dims) * _ITEM.get(dtype, 4) for dtype, dims in _arrays(type_text)))
-
-
-def _arrays(type_text: str) -> Iterator[tuple[str, tuple[int, ...]]]:
-    for m in re.finditer(r"\b([a-z]+\d*)\[([\d,]*)\]", type_text):
-        if m.group(1) in _ITEM:
-            yield m.group(1), tuple(int(x) for x in m.group(2).split(",") if x)
+    """The bytes of a (tuple) type's arrays, as the HLO reader reads them (tokens hold none)."""
+    return float(sum(math.prod(dims) * hlo_text.numpy_dtype(kind).itemsize
+                     for kind, dims in hlo_text.arrays(type_text) if kind in hlo_text.ELEMENT_TYPES))
 
 
 def _groups(attributes: str, partitions: int) -> tuple[tuple[int, ...], ...]:
@@ -133,8 +126,8 @@ def collectives(text: str, partitions: int) -> list[Collective]:
     out = []
     for name in order:
         for ins in module.computations[name]:
-            kind = KINDS.get(ins.opcode.removesuffix("-start"))
-            if kind is None or ins.opcode.endswith("-done"):
+            kind = ins.opcode.removesuffix("-start")
+            if kind not in KINDS:   # an async pair's -done is not one more
                 continue
             operands = [_bytes(shapes.get(o, "")) for o in ins.operands]
             operand = sum(operands)

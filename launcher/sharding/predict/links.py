@@ -111,7 +111,6 @@ class LinkModel:
             return _flat(kind, n, self.across)
         m = n // len(domains)          # devices of the group in each domain
         h = len(domains)
-        inner, outer = _flat(kind, m, self.within), _flat(kind, h, self.across)
         # Two levels: the domain's devices share the data first (or last), and each moves its
         # 1/m share across (an all-reduce is a reduce-scatter within, an all-reduce across, an
         # all-gather within); an all-to-all sends (n-m)/n of its bytes across.
@@ -119,7 +118,7 @@ class LinkModel:
             w, x = self.within.of(kind, m), self.across.of(kind, h)
             return _sum(Line((m - 1) * w.latency_s, w.bytes_per_s * n / max(m - 1, 1e-9)),
                         Line((h - 1) * x.latency_s, x.bytes_per_s * n / (n - m)))
-        return _sum(inner, _scaled(outer, 1.0 / m))
+        return _sum(_flat(kind, m, self.within), _scaled(_flat(kind, h, self.across), 1.0 / m))
 
     def flops(self, dtype: str) -> float:
         if dtype in self.flops_per_s:
