@@ -63,7 +63,8 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
                                                  "duel_over_incumbent_paired")}
                           for c in r.get("candidates", [])],
            "profile_time_s": r["profile_time_s"], "mode_wall_s": r["mode_wall_s"],
-           "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s")}
+           "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s", "skipped",
+                                             "gate_predicted_step_time_s")}
                       for m in r.get("meshes", [])]}
     print(f"run {i}: {wall:.0f} s, plan on mesh {row['mesh_shape']} ({row['source']}), "
           f"{row['vs_best_baseline']:.3f}x {row['best_baseline']} (paired {row['vs_best_baseline_paired']:.3f}); "

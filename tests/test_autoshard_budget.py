@@ -57,8 +57,9 @@ def test_a_plan_under_a_budget_below_dps_memory_fits_as_measured_and_as_predicte
     own = plan.own or plan
     # The searched plan's memory as predicted (its whole step compiled) against its run's.
     assert own.predicted_memory_gb == pytest.approx(own.measured["memory_gb"], rel=0.10)
-    if "dp" in plan.baselines:
-        assert "never the answer: " in plan.why and "dp" in plan.why.split("never the answer: ")[1]
+    # dp (over the budget: 0.7 of its memory) still races, named as never the answer.
+    assert "dp" in plan.baselines, plan.table()
+    assert "never the answer: " in plan.why and "dp" in plan.why.split("never the answer: ")[1]
     # The segments' sum is a first filter only: the plans compiled to decide are named with both figures.
     assert any(line.startswith("memory budget: ") and "the whole step allocates" in line for line in said)
 

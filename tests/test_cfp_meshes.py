@@ -26,6 +26,9 @@ from launcher.sharding.user.step import step_program
 from launcher.models.plans import Plan, arranged
 from launcher.errors import NoPlanFits, UserError
 from tests import user_programs
+from tests.test_cfp_search import run_python
+from launcher.sharding.measuring.costmodel import CommModel, Line
+from launcher.sharding.ilp.gate import arranged_model
 
 pytestmark = pytest.mark.core
 
@@ -210,3 +213,62 @@ def test_a_2d_mesh_listed_without_the_1d_one_offers_every_plan():
     plans = lambda o: sum(b.enumerated for b in o.analyzed.analysis.blocks)
     assert with_1d[1].analyzed.analysis.two_axis_only and not alone[0].analyzed.analysis.two_axis_only
     assert plans(alone[0]) > plans(with_1d[1])
+
+
+GATE = r"""
+import json, sys
+from launcher.sharding import pipeline
+from launcher.sharding.measuring.store import ProfileStore
+from launcher.sharding.ilp.gate import gate
+from launcher.models.gpt import GPT
+
+model = GPT(batch_size=8, seq_len=16, num_layers=1, hidden=32, heads=4, vocab_size=64)
+on = pipeline.analyze_meshes(model, [[8], [4, 2], [2, 4]])
+store = ProfileStore(sys.argv[1])
+meshes, shapes = [(o.analyzed.analysis, o.mesh) for o in on], [o.shape for o in on]
+out = {}
+for ratio in (0, 1e9, 1.0):
+    g = gate(meshes, ratio, store, repeats=3)
+    out[str(ratio)] = {"keep": g.keep, "predicted": g.predicted_s, "rows": g.rows(shapes, ratio)}
+print(json.dumps(out))
+"""
+
+
+def test_the_mesh_gate_profiles_only_meshes_the_ilp_model_prices_within_the_factor(tmp_path):
+    """mode.mesh_gate (ilp/gate.py): each mesh's optimum priced by the ILP's calibrated
+    model; over the factor times the best mesh's, a mesh is not profiled and its row says why."""
+    out = run_python(GATE, str(tmp_path / "store"), devices=8)
+    off, wide, tight = out["0"], out["1000000000.0"], out["1.0"]
+    assert off["keep"] == [True] * 3 and off["predicted"] == [None] * 3     # 0: nothing priced, every mesh kept
+    predicted = wide["predicted"]
+    assert all(p > 0 for p in predicted) and wide["keep"] == [True] * 3
+    assert tight["predicted"] == predicted     # the calibration read back from the store: the same prices
+    best = predicted.index(min(predicted))
+    assert tight["keep"] == [i == best for i in range(3)]
+    for i, row in enumerate(tight["rows"]):
+        assert row["mesh_shape"] == [[8], [4, 2], [2, 4]][i] and row["gate_predicted_step_time_s"] == predicted[i]
+        if i == best:
+            assert "skipped" not in row
+        else:
+            assert row["skipped"] == (f"not profiled: the ILP's cost model predicts its best plan "
+                                      f"{predicted[i] / predicted[best]:.2f}x the best mesh's, over mode.mesh_gate=1 "
+                                      "(0 profiles every mesh)")
+    with pytest.raises(UserError, match=r"mode.mesh_gate=0.5: must be a factor of 1 or more"):
+        SearchOptions(mesh_gate=0.5)
+
+
+def test_a_mesh_arranged_with_another_axis_across_processes_is_priced_with_that_meshs_lines():
+    """The gate prices a mesh at each arrangement the shortlist measures (ilp/gate.py):
+    [4, 2] with axis 1 across the processes is [2, 4]'s grid, axes swapped."""
+    lines = {("all-reduce", (0,)): Line(1e-3, 1e8), ("all-reduce", (1,)): Line(1e-5, 1e10),
+             ("all-reduce", (0, 1)): Line(2e-3, 1e8)}
+    m = arranged_model(CommModel((2, 4), lines, 1e10), 1)
+    assert m.mesh_shape == (4, 2) and m.matmul_flops_per_s == 1e10
+    assert m.lines == {("all-reduce", (1,)): Line(1e-3, 1e8), ("all-reduce", (0,)): Line(1e-5, 1e10),
+                       ("all-reduce", (0, 1)): Line(2e-3, 1e8)}
+    # [2, 2, 2] with axis 2 across: the first axis's lines move to axis 2, the others down by one.
+    lines3 = {("all-gather", g): Line(float(i), 1e9) for i, g in enumerate([(0,), (1,), (2,), (0, 2), (1, 2)])}
+    m3 = arranged_model(CommModel((2, 2, 2), lines3, 1.0), 2)
+    assert m3.lines[("all-gather", (2,))] == Line(0.0, 1e9) and m3.lines[("all-gather", (0,))] == Line(1.0, 1e9)
+    assert m3.lines[("all-gather", (1,))] == Line(2.0, 1e9) and m3.lines[("all-gather", (1, 2))] == Line(3.0, 1e9)
+    assert m3.lines[("all-gather", (0, 1))] == Line(4.0, 1e9) and len(m3.lines) == 5

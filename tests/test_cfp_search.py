@@ -761,7 +761,10 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     model = ["model=gpt-tiny", *[f"model.{k}={v}" for k, v in SMALL_GPT.items()]]
     cluster = ["cluster.tasks_per_node=2", "cluster.cpu_devices_per_task=4"]
     # A baseline 1% behind the fastest one in the first round races no more (mode.drop_*).
-    one_mesh = ["mode.profile_top_k=2", "mode.verify_top_k=1"] if mesh_shape != "auto" else []  # fewer compiles
+    # Of several meshes, every one priced by the mesh gate (its model's figure kept per mesh) and
+    # none left out, so that every mesh's path is tested (the gate leaving meshes out:
+    # test_cfp_meshes.py).
+    one_mesh = ["mode.profile_top_k=2", "mode.verify_top_k=1"] if mesh_shape != "auto" else ["mode.mesh_gate=1e9"]
     proc = run_cli("mode=cfp", *model, *cluster, f"mode.mesh_shape={mesh_shape}", *one_mesh, "mode.iterations=2",
                    "mode.run_repeats=2", "mode.repeats=2",
                    "mode.drop_after=1", "mode.drop_slower_than=1.01", "mode.baselines=[dp,dp_tp,ep]",
@@ -830,6 +833,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     meshes = result["meshes"]
     shapes = AUTO_MESHES if mesh_shape == "auto" else [[4, 2]]
     assert [m["mesh_shape"] for m in meshes] == shapes
+    assert all((m.get("gate_predicted_step_time_s") or 0) > 0 for m in meshes) == (mesh_shape == "auto"), meshes
     assert result["global_devices"] == 8 and meshes[0]["profiled_configs"] > 0
     assert mesh_shape != "auto" or meshes[0]["profiled_configs"] == 5   # [8]: every combination
     assert result["profiled_configs"] == sum(m["profiled_configs"] for m in meshes)
@@ -885,6 +889,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     ("mode.verify_margin=1.5", "mode.verify_margin=1.5: must be a fraction from 0"),
     ("mode.drop_slower_than=0.9", "mode.drop_slower_than=0.9: must be a factor above 1"),
     ("mode.drop_after=0", "mode.drop_after=0: must be a number of rounds, at least 1"),
+    ("mode.mesh_gate=0.5", "mode.mesh_gate=0.5: must be a factor of 1 or more"),
     ("mode.mesh_shape=[3,3]", "mode.mesh_shape=[3, 3] has 9 devices but the job has 8"),
 ])
 def test_bad_search_settings_fail_with_one_clear_message(tmp_path, override, message):

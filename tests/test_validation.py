@@ -149,12 +149,38 @@ def test_every_mode_is_one_entry_of_the_table_and_its_options_have_one_default()
 
 
 def test_good_configs_pass_the_checks(tmp_path):
+    """Each good config's dry run passes the checks and writes what it would run: the resolved
+    config with the overrides in it, and the submission (the local tasks' command, or the sbatch
+    script: SLURM's partition, LUMI's GPUs, CPU binding and container), named on its last line."""
     plan = tmp_path / "plan.json"
     plan.write_text("{}")
     hlo = tmp_path / "m.txt"
     hlo.write_text("HloModule m")
-    for overrides in (["mode=analysis", "mode.mesh_shape=[2,4]"], ["mode=train", f"mode.plan={plan}"],
-                      ["mode=hlo_replay", f"mode.hlo_file={tmp_path}/*.txt"],
-                      ["cluster=slurm", "cluster.partition=x", "mode=check"],
-                      ["cluster=lumi", "mode=search", "mode.mesh_shape=[2,4]"]):
-        run_cli(*overrides, "launcher.dry_run=true", run_dir=tmp_path / "run", timeout=60)
+    cases = [
+        (["mode=analysis", "mode.mesh_shape=[2,4]"], {"mode.mesh_shape": [2, 4]},
+         "submission.txt", ["SUBMITIT_LOCAL_NTASKS=2 ", "-m submitit.local._local "]),
+        (["mode=train", f"mode.plan={plan}"], {"mode.plan": str(plan)},
+         "submission.txt", ["SUBMITIT_LOCAL_NTASKS=2 "]),
+        (["mode=hlo_replay", f"mode.hlo_file={tmp_path}/*.txt"], {"mode.hlo_file": f"{tmp_path}/*.txt"},
+         "submission.txt", ["SUBMITIT_LOCAL_NTASKS=2 "]),
+        (["cluster=slurm", "cluster.partition=x", "mode=check"], {"cluster.partition": "x", "mode.name": "check"},
+         "submission.sh", ["#SBATCH --partition=x\n", "#SBATCH --job-name=xlaunch-check\n", "srun --unbuffered "]),
+        (["cluster=lumi", "mode=search", "mode.mesh_shape=[2,4]"], {"cluster.name": "lumi", "mode.mesh_shape": [2, 4]},
+         "submission.sh", ["#SBATCH --partition=standard-g\n", "#SBATCH --gpus-per-node=8\n",
+                           "#SBATCH --ntasks-per-node=8\n", "--cpu-bind=mask_cpu:", "singularity exec ",
+                           "--bind=/var/spool/slurmd ", ".sif bash -c ", "-m submitit.core._submit "]),
+    ]
+    for i, (overrides, values, name, lines) in enumerate(cases):
+        run_dir = tmp_path / f"run{i}"
+        proc = run_cli(*overrides, "launcher.dry_run=true", run_dir=run_dir, timeout=60)
+        resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+        for key, value in values.items():
+            section, field = key.split(".")
+            assert resolved[section][field] == value, (overrides, key, resolved[section].get(field))
+        submission = run_dir / name
+        # The script on stdout, as saved; where it went on stderr (so that stdout pipes the script alone).
+        assert proc.stderr.rstrip().endswith(f"# dry run: nothing submitted; saved to {submission}"), proc.stderr
+        text = submission.read_text()
+        assert text.strip() in proc.stdout, (overrides, proc.stdout)
+        for line in lines:
+            assert line in text, (overrides, line, text)

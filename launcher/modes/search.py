@@ -38,6 +38,7 @@ class _Search(ProfileConfig):
     baselines: List[str] = field(default_factory=lambda: list(SearchOptions.baselines))
     verify_top_k: int = SearchOptions.verify_top_k
     verify_nearest: bool = SearchOptions.verify_nearest
+    mesh_gate: float = SearchOptions.mesh_gate
     verify_slower_than: float = SearchOptions.verify_slower_than
     verify_iterations: int = SearchOptions.verify_iterations
     verify_repeats: int = SearchOptions.verify_repeats

@@ -146,6 +146,13 @@ class SearchOptions(Options):
     # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
     # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
     verify_top_k: int = 4
+    # Of several logical meshes, profile only those whose best plan the ILP's calibrated cost
+    # model prices within this many times the cheapest mesh's (ilp/gate.py). 0 (the default):
+    # profile every mesh. Off because, on the presets over 2 processes x 4 devices, the model
+    # priced the mesh CFP then measured fastest up to 1.61x the cheapest one, so a factor safe
+    # there leaves out [8] at most, and pricing costs more than profiling it (39-51 s against
+    # 14-19 s; bench/bench_mesh_gate.py, docs/cfp.md "The mesh gate").
+    mesh_gate: float = 0.0
     # Measure, besides, the plan nearest each of the baselines (search/nearest.py).
     verify_nearest: bool = True
     # A shortlisted plan the profile predicts over this many times the fastest prediction is not
@@ -195,6 +202,10 @@ class SearchOptions(Options):
             raise UserError(f"mode.verify_slower_than={self.verify_slower_than}: must be a factor above 1 (a "
                             "shortlisted plan predicted that much slower than the fastest is not measured), e.g. "
                             "2, or 0 to measure every one")
+        if self.mesh_gate != 0 and not self.mesh_gate >= 1:
+            raise UserError(f"mode.mesh_gate={self.mesh_gate}: must be a factor of 1 or more (a mesh whose best "
+                            "plan the ILP's cost model predicts that much slower than the best mesh's is not "
+                            "profiled), e.g. 1.25, or 0 to profile every mesh")
         if not self.round_seconds >= 0:
             raise UserError(f"mode.round_seconds={self.round_seconds}: must be seconds, 0 or more (0: every round "
                             "runs mode.iterations steps), e.g. 0.5")

@@ -55,15 +55,41 @@ class Cfp(Algorithm):
         from launcher.sharding import pipeline  # noqa: PLC0415 - JAX: the command line imports the registry
 
         options = self.options
+        on, gated = self.gate(on, hooks)
         on = pipeline.profile_meshes(on, options.profile, is_main=hooks.is_main, log=hooks.log,
                                      progress=hooks.progress, baselines=options.baselines)
         hooks.write({o.folder + "profiles.json": pipeline.profiles_json(o.profiles, o.analyzed.analysis) for o in on})
-        return self.search(on, hooks)
+        return self.search(on, hooks, gated)
 
-    def search(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
+    def gate(self, on: Sequence[OnMesh], hooks: Hooks) -> tuple[list[OnMesh], list[dict]]:
+        """The meshes worth profiling (``ilp/gate.py``, ``mode.mesh_gate``), and a ``meshes``
+        row for each: a left-out one's saying why, a kept one's with the gate's prediction
+        (completed by ``search``)."""
+        from pathlib import Path  # noqa: PLC0415
+
+        from launcher.sharding.measuring.store import ProfileStore  # noqa: PLC0415 - JAX, likewise
+        from launcher.sharding.ilp.gate import gate  # noqa: PLC0415 - JAX, likewise
+
+        o, p = self.options, self.options.profile
+        if not o.mesh_gate or len(on) < 2:
+            return list(on), []
+        import jax  # noqa: PLC0415 - JAX, likewise
+
+        verdict = gate([(m.analyzed.analysis, m.mesh) for m in on], o.mesh_gate,
+                       ProfileStore(Path(p.store_dir).expanduser().resolve()), processes=jax.process_count(),
+                       repeats=p.repeats,
+                       memory_budget_bytes=p.memory_budget_bytes, is_main=hooks.is_main, log=hooks.log,
+                       progress=hooks.progress)
+        return ([m for m, k in zip(on, verdict.keep, strict=True) if k],
+                verdict.rows([m.shape for m in on], o.mesh_gate))
+
+
+
+    def search(self, on: Sequence[OnMesh], hooks: Hooks, gated: Sequence[dict] = ()) -> Planned:
         """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
         each under the profile's memory budget, and the fastest of their shortlists measured on
-        the whole step (``choose``): the plan, with what the DP predicted."""
+        the whole step (``choose``): the plan, with what the DP predicted. ``gated``: the rows of
+        the meshes the gate left out (``gate``), kept in ``meshes``."""
         import jax  # noqa: PLC0415 - JAX, likewise
 
         from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX, likewise
@@ -91,6 +117,9 @@ class Cfp(Algorithm):
                 "GB per device (search %.3f s)" % (o.shape, found.assignment, [list(c) for c in found.combos],
                                                     found.predicted_time_s, found.predicted_memory_bytes / 2**30,
                                                     found.search_time_s))
+        if gated:   # every mesh given, in its order: the gate's prediction beside what was found
+            found_rows = {tuple(m["mesh_shape"]): m for m in meshes}
+            meshes = [{**g, **found_rows.get(tuple(g["mesh_shape"]), {})} for g in gated]
         chosen, candidates, nearest = choose(on, founds, options, name=self.row, log=log, progress=hooks.progress)
         picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
         log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
