@@ -50,8 +50,20 @@ def test_a_training_job_killed_at_one_rank_restarts_and_ends_with_the_uninterrup
     parts = ("queued_s", "startup_s", "compile_s", "steps_s", "checkpoint_s", "other_s")
     assert all(t[k] >= 0 for k in parts) and t["steps_s"] > 0 and t["compile_s"] > 0
     assert sum(t[k] for k in parts) <= t["wall_s"] * 1.05
+    # What the restart cost of the time the allocation was held: the second attempt's start-up
+    # and compiling, and the steps done again.
+    second = json.loads((run / ".xlaunch" / "time" / "attempt1.json").read_text())
+    assert second["ended"] - second["started"] < t["held_s"] <= t["wall_s"]   # both attempts', not the queue's
+    assert t["restart_s"] >= t["lost_s"] + (second["joined"] - second["started"]) and t["restart_s"] < t["held_s"]
+    assert t["restart_share"] == pytest.approx(t["restart_s"] / t["held_s"])
     status = run_cli("status", str(run)).stdout
-    assert re.search(r"^time +queued [\d.]+ s, start-up .*; goodput \d+% of [\d.]+ s, 2 attempts$", status, re.M), status
+    assert re.search(r"^time +queued [\d.]+ s, start-up .*; goodput \d+% of [\d.]+ s, 2 attempts \(restarts cost "
+                     r"[\d.]+ s, \d+% of the [\d.]+ s the allocation was held\)$", status, re.M), status
+    # Its cost: one node (cluster=local) for the time the allocation was held, and its devices.
+    cost = re.search(r"^cost +([\d.e-]+) node-hours, ([\d.e-]+) device-hours \(1 node for the ([\d.]+) s", status, re.M)
+    assert cost, status
+    assert float(cost[1]) == pytest.approx(float(cost[3]) / 3600, rel=0.01)
+    assert float(cost[2]) == pytest.approx(resumed["global_devices"] * float(cost[1]), rel=0.01)
     # The curve in TensorBoard: the restart's first step purged what the killed attempt wrote
     # past its checkpoint, so every step has one loss, the uninterrupted run's; each attempt's time.
     curves = read_scalars(run)

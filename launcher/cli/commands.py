@@ -113,6 +113,7 @@ def _status(args: argparse.Namespace) -> int:
         rows.append(("scheduler", st.scheduler))
     if spent:
         rows.append(("time", timing.line(spent)))
+        rows.append(("cost", _cost(spent, run)))
     for r in st.ranks:
         if r.ranks:  # a large job: its ranks by state
             rows.append((f"ranks {r.ranks}" if r.ranks != str(r.rank) else f"rank {r.rank}", r.state))
@@ -171,19 +172,29 @@ def _runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no submitted run under ./{' or ./'.join(jobs.RUN_ROOTS)} of {Path.cwd()}", file=sys.stderr)
         return 0
-    rows = [("SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "RESULT")]
+    rows = [("SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "NODE-H", "RESULT")]
     for run in runs:
         try:
             st = jobs.job_state(run)
-            state, detail = st.state, st.detail
+            state, detail, finished = st.state, st.detail, st.finished
         except bad as e:  # one run the scheduler forgot does not hide the others
-            state, detail = "unknown", str(e).split(": ", 1)[-1]
+            state, detail, finished = "unknown", str(e).split(": ", 1)[-1], True
+        spent = timing.summary(run.path, ended=finished)
+        node_hours = f"{timing.cost(spent, run.nodes)['node_hours']:.3g}" if spent else "-"
         rows.append((time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.submitted)), _relative(run.path),
-                     run.mode, run.cluster_name, run.job_id, state, _short(detail)))
+                     run.mode, run.cluster_name, run.job_id, state, node_hours, _short(detail)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(f"{c:<{w}}" for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
     return 0
+
+
+def _cost(spent: dict, run: jobs.Run) -> str:
+    """A run's cost in words: node-hours (and device-hours) for the time its allocation was held."""
+    c = timing.cost(spent, run.nodes, run.devices())
+    devices = f", {c['device_hours']:.3g} device-hours" if "device_hours" in c else ""
+    return (f"{c['node_hours']:.3g} node-hours{devices} ({run.nodes} node{'s' if run.nodes != 1 else ''} for the "
+            f"{spent['held_s']:.1f} s the allocation was held)")
 
 
 def _when(t: float) -> str:

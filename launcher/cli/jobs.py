@@ -86,6 +86,19 @@ class Run:
         c = self.config().cluster
         return int(c.nodes) * int(c.tasks_per_node)
 
+    @property
+    def nodes(self) -> int:
+        """The nodes its allocation holds (``cluster.nodes``; 1 where the config says none)."""
+        try:
+            return int(self.config().cluster.get("nodes") or 1)
+        except (UserError, AttributeError, ValueError):
+            return 1
+
+    def devices(self) -> int | None:
+        """Its global devices, as its result says (None before there is one)."""
+        r = self.result()
+        return int(r["global_devices"]) if r and r.get("global_devices") else None
+
     def cluster(self):
         """The run's Cluster (``launcher/clusters``), which asks its scheduler about the job."""
         # The run dir as the job's processes name it (a link or a relative path given here

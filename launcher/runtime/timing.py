@@ -109,11 +109,24 @@ def summary(run_dir: Path, step_times: list[float] | None = None, ended: bool = 
     total = {k: sum(e[k] for e in each) for k in _SPENT}
     total["other_s"] = max(sum(e["in_mode_s"] for e in each) - total["compile_s"] - total["steps_s"]
                            - total["checkpoint_s"], 0.0)
+    # What the allocation was held for (each attempt from its start to its end; not its time in
+    # the queue), and what the restarts cost of it: every later attempt's start-up and compiling,
+    # and the work done again.
+    held = sum(e["startup_s"] + e["in_mode_s"] for e in each)
+    restart_s = sum(e["startup_s"] + e["compile_s"] for e in each[1:]) + lost_s
     return {
         "attempts": len(runs), "wall_s": wall, **total,
         "lost_steps": lost_steps, "lost_s": lost_s,
         "goodput": max(total["steps_s"] - lost_s, 0.0) / wall,
+        "held_s": held, "restart_s": restart_s, "restart_share": restart_s / held if held > 0 else 0.0,
     }
+
+
+def cost(t: dict, nodes: int, devices: int | None = None) -> dict:
+    """What a run cost (``summary``'s ``t``): node-hours, and device-hours where the device count
+    is known, for the time its allocation was held."""
+    hours = t.get("held_s", 0.0) / 3600
+    return {"node_hours": nodes * hours, **({"device_hours": devices * hours} if devices else {})}
 
 
 # Where an attempt's time went, in the order the summary's line gives it.
@@ -153,5 +166,10 @@ def line(t: dict) -> str:
              f"steps {t['steps_s']:.1f} s", f"checkpoints {t['checkpoint_s']:.1f} s", f"other {t['other_s']:.1f} s"]
     if t["lost_steps"]:
         parts.append(f"lost {t['lost_s']:.1f} s ({t['lost_steps']} steps done again)")
-    restarts = f", {t['attempts']} attempts" if t["attempts"] > 1 else ""
+    restarts = ""
+    if t["attempts"] > 1:
+        restarts = f", {t['attempts']} attempts"
+        if "restart_s" in t:   # a summary written before restarts were costed has no share
+            restarts += (f" (restarts cost {t['restart_s']:.1f} s, {100 * t['restart_share']:.0f}% of the "
+                         f"{t['held_s']:.1f} s the allocation was held)")
     return f"{', '.join(parts)}; goodput {100 * t['goodput']:.0f}% of {t['wall_s']:.1f} s{restarts}"
