@@ -48,8 +48,13 @@ def test_a_sweep_ends_with_a_table_of_its_points_and_a_chart(check_sweep, tmp_pa
     assert header[:4] == ["#", "cluster.tasks_per_node", "bandwidth", "(GB/s)"] and header[-3:] == ["run", "dir", "state"]
     results = {n: read_result(sweep / f"{n}-check-local") for n in (0, 1)}
     rows = table_rows(out)
-    for n, tasks in ((0, "1"), (1, "2")):  # each point: its override, its bandwidth, its run dir, done
-        assert rows[str(n)] == [str(n), tasks, f"{results[n]['allgather_gbps']:.4g}", f"{n}-check-local", "done"]
+    held = {}
+    for n, tasks in ((0, "1"), (1, "2")):  # each point: its override, its bandwidth, its cost, its run dir, done
+        row = rows[str(n)]
+        assert row[:3] + row[4:] == [str(n), tasks, f"{results[n]['allgather_gbps']:.4g}", f"{n}-check-local", "done"]
+        # What it cost: one node (cluster=local) for the time its allocation was held.
+        held[n] = json.loads(run_cli("status", "--json", str(sweep / f"{n}-check-local")).stdout)["time"]["held_s"]
+        assert float(row[3]) == pytest.approx(held[n] / 3600, rel=0.01)
     best = max((0, 1), key=lambda n: results[n]["allgather_gbps"])
     assert f"best: #{best} cluster.tasks_per_node={best + 1}: bandwidth " in out
     assert f"chart: {sweep / 'sweep.png'} (bandwidth over cluster.tasks_per_node)" in out
@@ -58,6 +63,7 @@ def test_a_sweep_ends_with_a_table_of_its_points_and_a_chart(check_sweep, tmp_pa
         saved = list(csv.DictReader(f))
     assert [(r["num"], r["cluster.tasks_per_node"], float(r["bandwidth (GB/s)"]), r["state"]) for r in saved] == \
         [(str(n), str(n + 1), results[n]["allgather_gbps"], "done") for n in (0, 1)]
+    assert [float(r["node_hours"]) for r in saved] == pytest.approx([held[n] / 3600 for n in (0, 1)], rel=1e-3)
     # From another shell (any directory): the same table.
     again = run_cli("sweep", str(sweep), cwd=tmp_path)
     assert again.stdout.strip() == out.strip()
@@ -100,7 +106,10 @@ def test_a_sweep_not_waited_on_shows_its_unfinished_points(tmp_path):
         if all(rows[n][-1] == "done" for n in rows) or time.time() > deadline:
             break
         time.sleep(1)
-    assert [rows[n] for n in ("0", "1")] == [["0", "1", "1", "0-run-local", "done"], ["1", "2", "2", "1-run-local", "done"]]
+    # Each point's cost too, in node-hours: a job that ran is never free.
+    assert [rows[n][:3] + rows[n][4:] for n in ("0", "1")] == [["0", "1", "1", "0-run-local", "done"],
+                                                                ["1", "2", "2", "1-run-local", "done"]]
+    assert all(float(rows[n][3]) > 0 for n in ("0", "1")), rows
     assert "x" in text.splitlines()[1].split()  # the program's returned figure is a column
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from launcher.cli import jobs
 from launcher.errors import UserError
+from launcher.runtime import timing
 from launcher.figures import Figure, Figures, Objective, objective
 from launcher.modes import MODES
 from launcher.cli.schema import mode_codes
@@ -43,6 +44,7 @@ class Point:
     result: Optional[dict] = None
     figures: list[Figure] = field(default_factory=list)
     mode: str = ""
+    node_hours: Optional[float] = None   # its nodes for the time its allocation was held (timing.cost)
 
     def value(self, figure: Figure) -> Any:
         return figure.value(self.result) if self.result is not None else None
@@ -243,6 +245,9 @@ def _job_state(point: Point) -> None:
         point.state, point.detail = "unknown", _first_line(str(e))
         return
     point.state = st.state
+    spent = timing.summary(run.path, ended=st.finished)
+    if spent:
+        point.node_hours = timing.cost(spent, run.nodes)["node_hours"]
     if st.state == "done":
         point.result = run.result()
     elif st.detail:

@@ -1,5 +1,6 @@
 """A sweep's table: one row per point (its number, the overrides that vary, its mode's headline
-figures, its state, its run dir), bounded to a screen, with every point in ``sweep.csv``.
+figures, what it cost in node-hours, its run dir, its state), bounded to a screen, with every
+point in ``sweep.csv``.
 
 A sweep of up to ``ALL_ROWS`` points is shown whole. A bigger one shows the ``FEW`` best and the
 ``FEW`` worst points by the objective (``launcher/figures.py``), the count of points in each
@@ -121,7 +122,7 @@ def _figures(view: SweepView) -> list[Figure]:
 
 def _header(view: SweepView) -> list[str]:
     return ["#", *view.varying, *(f.heading + (f" ({f.unit})" if _unit_in_heading(f) else "") for f in _figures(view)),
-            "run dir", "state"]
+            "node-h", "run dir", "state"]
 
 
 def _unit_in_heading(f: Figure) -> bool:
@@ -133,7 +134,8 @@ def _row(view: SweepView, p: Point) -> list[str]:
     values = [_cut(p.overrides.get(k, ""), CELL) for k in view.varying]
     figures = [_figure_cell(p, f) for f in _figures(view)]
     state = f"{p.state}: {p.detail}" if p.detail and p.state not in ("done",) else p.state
-    return [str(p.num), *values, *figures, _relative(p.run_dir, view.dir), _cut(state, STATE)]
+    node_hours = f"{p.node_hours:.3g}" if p.node_hours is not None else ""
+    return [str(p.num), *values, *figures, node_hours, _relative(p.run_dir, view.dir), _cut(state, STATE)]
 
 
 def _figure_cell(p: Point, f: Figure) -> str:
@@ -170,10 +172,10 @@ def csv_text(view: SweepView) -> str:
     figures = view.figures
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["num", *keys, *(_csv_heading(f) for f in figures), "state", "detail", "run_dir"])
+    w.writerow(["num", *keys, *(_csv_heading(f) for f in figures), "node_hours", "state", "detail", "run_dir"])
     for p in view.points:
         w.writerow([p.num, *(p.overrides.get(k, "") for k in keys), *(_csv_value(p, f) for f in figures),
-                    p.state, p.detail, str(p.run_dir)])
+                    "" if p.node_hours is None else p.node_hours, p.state, p.detail, str(p.run_dir)])
     return out.getvalue()
 
 
