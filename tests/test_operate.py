@@ -99,15 +99,17 @@ def test_local_jobs_are_followed_to_their_end_cancelled_and_listed(tmp_path):
 
     # The list: newest first, each with mode, cluster, job id, state and the headline result.
     rows = xlaunch("runs", cwd=here).stdout.splitlines()
-    assert rows[0].split() == ["SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "NODE-H", "RESULT"] \
-        and len(rows) == 3
+    assert rows[0].split() == ["SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "NODE-H", "DEVICE-H",
+                               "RESULT"] and len(rows) == 3
     newest, older = rows[1].split(), rows[2].split()  # the time of submission is two words
     assert newest[2:5] == [str(second.relative_to(here)), "train", "local"] and newest[6] == "cancelled"
     assert older[2:5] == [str(first.relative_to(here)), "check", "local"] and older[6] == "done"
-    # What each cost: one node (cluster=local) for the time its allocation was held.
+    # What each cost: one node (cluster=local) for the time its allocation was held, and its
+    # devices (the check's result names them; the cancelled job wrote none: "-").
     for row, run in ((newest, second), (older, first)):
         held = json.loads(xlaunch("status", "--json", str(run), cwd=here).stdout)["time"]["held_s"]
         assert float(row[7]) == pytest.approx(held / 3600, rel=0.01, abs=3 / 3600), (row, held)
+    assert newest[8] == "-" and float(older[8]) == pytest.approx(4 * float(older[7]), rel=0.01)
     assert "4 devices, psum ok" in rows[2]
 
     # Bad input: one line, exit 2, nothing in a run dir changed.

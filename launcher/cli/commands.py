@@ -172,7 +172,7 @@ def _runs(args: argparse.Namespace) -> int:
     if not runs:
         print(f"no submitted run under ./{' or ./'.join(jobs.RUN_ROOTS)} of {Path.cwd()}", file=sys.stderr)
         return 0
-    rows = [("SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "NODE-H", "RESULT")]
+    rows = [("SUBMITTED", "RUN", "MODE", "CLUSTER", "JOB", "STATE", "NODE-H", "DEVICE-H", "RESULT")]
     for run in runs:
         try:
             st = jobs.job_state(run)
@@ -180,9 +180,10 @@ def _runs(args: argparse.Namespace) -> int:
         except bad as e:  # one run the scheduler forgot does not hide the others
             state, detail, finished = "unknown", str(e).split(": ", 1)[-1], True
         spent = timing.summary(run.path, ended=finished)
-        node_hours = f"{timing.cost(spent, run.nodes)['node_hours']:.3g}" if spent else "-"
+        c = timing.cost(spent, run.nodes, run.devices()) if spent else {}
+        hours = [f"{c[k]:.3g}" if k in c else "-" for k in ("node_hours", "device_hours")]
         rows.append((time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.submitted)), _relative(run.path),
-                     run.mode, run.cluster_name, run.job_id, state, node_hours, _short(detail)))
+                     run.mode, run.cluster_name, run.job_id, state, *hours, _short(detail)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(f"{c:<{w}}" for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
