@@ -67,29 +67,26 @@ class Cfp(Algorithm):
         (completed by ``search``)."""
         from pathlib import Path  # noqa: PLC0415
 
-        from launcher.sharding.measuring.store import ProfileStore  # noqa: PLC0415 - JAX, likewise
+        import jax  # noqa: PLC0415 - JAX, likewise
+
         from launcher.sharding.ilp.gate import gate  # noqa: PLC0415 - JAX, likewise
+        from launcher.sharding.measuring.store import ProfileStore  # noqa: PLC0415 - JAX, likewise
 
         o, p = self.options, self.options.profile
         if not o.mesh_gate or len(on) < 2:
             return list(on), []
-        import jax  # noqa: PLC0415 - JAX, likewise
-
         verdict = gate([(m.analyzed.analysis, m.mesh) for m in on], o.mesh_gate,
                        ProfileStore(Path(p.store_dir).expanduser().resolve()), processes=jax.process_count(),
-                       repeats=p.repeats,
-                       memory_budget_bytes=p.memory_budget_bytes, is_main=hooks.is_main, log=hooks.log,
-                       progress=hooks.progress)
+                       repeats=p.repeats, memory_budget_bytes=p.memory_budget_bytes, is_main=hooks.is_main,
+                       log=hooks.log, progress=hooks.progress)
         return ([m for m, k in zip(on, verdict.keep, strict=True) if k],
                 verdict.rows([m.shape for m in on], o.mesh_gate))
-
-
 
     def search(self, on: Sequence[OnMesh], hooks: Hooks, gated: Sequence[dict] = ()) -> Planned:
         """CFP's search pass over profiled meshes of the same devices (``on``): the DP's optimum on
         each under the profile's memory budget, and the fastest of their shortlists measured on
-        the whole step (``choose``): the plan, with what the DP predicted. ``gated``: the rows of
-        the meshes the gate left out (``gate``), kept in ``meshes``."""
+        the whole step (``choose``): the plan, with what the DP predicted. ``gated``: the gate's
+        row of every mesh given (``gate``; empty: no gate), merged into ``meshes`` in its order."""
         import jax  # noqa: PLC0415 - JAX, likewise
 
         from launcher.sharding.apply import AXIS_NAMES  # noqa: PLC0415 - JAX, likewise

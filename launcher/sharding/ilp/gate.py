@@ -19,6 +19,7 @@ that mesh is kept: the gate only ever leaves out what it priced.
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Optional, Sequence
@@ -76,8 +77,6 @@ def gate(meshes: Sequence[tuple[object, object]], ratio: float, store: object, *
     a job of several ``processes`` is priced at its best arrangement (which axis crosses them,
     ``meshes.crossings``), as CFP's shortlist measures each. ``ratio`` 0, or one mesh: every
     one."""
-    import time  # noqa: PLC0415
-
     from launcher.sharding.apply import make_mesh  # noqa: PLC0415 - JAX
     from launcher.sharding.ilp.formulate import formulate  # noqa: PLC0415 - JAX
     from launcher.sharding.ilp.operators import check_decidable, operator_graph  # noqa: PLC0415 - JAX
@@ -96,37 +95,36 @@ def gate(meshes: Sequence[tuple[object, object]], ratio: float, store: object, *
                                       log=lambda line: None)[0]
         return models[shape]
 
-    variables: list[int] = []
-
-    def price(analysis: object, mesh: object) -> tuple[float, int]:
+    def price(analysis: object, mesh: object) -> tuple[float, int, int]:
+        """(its cheapest arrangement's optimum, that arrangement's axis across processes, the
+        ILP's variables over every arrangement)."""
         require_solver()
         og = operator_graph(analysis)
         check_decidable(og)
         shape, devices = tuple(analysis.mesh_shape), list(mesh.devices.flat)
-        best = None
+        priced, variables = [], 0
         for k in [0] + [k for k in crossings(shape, processes) if k != 0]:
-            first = (shape[k], *(s for a, s in enumerate(shape) if a != k))
-            model = calibrated(first, devices)
+            model = calibrated((shape[k], *(s for a, s in enumerate(shape) if a != k)), devices)
             problem = formulate(og, arranged_model(model, k) if k else model)
             solution = solve(problem, memory_budget_bytes, time_limit_s)
-            variables[-1] += solution.num_variables
-            seconds = problem.time_s(solution.choice)
-            if best is None or seconds < best[0]:
-                best = (seconds, k)
-        return best
+            variables += solution.num_variables
+            priced.append((problem.time_s(solution.choice), k))
+        seconds, k = min(priced)
+        return seconds, k, variables
 
     predicted: list[Optional[float]] = []
     across: list[Optional[int]] = []
+    variables: list[int] = []
     with (progress or (lambda total, what: nullcontext()))(len(meshes), "mesh gate: pricing each mesh") as bar:
         for analysis, mesh in meshes:
-            variables.append(0)
             try:
-                seconds, k = price(analysis, mesh)
+                seconds, k, n = price(analysis, mesh)
             except UserError as e:   # no solver, no plan within the budget, ...: kept, CFP's profile decides
                 log(f"mesh gate: mesh {list(analysis.mesh_shape)} kept unpriced ({e})")
-                seconds, k = None, None
+                seconds, k, n = None, None, 0
             predicted.append(seconds)
             across.append(k)
+            variables.append(n)
             if bar is not None:
                 bar.advance()
     priced = [p for p in predicted if p is not None]
