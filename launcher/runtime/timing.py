@@ -109,10 +109,10 @@ def summary(run_dir: Path, step_times: list[float] | None = None, ended: bool = 
     total = {k: sum(e[k] for e in each) for k in _SPENT}
     total["other_s"] = max(sum(e["in_mode_s"] for e in each) - total["compile_s"] - total["steps_s"]
                            - total["checkpoint_s"], 0.0)
-    # What the allocation was held for (each attempt from its start to its end; not its time in
-    # the queue), and what the restarts cost of it: every later attempt's start-up and compiling,
-    # and the work done again.
-    held = sum(e["startup_s"] + e["in_mode_s"] for e in each)
+    # What the allocation was held for (each attempt from its start to its end, one that never
+    # joined too; not its time in the queue), and what the restarts cost of it: every later
+    # attempt's start-up and compiling, and the work done again.
+    held = sum(max((a.get("ended") or now) - a["started"], 0.0) for a in runs)
     restart_s = sum(e["startup_s"] + e["compile_s"] for e in each[1:]) + lost_s
     return {
         "attempts": len(runs), "wall_s": wall, **total,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ContextManager, Optional, Sequence
 
 from launcher.errors import UserError
@@ -35,16 +35,15 @@ class Gated:
     predicted_s: list[Optional[float]]   # the model's optimum per mesh (None: not priced, kept)
     keep: list[bool]
     seconds: float                       # what the gate cost (calibration and solving)
-    variables: list[int] = field(default_factory=list)   # the ILP's variables per mesh, all arrangements
+    variables: list[int]                 # the ILP's variables per mesh, all its arrangements (0: not priced)
 
     def rows(self, shapes: Sequence[Sequence[int]], ratio: float) -> list[dict]:
         """A ``meshes`` row (result.json) per mesh: the model's prediction, and why a mesh left
         out is."""
         best = min((p for p in self.predicted_s if p is not None), default=None)
-        variables = self.variables or [0] * len(shapes)
         return [{"mesh_shape": list(s), "gate_predicted_step_time_s": p, "gate_ilp_variables": v,
                  **({} if k else {"skipped": why(p, best, ratio)})}
-                for s, p, k, v in zip(shapes, self.predicted_s, self.keep, variables, strict=True)]
+                for s, p, k, v in zip(shapes, self.predicted_s, self.keep, self.variables, strict=True)]
 
 
 def why(predicted: float, best: float, ratio: float) -> str:
@@ -84,9 +83,9 @@ def gate(meshes: Sequence[tuple[object, object]], ratio: float, store: object, *
     from launcher.sharding.measuring.calibrate import calibrate  # noqa: PLC0415 - JAX
     from launcher.sharding.search.meshes import crossings  # noqa: PLC0415
 
-    t0 = time.perf_counter()
     if not ratio or len(meshes) < 2:
-        return Gated([None] * len(meshes), [True] * len(meshes), 0.0)
+        return Gated([None] * len(meshes), [True] * len(meshes), 0.0, [0] * len(meshes))
+    t0 = time.perf_counter()
     models: dict[tuple[int, ...], object] = {}
 
     def calibrated(shape: tuple[int, ...], devices: Sequence[object]) -> object:
