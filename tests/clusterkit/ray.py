@@ -22,6 +22,9 @@ from pathlib import Path
 from launcher.clusters.base import free_port
 
 NODE_OPTIONS = ["--num-cpus=2", "--object-store-memory=200000000", "--block"]
+# The ports Ray binds by default unless told otherwise (GCS, Ray Client, dashboard, its agent's
+# http); each node here is told its agent's port, so two nodes on one machine never share it.
+RAY_DEFAULT_PORTS = {6379, 10001, 8265, 52365}
 
 
 def _port_open(port: int) -> bool:
@@ -30,16 +33,29 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _distinct_ports(count: int, taken: set[int] = frozenset()) -> list[int]:
+    # Distinct free ports, none of them one Ray takes by default for a part we do not name: a
+    # GCS port the kernel handed out once equalled the dashboard agent's fixed 52365 and the head
+    # refused to start ("port ... used by other components").
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports and port not in taken and port not in RAY_DEFAULT_PORTS:
+            ports.append(port)
+    return ports
+
+
 class LocalRay:
     """``LocalRay().start()``; then ``address`` (host:port of the head); ``stop()``."""
 
     def __init__(self, nodes: int = 2):
         self.nodes = nodes
-        self.port, self.client_port = free_port(), free_port()
+        self.port, self.client_port = _distinct_ports(2)
         self.address = f"127.0.0.1:{self.port}"
         self.client_address = f"ray://127.0.0.1:{self.client_port}"  # Ray Client, as KubeRay users reach a head
         self.logs = Path(tempfile.mkdtemp(prefix="xlaunch-ray-"))
         self.procs: list[subprocess.Popen] = []
+        self.agent_ports: list[int] = []
 
     @property
     def env(self) -> dict[str, str]:
@@ -49,7 +65,9 @@ class LocalRay:
     def _ray(self, *args: str, name: str) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "w")  # noqa: SIM115 - the process holds it
         ray = Path(sys.executable).with_name("ray")
-        proc = subprocess.Popen([str(ray), "start", *args, *NODE_OPTIONS], stdout=log, stderr=subprocess.STDOUT,
+        agent_port, = _distinct_ports(1, taken={self.port, self.client_port, *self.agent_ports})
+        self.agent_ports.append(agent_port)
+        proc = subprocess.Popen([str(ray), "start", *args, f"--dashboard-agent-listen-port={agent_port}", *NODE_OPTIONS], stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, **self.env}, start_new_session=True)
         self.procs.append(proc)
         return proc
