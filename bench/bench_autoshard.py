@@ -311,7 +311,8 @@ def cold_ab(programs: list[str], given: dict, runs: int, env: dict, out: Path, g
                 store = tempfile.mkdtemp(prefix=f"bench-autoshard-cold-{name}-")
                 try:
                     proc = subprocess.run([sys.executable, __file__, "--worker", name, store, "--cold-ab",
-                                           *[f"{k}={json.dumps(v)}" for k, v in options.items()]], env={**env, **extra},
+                                           *[f"{k}={json.dumps(v)}" for k, v in options.items()]],
+                                          env={**env, **extra, "XLAUNCH_CACHE_DIR": store},
                                           stdout=subprocess.PIPE, text=True, cwd=REPO)
                 finally:
                     shutil.rmtree(store, ignore_errors=True)
@@ -424,8 +425,10 @@ def main() -> None:
         store = tempfile.mkdtemp(prefix=f"bench-autoshard-{name}-")
         t = time.perf_counter()
         try:
+            # Cold: the link model the race is priced on measured in the worker too, into its store.
             proc = subprocess.run([sys.executable, __file__, "--worker", name, store, "--iterations",
-                                   str(args.iterations), "--repeats", str(args.repeats)], env=env,
+                                   str(args.iterations), "--repeats", str(args.repeats)],
+                                  env={**env, "XLAUNCH_CACHE_DIR": store},
                                   stdout=subprocess.PIPE, text=True, cwd=REPO)
         finally:
             shutil.rmtree(store, ignore_errors=True)

@@ -6,7 +6,7 @@ store, several times in a row.
 Another job the same way, e.g. issue #28's: ``--out bench/results/bench_cfp_moe_job.json --
 mode=cfp model=moe-tiny model.num_layers=2 "mode.baselines=[dp,tp,dp_tp,ep,alpa_ilp]"``.
 
-Each run gets a fresh store and run dir (nothing reused between them) and is timed from the
+Each run gets a fresh store, run dir and link-model cache (nothing reused between them) and is timed from the
 command line to its exit. Reported per run, from its ``result.json``: wall time, the searched
 plan's mesh and source, its step time over the best baseline's (the ratio of median rounds,
 and paired: the median over rounds of the ratio within a round), the profile time and the
@@ -42,8 +42,10 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
     run_dir, store = work / f"run{i}", work / f"store{i}"
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
+    # Cold as on a bare machine: the link model the race is priced on (predict/price.py) measured too.
     proc = subprocess.run([sys.executable, "-m", "launcher", f"mode.store_dir={store}", f"hydra.run.dir={run_dir}",
-                           *extra], cwd=REPO, capture_output=True, text=True)
+                           *extra], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "XLAUNCH_CACHE_DIR": str(work / f"cache{i}")})
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"run": i, "wall_s": wall, "returncode": proc.returncode, "stderr_tail": proc.stderr[-2000:]}

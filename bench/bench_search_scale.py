@@ -79,8 +79,9 @@ def one_point(devices: int, algorithm: str, extra: list[str], work: Path, timeou
            *extra]
     t0 = time.perf_counter()
     # A session of its own, so that a point over its time is stopped with its ranks.
+    # Cold: the link model the race is priced on (predict/price.py) measured in the point too.
     with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as popen:
+                          start_new_session=True, env={**os.environ, "XLAUNCH_CACHE_DIR": str(store / "cache")}) as popen:
         try:
             out, err = popen.communicate(timeout=timeout_s)
             proc = subprocess.CompletedProcess(cmd, popen.returncode, out, err)

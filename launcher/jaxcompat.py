@@ -418,7 +418,7 @@ def serialize_executable(compiled: Any) -> bytes:
     in range."""
     from jax.experimental.serialize_executable import serialize  # noqa: PLC0415  JAX: the CLI imports this module
 
-    order = _device_order(compiled)
+    order = device_order(compiled)
     if order is not None and order != sorted(order) and not _loads_on_devices():
         # 0.4.35 loads an executable on the devices in their default order: one compiled for a
         # mesh of them in another (the processes along another axis) would run on the wrong ones.
@@ -442,7 +442,7 @@ def load_executable(payload: bytes) -> tuple[Any, Any]:
     return deserialize_and_load(executable, in_tree, out_tree, execution_devices=[by_id[i] for i in order]), memory
 
 
-def _device_order(compiled: Any) -> list[int] | None:
+def device_order(compiled: Any) -> list[int] | None:
     """The ids of the devices a compiled program runs on, in its mesh's order (its first
     argument or result laid out on a mesh), or None."""
     import jax  # noqa: PLC0415  JAX: the CLI imports this module

@@ -31,6 +31,14 @@ if os.environ.get("XLAUNCH_TEST_COMPILATION_CACHE"):
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["XLAUNCH_TEST_COMPILATION_CACHE"],
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
+# One cache of measured link models for the session (launcher/sharding/predict/price.py: every
+# search's race is priced on its devices' link model, measured once per kind of devices), in a
+# fresh folder removed at its end: the suite's searches measure each of their few device
+# arrangements once, not once per test, and never write to the user's ~/.cache.
+_OWN_LINKS = "XLAUNCH_CACHE_DIR" not in os.environ
+if _OWN_LINKS:
+    os.environ["XLAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="xlaunch-test-cache-")
+
 # Compiling is most of the suite's time on CPU devices, and two of XLA's settings change a
 # program's speed, not its results: its backend's (LLVM's) optimisations, and, where this jaxlib
 # has the flag (0.10.2; not 0.4.35, whose XLA would end the process on it:
@@ -77,6 +85,8 @@ def pytest_pycollect_makemodule(module_path, parent):
 def pytest_unconfigure(config):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["XLAUNCH_TEST_COMPILATION_CACHE"], ignore_errors=True)
+    if _OWN_LINKS:
+        shutil.rmtree(os.environ["XLAUNCH_CACHE_DIR"], ignore_errors=True)
 
 
 def _paths_asked(config) -> list[Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.sharding.predict import links
 from launcher.sharding.search.comm import collectives
 from launcher.hlo.text import fingerprint
 from launcher.sharding.profile.boundaries import Boundary
@@ -769,7 +771,8 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
                    "mode.run_repeats=2", "mode.repeats=2",
                    "mode.drop_after=1", "mode.drop_slower_than=1.01", "mode.baselines=[dp,dp_tp,ep]",
                    "mode.verify_iterations=2", "mode.verify_repeats=2",
-                   f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900)
+                   f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900,
+                   env={"XLAUNCH_CACHE_DIR": str(tmp_path / "cache")})   # its own: the link model measured here
     result = read_result(tmp_path / "cfp")
     # The console ends with the answer, without a terminal too: the comparison table (a row per
     # plan run; a baseline that cannot apply, ep without experts, named once below it) and the chart.
@@ -798,6 +801,25 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     rank0 = (tmp_path / "cfp" / "logs" / "rank0.log").read_text()
     assert not behind or f"why it trails: CFP's plan ran {answer['searched_vs_best_baseline_paired']:.3f}x " \
         f"{answer['best_baseline']} (over 1.02x): " in rank0
+    # Every plan raced, predicted by the one model of a step (predict/price.py) on this job's own
+    # link model, measured once into the store: beside the measured time, the model's error kept.
+    raced = {"cfp": result, **result["baselines"]}
+    for name, r in raced.items():
+        assert r["model_error"] == pytest.approx(r["step_time_s"] / r["model_step_time_s"] - 1), name
+        assert r["model_step_time_s"] == pytest.approx(r["model_compute_s"] + r["model_comm_s"]), name
+        assert r["model_compute_s"] > 0 and r["model_comm_s"] > 0, name   # every plan here communicates
+    scored = result["model"]
+    cached = list((tmp_path / "cache" / "link_models").glob("*.yaml"))
+    assert [p.name for p in cached] == [f"cpu-cpu_2x4_jax{jax.__version__}_v1.yaml"]
+    assert len(scored["plans"]) == len(raced) and scored["links"].startswith(f"measured ({cached[0]})")
+    # one program raced once (CFP's plan compiled to a baseline's) is scored once
+    assert scored["scored"] == [n for n in raced if n != "cfp" or not answer.get("same_as")], scored
+    assert -1 <= scored["kendall_tau"] <= 1 and scored["mean_abs_error"] >= 0
+    assert scored["predicted_best_over_measured_best"] >= 1
+    assert "model (ms)" in table and f"over the {len(scored['scored'])} programs raced, mean error" in table
+    assert "measuring it once for the race's predictions" in rank0
+    # the measured link model is a file like the shipped ones (mode.links=<it> reads it)
+    assert 0 < links.load(str(cached[0])).memory_bytes_per_s < math.inf
     assert f"plan: {tmp_path / 'cfp' / 'plan.json'} ({answer['name']}" in proc.stdout
     cfp_plan = json.loads((tmp_path / "cfp" / "cfp_plan.json").read_text())
     assert result["plan"]["file"] == str(tmp_path / "cfp" / "cfp_plan.json") and cfp_plan["constraints"]

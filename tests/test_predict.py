@@ -21,7 +21,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from launcher.errors import UserError
-from launcher.sharding.predict import collectives, links
+from launcher.models.train import memory_stats
+from launcher.sharding.predict import collectives, links, price, work
 from tests.launch import read_result, run_cli
 
 LUMI = links.load("lumi")
@@ -36,6 +37,7 @@ def test_shipped_link_models_load_with_their_sources():
         assert m.devices_per_node >= 4 and m.memory_bytes > 1e9 and m.flops("float32") > 1e12
         assert m.within.bytes_per_s > m.across.bytes_per_s   # the fast link is the fast one
         assert m.source and all(isinstance(v, str) and v for v in m.source.values())
+        assert 1e11 < m.memory_bytes_per_s < math.inf and "memory_bandwidth" in m.source
 
 
 def test_a_collective_within_a_node_follows_the_ring_formula():
@@ -164,6 +166,52 @@ def test_a_replicated_program_has_nothing_to_price():
     assert collectives.comm_seconds(collectives.collectives(c.as_text(), 8), LUMI) == 0.0
 
 
+# --- the one model of a step: work, collectives, memory --------------------------------------------
+
+def _scan(length: int):
+    def f(x, w):
+        def body(c, _):
+            return jnp.tanh(c @ w), None
+        return jax.lax.scan(body, x, None, length=length)[0]
+    return jax.jit(f).lower(jnp.ones((128, 128)), jnp.ones((128, 128))).compile()
+
+
+def test_a_scanned_bodys_work_counts_once_per_iteration():
+    """XLA's own cost analysis counts a while body once; the model counts it per iteration."""
+    ten, twenty = work.work(_scan(10).as_text()), work.work(_scan(20).as_text())
+    assert ten.flops == {"float32": 10 * 2 * 128**3} and twenty.flops == {"float32": 20 * 2 * 128**3}
+    # each iteration reads the carry and the weights and writes the carry: 3 x 64 KiB at least
+    assert ten.nbytes >= 10 * 3 * 128 * 128 * 4
+    assert twenty.nbytes - ten.nbytes == pytest.approx(ten.nbytes - work.work(_scan(0).as_text()).nbytes, rel=0.01)
+    assert ten.seconds({"float32": 1e9}, 1e9) == pytest.approx(ten.flops["float32"] / 1e9 + ten.nbytes / 1e9)
+
+
+def test_a_plan_is_priced_as_its_work_plus_its_collectives_on_their_links():
+    mesh = Mesh(np.array(jax.devices()), ("a",))
+    c = _compiled(jax.grad(lambda w, x: jnp.tanh(x @ w).sum()), jnp.ones((64, 64)), jnp.ones((32, 64)),
+                  shardings=(NamedSharding(mesh, P()), NamedSharding(mesh, P("a", None))))
+    lumi = dataclasses.replace(LUMI, domain_devices=2)
+    p = price.price(c, lumi)
+    found = collectives.collectives(c.as_text(), 8)
+    assert p.comm_s == pytest.approx(collectives.comm_seconds(found, lumi)) and p.comm_s > 0
+    assert p.compute_s == pytest.approx(work.work(c.as_text()).seconds(lumi.flops_per_s, lumi.memory_bytes_per_s))
+    assert p.step_s == pytest.approx(p.compute_s + p.comm_s)
+    assert p.memory_bytes == memory_stats(c)["peak_bytes"] > 0   # XLA's analysis, as every run reports it
+    # one process here: every partition in domain 0, so the gradient's all-reduce stays within
+    assert price.process_domains(c) == [0] * 8
+    assert price.price(c, lumi, price.process_domains(c)).comm_s < p.comm_s
+    # a link model file counts domains of domain_devices over the devices numbered process by process
+    assert price.node_domains(c, lumi) == [d // 2 for d in range(8)]
+
+
+def test_the_models_scores_are_kendalls_tau_the_best_and_the_mean_error():
+    s = price.scores([1.0, 2.0, 3.0], [1.1, 1.8, 3.3])
+    assert s["kendall_tau"] == 1.0 and s["predicted_best_over_measured_best"] == 1.0
+    assert s["mean_abs_error"] == pytest.approx((0.1 / 1.1 + 0.2 / 1.8 + 0.3 / 3.3) / 3)
+    s = price.scores([2.0, 1.0, 3.0], [1.0, 2.0, 3.0])
+    assert s["kendall_tau"] == pytest.approx(1 / 3) and s["predicted_best_over_measured_best"] == 2.0
+
+
 # --- the command ----------------------------------------------------------------------------------
 
 def _table_rows(text: str) -> list[list[str]]:
@@ -246,10 +294,14 @@ def test_predict_refuses_a_missing_link_model_in_one_line(tmp_path):
     assert len(lines) == 1 and "mode.links=nope" in lines[0] and "lumi" in lines[0]
 
 
-def test_links_without_predict_are_refused_before_anything_runs(tmp_path):
-    proc = run_cli("mode=search", "model=gpt-tiny", "mode.links=lumi", run_dir=tmp_path / "r", check=False,
+def test_a_search_refuses_a_link_model_that_is_none_before_anything_runs(tmp_path):
+    """Without mode.predict, mode.links names the link model the race's predictions use: a name
+    or file that is none is refused in one line before submission."""
+    proc = run_cli("mode=search", "model=gpt-tiny", "mode.links=nope", run_dir=tmp_path / "r", check=False,
                    timeout=120)
-    assert proc.returncode == 2 and "add mode.predict=true" in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "mode.links=nope" in lines[0]
+    assert not (tmp_path / "r" / "logs").exists()
 
 
 def test_predict_on_a_cluster_without_a_default_link_model_says_which_to_give(tmp_path):
@@ -267,7 +319,7 @@ def test_mode_check_measures_a_link_model_the_prediction_reads(tmp_path):
     assert m.devices_per_node == 4 and m.domain_devices == 4 and not m.hierarchical
     assert set(m.within.by_collective) == set(m.across.by_collective) == {"all-reduce", "all-gather",
                                                                             "reduce-scatter", "all-to-all"}
-    assert m.flops("float32") > 0 and m.memory_bytes > 0
+    assert m.flops("float32") > 0 and m.memory_bytes > 0 and 0 < m.memory_bytes_per_s < math.inf
     assert "measured" in m.source
 
 

@@ -43,6 +43,7 @@ class _Search(ProfileConfig):
     verify_iterations: int = SearchOptions.verify_iterations
     verify_repeats: int = SearchOptions.verify_repeats
     verify_margin: float = SearchOptions.verify_margin
+    price_race: bool = SearchOptions.price_race
     # The algorithm (launcher/sharding/algorithms/; default: the one its class says is): cfp, CFP's
     # profiling search; ilp, the Alpa-style ILP alone (nothing profiled). With cfp, mode.baselines
     # may name alpa_ilp to race the ILP's plan beside CFP's.
@@ -57,9 +58,10 @@ class _Search(ProfileConfig):
     # Predict instead of run: the plans for the cluster's nodes ranked by predicted step time,
     # computed in the launcher's own process on virtual CPU devices, nothing submitted
     # (docs/predict.md). mode.links: the link model (conf/links/: lumi, tpu-v5e, h100; or a path);
-    # null: the cluster's (lumi for cluster=lumi, tpu-v5e for cluster=tpu).
+    # null: the cluster's (lumi for cluster=lumi, tpu-v5e for cluster=tpu). Without predict, the
+    # link model the race's predictions use (mode.price_race; null: this job's, measured).
     predict: bool = False
-    links: Optional[str] = None
+    links: Optional[str] = SearchOptions.links
 
     @classmethod
     def check(cls, mode, job) -> None:
@@ -68,9 +70,10 @@ class _Search(ProfileConfig):
         known algorithm, and a ``mode.step`` that can be imported without options it overrides."""
         super().check(mode, job)
         algorithm_of(mode)
-        if mode.links and not mode.predict:
-            raise UserError(f"mode.links={mode.links} is the link model a prediction uses: add mode.predict=true, "
-                            "or leave mode.links out")
+        if mode.links:   # a name or file that is no link model: refused before submission
+            from launcher.sharding.predict.links import load   # noqa: PLC0415  it imports JAX; only then
+
+            load(mode.links)
         if mode.step:
             parse_target(mode.step, "mode.step")
             if mode.learning_rate != AnalysisConfig.learning_rate:

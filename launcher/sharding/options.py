@@ -188,6 +188,15 @@ class SearchOptions(Options):
     drop_after: int = 4
     drop_slower_than: float = 1.25
     seed: int = 0  # of the whole-step runs' parameters and data (a run's top-level seed)
+    # Every plan raced is also predicted by one model of its step (predict/price.py: its program's
+    # dots and bytes at the device's rates, its collectives on the links they cross), shown
+    # beside its measured time, the model's error kept in result.json: what tells a user how far
+    # to trust mode.predict's figures for hosts they do not have. The link model: mode.links (a
+    # shipped name or a file), else this job's own, measured once (about 13 s on 2 processes x 4
+    # CPU devices) and kept in the user's cache for every later search on as many processes and
+    # devices of that kind ($XLAUNCH_CACHE_DIR, default ~/.cache/xlaunch). false: no prediction.
+    price_race: bool = True
+    links: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "baselines", tuple(self.baselines))

@@ -54,6 +54,7 @@ from launcher.sharding.options import (
     ProfileOptions,
     SearchOptions,
 )
+from launcher.sharding.predict import links as links_mod, price
 from launcher.sharding.profile.budget import gb_at_least, refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
 from launcher.sharding.measuring.store import ProfileStore
@@ -271,6 +272,8 @@ class Searched:
     answer: Answer                 # the plan handed to the user (plan.json)
     others: dict[str, Planned] = field(default_factory=dict)  # row -> another algorithm's plan raced as a baseline
     also: dict[str, PlanRun] = field(default_factory=dict)    # name -> run of ``run_search``'s ``also`` plans
+    priced: dict[str, Any] = field(default_factory=dict)      # name -> the model's ``price.Priced`` of a plan raced
+    links: str = ""                                           # the link model those are priced with, described
 
     @property
     def plan(self) -> Plan:
@@ -498,4 +501,41 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
             chosen.behind = trails.short
             log(f"why it trails: {trails.detail}")
     log(chosen.why())
-    return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs})
+    priced, links = price_plans({searched.name: searched, **runs}, options, hooks)
+    return Searched(planned, searched, runs, skipped, chosen, dict(others), {r.name: r for r in extra_runs},
+                    priced, links)
+
+
+def price_plans(runs: Mapping[str, PlanRun], options: SearchOptions, hooks: Hooks) -> tuple[dict[str, Any], str]:
+    """Each plan raced, predicted by the one model of a step (``predict/price.py``) on
+    ``options.links`` or this job's link model (measured once per kind of devices, kept in the
+    user's cache: ``price.job_links``), and logged
+    beside what the race measured; ({name: Priced}, the link model described). Process 0's alone
+    (the others get nothing): the model informs, it decides nothing here. A program the model
+    cannot read is logged and left unpriced: the search's answer stands without it."""
+    if not options.price_race or not runs:
+        return {}, ""
+    if options.links:
+        model, domains = links_mod.load(options.links), price.node_domains
+    else:
+        model, now, seconds = price.job_links(is_main=hooks.is_main, log=hooks.log)
+        domains = price.process_domains
+        if now:
+            hooks.log(f"link model measured in {seconds:.1f} s: {model.describe()}")
+    if model is None:
+        return {}, ""
+    priced = {}
+    for name, run in runs.items():
+        try:
+            p = price.price(run.compiled, model, domains(run.compiled, model))
+        except Exception as e:  # noqa: BLE001 - a program the model cannot read costs the search nothing
+            hooks.log(f"model: {name}: not priced: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
+            continue
+        if p.step_s <= 0:
+            hooks.log(f"model: {name}: not priced: its program reads as doing nothing")
+            continue
+        priced[name] = p
+        hooks.log(f"model: {name}: predicted {p.step_s * 1e3:.3f} ms (compute {p.compute_s * 1e3:.3f} + communication "
+                  f"{p.comm_s * 1e3:.3f}), measured {run.step_time_s * 1e3:.3f} ms: error "
+                  f"{run.step_time_s / p.step_s - 1:+.1%}")
+    return priced, model.describe()

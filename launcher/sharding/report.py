@@ -39,16 +39,21 @@ def table_text(runs: Mapping[str, PlanRun | Row], skipped: Mapping[str, str], ti
     # What an algorithm predicted for its plan, beside what the race measured (a built-in plan has
     # no prediction): the model's error in plain sight, as result.json keeps it (prediction_error).
     predicted = any(getattr(r, "predicted_s", None) for r in runs.values())
+    # And what the one model of a step predicts for every plan raced (predict/price.py), with its error.
+    modelled = any(getattr(r, "model_s", None) for r in runs.values())
     t = Table(title=title)
     for col in ("plan", "step time (ms)", "vs answer" if answer in runs else "vs best", "TFLOPS",
-                "memory (MiB/device)", *(["predicted (ms)"] if predicted else [])):
+                "memory (MiB/device)", *(["predicted (ms)"] if predicted else []),
+                *(["model (ms)", "model error"] if modelled else [])):
         t.add_column(col, justify="right" if col != "plan" else "left")
     for name, r in runs.items():
         label = f"{name} (answer)" if name == answer else f"{name} (tie)" if name == tie else name
-        guess = getattr(r, "predicted_s", None)
+        guess, model = getattr(r, "predicted_s", None), getattr(r, "model_s", None)
         t.add_row(label, f"{r.step_time_s * 1e3:.3f}", f"{vs(r):.3f}", f"{r.tflops:.4g}",
-                  f"{r.memory_bytes / 2**20:.2f}", *([f"{guess * 1e3:.3f}" if guess else ""] if predicted else []))
-    console = Console(width=110, record=True, file=io.StringIO())
+                  f"{r.memory_bytes / 2**20:.2f}", *([f"{guess * 1e3:.3f}" if guess else ""] if predicted else []),
+                  *([f"{model * 1e3:.3f}", f"{r.step_time_s / model - 1:+.0%}"] if model else ["", ""])
+                  if modelled else ())
+    console = Console(width=140 if modelled else 110, record=True, file=io.StringIO())
     console.print(t)
     fewer = [f"{name} ({len(r.repeat_times_s)})" for name, r in runs.items() if len(r.repeat_times_s) < rounds]
     if fewer:
@@ -69,11 +74,13 @@ class Row:
     memory_bytes: float
     repeat_times_s: list = field(default_factory=list)
     predicted_s: Optional[float] = None   # what its algorithm predicted (a searched plan, the ILP's)
+    model_s: Optional[float] = None       # what the one model of a step predicted (every plan raced)
 
     @classmethod
     def of(cls, fields: Mapping[str, Any], predicted_s: Optional[float] = None) -> "Row":
         return cls(fields["step_time_s"], fields["tflops"], fields["memory_gb"] * 2**30,
-                   list(fields.get("repeat_times_s") or []), predicted_s or fields.get("predicted_step_time_s"))
+                   list(fields.get("repeat_times_s") or []), predicted_s or fields.get("predicted_step_time_s"),
+                   fields.get("model_step_time_s"))
 
 
 def rows_of(result: Mapping[str, Any]) -> dict[str, Row]:
@@ -98,11 +105,15 @@ def comparison_text(result: Mapping[str, Any]) -> str:
     if plan.get("across_processes"):   # a job of several processes: the searched plan's axis between them
         why = (f"{plan_title(searched)}: mesh {plan.get('mesh_shape')}, {plan['across_processes']} across processes "
                f"(plan.json's across)\n" + why).strip()
+    model = result.get("model") or {}
+    scored = ([f"model: predicted with {model.get('links', '?')}; over the {len(model['scored'])} programs raced, mean error "
+               f"{model['mean_abs_error']:.0%}, Kendall's tau {model['kendall_tau']:.2f}, the predicted best measured "
+               f"{model['predicted_best_over_measured_best']:.3f}x the fastest"] if model.get("scored") else [])
     return table_text(rows_of(result), result.get("baselines_skipped") or {},
                       title=f"{plan_heading(searched)} against the baselines (same devices)",
                       rounds=len(result.get("repeat_times_s") or []),
                       why_fewer=f"over {drop:g}x the fastest baseline in each, mode.drop_slower_than" if drop else "",
-                      answer=answer.get("name", ""), notes=[why] if why else [],
+                      answer=answer.get("name", ""), notes=([why] if why else []) + scored,
                       tie=searched if answer.get("tie") else "")
 
 

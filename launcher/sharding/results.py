@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from launcher.sharding.algorithms.base import OnMesh
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.pipeline import Answer, Searched
+from launcher.sharding.predict.price import scores
 from launcher.sharding.user.api import AutoPlan
 
 # Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
@@ -57,6 +58,8 @@ def answer_fields(answer: Answer, plan_file: str, searched_plan_file: str) -> di
             "searched": answer.searched, "searched_plan_file": searched_plan_file,
             "searched_vs_best_baseline_paired": answer.searched_vs_best_baseline_paired,
             "verify_margin": answer.margin, "rounds": answer.rounds,
+            # The baseline whose own program the searched plan compiled to, raced once as it ("": none).
+            "same_as": answer.same_as,
             # How far the race's noise alone moves that ratio, and whether the searched plan was ahead within it.
             "noise_floor": answer.comparison.verdict.noise, "tie": answer.comparison.verdict.tie,
             "step_time_s": run.step_time_s, "memory_gb": run.memory_bytes / 2**30, "tflops": run.tflops,
@@ -82,12 +85,38 @@ def race_fields(out: Searched, options: ProfileOptions) -> dict:
         "memory_budget_gb": options.memory_budget_gb,
         "baselines": {name: {**r.summary(), **(out.others[name].baseline_fields if name in out.others else {}),
                              **_error(r.step_time_s, out.others[name].predicted_step_time_s if name in out.others
-                                      else None)}
+                                      else None), **_modelled(out, name, r.step_time_s)}
                       for name, r in out.baselines.items()},
         # The searched plan's measured step time over its prediction, less 1 (the model's error).
         **_error(run.step_time_s, getattr(out.planned, "predicted_step_time_s", None)),
+        **_modelled(out, run.name, run.step_time_s),
+        **({"model": model_fields(out)} if out.priced else {}),
         "baselines_skipped": dict(out.skipped),
     }
+
+
+def _modelled(out: Searched, name: str, measured_s: float) -> dict:
+    """A raced plan's step as the one model of a step predicts it (``predict/price.py``), and
+    ``model_error``: measured over predicted, less 1."""
+    p = out.priced.get(name)
+    if p is None:
+        return {}
+    return {"model_step_time_s": p.step_s, "model_compute_s": p.compute_s, "model_comm_s": p.comm_s,
+            "model_error": measured_s / p.step_s - 1}
+
+
+def model_fields(out: Searched) -> dict:
+    """The model against the race: every plan it priced, the link model it priced them on, and
+    its scores over the distinct programs raced (``scored``; ``price.scores``: Kendall's tau of
+    the orders, the measured time of the plan it predicted fastest over the fastest, the mean
+    absolute error)."""
+    measured = {out.searched.name: out.searched.step_time_s, **{n: r.step_time_s for n, r in out.baselines.items()}}
+    names = [n for n in measured if n in out.priced]
+    # The searched plan compiled to a baseline's program was raced once, as that baseline: one
+    # program, scored once (its row keeps its figures).
+    scored = [n for n in names if not (n == out.searched.name and out.answer.same_as)]
+    return {"links": out.links, "plans": {n: out.priced[n].to_json() for n in names}, "scored": scored,
+            **(scores([out.priced[n].step_s for n in scored], [measured[n] for n in scored]) if scored else {})}
 
 
 def _error(measured_s: float, predicted_s: Optional[float]) -> dict:

@@ -45,6 +45,7 @@ SIZES = (4 * 2**10, 64 * 2**10, 2**20)
 MIN_REPEATS = 12
 CHAIN = 8           # collectives per timed program: one run's noise is shared among them
 MATMUL_SIZE = 256   # each device multiplies [256, 256] x [256, 256]
+STREAM_BYTES = 16 * 2**20   # each device scales a float32 array this large (past a CPU's caches)
 
 
 def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: bool = True,
@@ -190,6 +191,27 @@ def matmul_rate(product: _Program, timer: Timer) -> float:
                                             product.args)
     seconds = max(lower_quartile(times) - lower_quartile(overhead), 1e-9)
     return 2.0 * k ** 3 / seconds
+
+
+def stream_program(mesh: Any) -> _Program:
+    """Every device scaling its float32 ``STREAM_BYTES`` array (reads it, writes as much), given
+    to be compiled: the memory bandwidth the step's other instructions run at."""
+    n = STREAM_BYTES // 4
+    rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+    x = jax.make_array_from_callback((n * mesh.devices.size,), rows, lambda idx: np.full(n, 0.5, np.float32))
+    program = jax.jit(lambda a: a * 1.0001 + 0.5, in_shardings=rows, out_shardings=rows)
+    return _Program(compile_share.compile(lambda: program.lower(x)), [x], rows)
+
+
+def stream_rate(stream: _Program, timer: Timer) -> float:
+    """Bytes/s one device reads and writes while every device does the same (on CPU devices
+    they share the host's cores and memory, as the training step's do). Not less an overhead
+    program: it would write as many bytes; a run's own overhead is microseconds beside the
+    milliseconds these bytes take."""
+    compiled = stream.program.result()
+    jaxcompat.settle_programs()
+    (times,) = timer.runs([compiled], stream.args)
+    return 2.0 * STREAM_BYTES / max(lower_quartile(times), 1e-9)
 
 
 def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...], kinds: Sequence[str]) -> CommModel:

@@ -5,6 +5,11 @@
   between them; from it, the ``CommModel`` of any logical mesh over any number of nodes.
 - ``collectives.py``: the collectives XLA's partitioned program runs, read from its text, each
   priced on the link it crosses (how a plan measured on one host is predicted on several).
+- ``work.py``: what one device computes in a step of the compiled program (dot FLOPs, bytes
+  read and written, a scanned body counted per iteration);
+- ``price.py``: the one model of a plan's step: its work at the device's rates, its collectives
+  on their links, its memory as XLA analyses it; every race shows it beside the measured time,
+  and ``job_links`` measures (once, into the profile store) the link model of the job's devices;
 - ``ahead.py``: ``mode=search mode.predict=true``: every baseline and the search's plan for N
   nodes ranked by predicted step time, on a laptop, and the best written as a plan.
 """

@@ -11,9 +11,11 @@ nodes), the step is analysed as the search analyses it, and its candidates are:
   strategy's computation (``ilp.formulate(compute=True)``).
 
 Each candidate is then compiled for the N devices as virtual CPU devices (XLA's SPMD partitioner
-is the same on every backend) and predicted with one model: its contractions' FLOPs per device at
-the link model's matmul rate, plus every collective of the partitioned program priced on the link
-it crosses (``collectives.py``); its memory per device is XLA's own analysis of that program.
+is the same on every backend) and predicted with the one model of a step the race checks against
+measurement (``price.py``): its dots' FLOPs per device at the link model's matmul rate and the
+bytes its instructions move at the device's memory bandwidth (``work.py``), plus every collective
+of the partitioned program priced on the link it crosses (``collectives.py``); its memory per
+device is XLA's own analysis of that program.
 The best plan that fits the device's memory is written as ``plan.json`` (``mode=train
 mode.plan=<run dir>/plan.json`` on the real nodes).
 """
@@ -36,17 +38,16 @@ from rich.table import Table
 
 from launcher import jaxcompat
 from launcher.errors import BAD_INPUT, UserError
-from launcher.models.train import memory_stats
 from launcher.runtime.native_output import to_file
 from launcher.sharding import pipeline
 from launcher.sharding.algorithms.base import builtin_baselines
 from launcher.sharding.apply import make_mesh, plan_json, whole_step
-from launcher.sharding.ilp.formulate import contraction_s, formulate
+from launcher.sharding.ilp.formulate import formulate
 from launcher.sharding.ilp.operators import operator_graph
 from launcher.sharding.ilp.plan import to_blocks
 from launcher.sharding.ilp.solve import solve
 from launcher.sharding.predict import links as links_mod
-from launcher.sharding.predict.collectives import collectives, comm_seconds, summary
+from launcher.sharding.predict.price import price
 from launcher.sharding.predict.command import ERROR_FILE, links_name
 from launcher.sharding.search.fit import state_inputs
 from launcher.sharding.search.meshes import for_each_mesh, mesh_shapes
@@ -219,15 +220,9 @@ def _dtype(a: Any) -> str:
     return max(set(dtypes), key=dtypes.count) if dtypes else "float32"
 
 
-def compute_seconds(a: Any, choice: Mapping[int, Any], flops_per_s: float) -> float:
-    """The contractions' computation per device under ``choice`` (FLOPs over the devices sharing
-    each, once per iteration of a scanned body) at ``flops_per_s``."""
-    return sum(a.trips_of(op) * contraction_s(c, choice[op], a.mesh_shape, flops_per_s)
-               for op, c in a.contractions.items() if op in choice)
-
-
 def _measure_free(c: Candidate, program: Any, links: Any, n: int, log: Log) -> dict:
-    """A candidate compiled for the virtual devices and predicted (module doc): its row."""
+    """A candidate compiled for the virtual devices and predicted by the one model of a step
+    (``price.py``, the race's): its row."""
     row: dict = {"plan": c.name, "mesh_shape": c.mesh, "source": c.source, "state_stored_split": bool(c.stored),
                  "crossing_axes": links.crossing(c.mesh), "ilp_model_step_time_s": c.model_s}
     t0 = time.perf_counter()
@@ -239,15 +234,12 @@ def _measure_free(c: Candidate, program: Any, links: Any, n: int, log: Log) -> d
         row.update(fits=False, skipped=f"XLA could not compile it: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         log(f"{c.name} on {c.mesh}: {row['skipped']}")
         return row
-    found = collectives(compiled.as_text(), n)
-    comm = comm_seconds(found, links)
-    compute = compute_seconds(c.analysis, c.choice, links.flops(_dtype(c.analysis)))
-    peak = float(memory_stats(compiled)["peak_bytes"])   # XLA's buffer assignment, as every run reports it
-    row.update(predicted_step_time_s=compute + comm, predicted_compute_s=compute, predicted_comm_s=comm,
-               memory_per_device_gb=peak / 1e9, fits=peak <= links.memory_bytes, collectives=summary(found),
-               compile_s=time.perf_counter() - t0)
-    log(f"{c.name} on {c.mesh} ({c.source}): compute {compute:.6f} s + communication {comm:.6f} s, "
-        f"{peak / 1e9:.3f} GB per device (compiled in {row['compile_s']:.1f} s)")
+    p = price(compiled, links)   # the virtual devices are numbered node by node, as the link model counts them
+    row.update(predicted_step_time_s=p.step_s, predicted_compute_s=p.compute_s, predicted_comm_s=p.comm_s,
+               memory_per_device_gb=p.memory_bytes / 1e9, fits=p.memory_bytes <= links.memory_bytes,
+               collectives=p.collectives, work=p.work.to_json(), compile_s=time.perf_counter() - t0)
+    log(f"{c.name} on {c.mesh} ({c.source}): compute {p.compute_s:.6f} s + communication {p.comm_s:.6f} s, "
+        f"{p.memory_bytes / 1e9:.3f} GB per device (compiled in {row['compile_s']:.1f} s)")
     return row
 
 

@@ -103,25 +103,32 @@ def _trip_count(ins: hlo_text.Instruction) -> int:
     return int(m.group(1)) if m else 1
 
 
-def collectives(text: str, partitions: int) -> list[Collective]:
-    """Every collective a step of the compiled program ``text`` runs (module doc)."""
-    module = hlo_text.read(text, "<compiled program>")
+def executions(module: hlo_text.Module) -> tuple[list[str], Counter, set[str]]:
+    """How often a step runs each computation reached from the entry (a ``while`` body: its
+    trip count times its caller's), in call order; and which of them are inlined into an
+    instruction (a fusion's body, a reduction's ``to_apply``) rather than run as a sequence."""
     times: Counter = Counter({module.entry: 1})
-    order = [module.entry]
+    order, inlined = [module.entry], set()
     # Computations are called from the ones before them in a call tree: walk it from the entry.
     for name in order:
         for ins in module.computations.get(name, []):
-            calls = []
             for key in ("body", "condition", "to_apply", "calls", "branch_computations"):
                 value = ins.attrs.get(key)
-                if value:
-                    calls += [c.lstrip("%") for c in re.findall(r"%?([\w.\-]+)", value)]
-            for c in calls:
-                if c in module.computations:
-                    times[c] += times[name] * (_trip_count(ins) if ins.opcode == "while" and
-                                               ins.attrs.get("body", "").lstrip("%") == c else 1)
+                for c in re.findall(r"%?([\w.\-]+)", value or ""):
+                    if c not in module.computations:
+                        continue
+                    times[c] += times[name] * (_trip_count(ins) if ins.opcode == "while" and key == "body" else 1)
+                    if key == "to_apply" or (key == "calls" and ins.opcode != "call") or name in inlined:
+                        inlined.add(c)
                     if c not in order:
                         order.append(c)
+    return order, times, inlined
+
+
+def collectives(text: str, partitions: int) -> list[Collective]:
+    """Every collective a step of the compiled program ``text`` runs (module doc)."""
+    module = hlo_text.read(text, "<compiled program>")
+    order, times, _ = executions(module)
     shapes = {i.name: i.type for body in module.computations.values() for i in body}
     out = []
     for name in order:

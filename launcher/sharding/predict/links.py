@@ -3,7 +3,9 @@
 A link model (``conf/links/<name>.yaml``, or any path) says, for one kind of machine:
 
 - ``device``: its name, its matmul rate per dtype (FLOP/s a device sustains on the step's
-  contractions: the data sheet's peak times ``matmul_efficiency``), and its memory;
+  contractions: the data sheet's peak times ``matmul_efficiency``), its memory, and that
+  memory's bandwidth (``memory_bandwidth_gb_s``, optional: what the step's other instructions
+  read and write runs at);
 - ``devices_per_node``: the devices one node (host, worker) holds;
 - ``within``: the fast link joining ``within.devices`` devices (a node's xGMI or NVLink, a TPU
   slice's ICI: that domain may span several nodes), and ``across``: the slow one between those
@@ -91,6 +93,9 @@ class LinkModel:
     source: Mapping[str, str] = field(default_factory=dict)
     path: str = ""
     operands_one_by_one: bool = False  # a tuple collective's operands each a collective (XLA:CPU's gloo)
+    # Bytes/s a device's instructions read and write from its memory (the step's work besides
+    # its matmuls, ``work.py``); inf where the file gives none: that work then costs nothing.
+    memory_bytes_per_s: float = math.inf
 
     # --- one collective -----------------------------------------------------------------------
 
@@ -152,7 +157,9 @@ class LinkModel:
     def to_yaml(self) -> str:
         d = {"name": self.name, "device": {"name": self.device, "memory_gb": float(self.memory_bytes / 1e9),
                                            "matmul_tflops": {k: float(v / 1e12) for k, v in self.flops_per_s.items()},
-                                           "matmul_efficiency": 1.0},
+                                           "matmul_efficiency": 1.0,
+                                           **({"memory_bandwidth_gb_s": float(self.memory_bytes_per_s / 1e9)}
+                                              if math.isfinite(self.memory_bytes_per_s) else {})},
              "devices_per_node": self.devices_per_node,
              "within": {"devices": self.domain_devices, **self.within.to_json()},
              "across": self.across.to_json(), "hierarchical": self.hierarchical,
@@ -239,10 +246,13 @@ def from_dict(d: Mapping[str, Any], path: str = "") -> LinkModel:
     domain = int(d["within"].get("devices", per_node))
     if per_node < 1 or domain < 1 or not rates or any(r <= 0 for r in rates.values()):
         raise ValueError("devices_per_node, within.devices and device.matmul_tflops must be positive")
+    bandwidth = float(dev.get("memory_bandwidth_gb_s") or math.inf) * 1e9
+    if bandwidth <= 0:
+        raise ValueError("device.memory_bandwidth_gb_s must be positive (or left out)")
     return LinkModel(str(d.get("name", Path(path).stem)), str(dev["name"]), rates, float(dev["memory_gb"]) * 1e9,
                      per_node, domain, link(d["within"], "within"), link(d["across"], "across"),
                      bool(d.get("hierarchical", True)), dict(d.get("source") or {}), path,
-                     bool(d.get("operands_one_by_one", False)))
+                     bool(d.get("operands_one_by_one", False)), bandwidth)
 
 
 def from_line(kind: str, n: int, line: Line) -> tuple[float, float]:

@@ -306,8 +306,9 @@ class AutoPlan:
         memory = p.predicted_memory_bytes / 2**30 if p.predicted_memory_bytes is not None else None
         plan = cls([int(n) for n in p.mesh_shape], dict(p.plan.constraints), describe_leaves(program.args),
                    list(reading.user_data_argnums), jax.device_count(), p.algorithm, program.name, p.source,
-                   p.predicted_step_time_s, memory, _run_json(out.searched),
-                   {name: _run_json(r, out.others.get(name)) for name, r in out.baselines.items()}, dict(out.skipped), list(p.meshes),
+                   p.predicted_step_time_s, memory, _run_json(out.searched, priced=out.priced.get(out.searched.name)),
+                   {name: _run_json(r, out.others.get(name), out.priced.get(name)) for name, r in out.baselines.items()},
+                   dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
                    loss=reading.loss_path, across=getattr(p.plan, "across", None), scalars=reading.scalars)
         plan.name, plan.searched = plan.row, p.details
@@ -493,11 +494,14 @@ def _placed(x: Any, sharding: Any) -> Any:
     return place(x, sharding)
 
 
-def _run_json(r: PlanRun, planned: Any = None) -> dict:
-    """A run as a plan file keeps it; another algorithm's plan (``planned``) with its prediction."""
+def _run_json(r: PlanRun, planned: Any = None, priced: Any = None) -> dict:
+    """A run as a plan file keeps it; another algorithm's plan (``planned``) with its prediction;
+    the one model's prediction of it (``priced``, predict/price.py) and its error, where priced."""
     predicted = getattr(planned, "predicted_step_time_s", None)
     return {**r.summary(), "losses": list(r.losses), "flops": r.flops,
-            **({"predicted_step_time_s": predicted} if predicted else {})}
+            **({"predicted_step_time_s": predicted} if predicted else {}),
+            **({"model_step_time_s": priced.step_s, "model_error": r.step_time_s / priced.step_s - 1}
+               if priced is not None else {})}
 
 
 class Applied:
