@@ -65,6 +65,10 @@ def one_run(extra: list[str], work: Path, i: int) -> dict:
                                                  "duel_over_incumbent_paired")}
                           for c in r.get("candidates", [])],
            "profile_time_s": r["profile_time_s"], "mode_wall_s": r["mode_wall_s"],
+           # The one model's prediction of every plan raced, beside the race (predict/price.py).
+           "model": {k: v for k, v in (r.get("model") or {}).items() if k != "plans"},
+           "model_step_time_s": {"searched": r.get("model_step_time_s"),
+                                 **{k: v.get("model_step_time_s") for k, v in r["baselines"].items()}},
            "meshes": [{k: m.get(k) for k in ("mesh_shape", "profiled_configs", "profile_time_s", "skipped",
                                              "gate_predicted_step_time_s")}
                       for m in r.get("meshes", [])]}
