@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.sharding.predict import links
+from launcher.sharding.predict import links, price
 from launcher.sharding.search.comm import collectives
 from launcher.hlo.text import fingerprint
 from launcher.sharding.profile.boundaries import Boundary
@@ -810,7 +810,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
         assert r["model_compute_s"] > 0 and r["model_comm_s"] > 0, name   # every plan here communicates
     scored = result["model"]
     cached = list((tmp_path / "cache" / "link_models").glob("*.yaml"))
-    assert [p.name for p in cached] == [f"cpu-cpu_2x4_jax{jax.__version__}_v1.yaml"]
+    assert [p.name for p in cached] == [f"cpu-cpu_2x4_jax{jax.__version__}_v{price.LINK_MODEL_VERSION}.yaml"]
     assert len(scored["plans"]) == len(raced) and scored["links"].startswith(f"measured ({cached[0]})")
     # one program raced once (CFP's plan compiled to a baseline's) is scored once
     assert scored["scored"] == [n for n in raced if n != "cfp" or not answer.get("same_as")], scored

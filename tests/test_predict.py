@@ -186,6 +186,23 @@ def test_a_scanned_bodys_work_counts_once_per_iteration():
     assert ten.seconds({"float32": 1e9}, 1e9) == pytest.approx(ten.flops["float32"] / 1e9 + ten.nbytes / 1e9)
 
 
+def test_a_scan_over_stacked_layers_moves_each_layers_slice_not_the_stack():
+    """A scanned body reads its layer's slice of the stacked weights and writes its slot of the
+    stacked outputs in place: bytes grow with the layers, not with their square."""
+    def stacked(layers: int):
+        def f(x, ws):
+            def body(c, w):
+                y = jnp.tanh(c @ w)
+                return y, y
+            return jax.lax.scan(body, x, ws)
+        return jax.jit(f).lower(jnp.ones((64, 64)), jnp.ones((layers, 64, 64))).compile()
+
+    ten, forty = work.work(stacked(10).as_text()), work.work(stacked(40).as_text())
+    layer = 64 * 64 * 4
+    assert forty.nbytes / ten.nbytes == pytest.approx(4, rel=0.15)   # the whole stack per layer: 16
+    assert ten.nbytes < 10 * 12 * layer   # each layer: its weights, the carry and its slot, a few times over
+
+
 def test_a_plan_is_priced_as_its_work_plus_its_collectives_on_their_links():
     mesh = Mesh(np.array(jax.devices()), ("a",))
     c = _compiled(jax.grad(lambda w, x: jnp.tanh(x @ w).sum()), jnp.ones((64, 64)), jnp.ones((32, 64)),
@@ -320,6 +337,7 @@ def test_mode_check_measures_a_link_model_the_prediction_reads(tmp_path):
     assert set(m.within.by_collective) == set(m.across.by_collective) == {"all-reduce", "all-gather",
                                                                             "reduce-scatter", "all-to-all"}
     assert m.flops("float32") > 0 and m.memory_bytes > 0 and 0 < m.memory_bytes_per_s < math.inf
+    assert 0 < m.launch_s < 0.1   # running a program at all: microseconds to milliseconds
     assert "measured" in m.source
 
 

@@ -96,13 +96,9 @@ def race_fields(out: Searched, options: ProfileOptions) -> dict:
 
 
 def _modelled(out: Searched, name: str, measured_s: float) -> dict:
-    """A raced plan's step as the one model of a step predicts it (``predict/price.py``), and
-    ``model_error``: measured over predicted, less 1."""
+    """A raced plan's step as the one model of a step predicts it (``price.Priced.against``)."""
     p = out.priced.get(name)
-    if p is None:
-        return {}
-    return {"model_step_time_s": p.step_s, "model_compute_s": p.compute_s, "model_comm_s": p.comm_s,
-            "model_error": measured_s / p.step_s - 1}
+    return p.against(measured_s) if p is not None else {}
 
 
 def model_fields(out: Searched) -> dict:

@@ -214,6 +214,18 @@ def stream_rate(stream: _Program, timer: Timer) -> float:
     return 2.0 * STREAM_BYTES / max(lower_quartile(times), 1e-9)
 
 
+def launch_seconds(mesh: Any, timer: Timer) -> float:
+    """Seconds to run a program over every device of ``mesh`` that computes nothing (an overhead
+    program of one float per device): what each step pays however little it computes, most of a
+    step of a small model on CPU devices sharing a host's cores."""
+    rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
+    x = jax.make_array_from_callback((mesh.devices.size,), rows, lambda idx: np.zeros(1, np.float32))
+    program = overhead_program([x], [x], [rows])
+    jaxcompat.settle_programs()
+    (times,) = timer.runs([program], [x])
+    return lower_quartile(times)
+
+
 def _broadcast(model: CommModel | None, mesh_shape: tuple[int, ...], kinds: Sequence[str]) -> CommModel:
     """Rank 0's model (its lines of ``kinds``) on every process (as numbers in a fixed order; a
     no-op with one process)."""

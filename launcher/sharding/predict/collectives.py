@@ -118,7 +118,9 @@ def executions(module: hlo_text.Module) -> tuple[list[str], Counter, set[str]]:
                     if c not in module.computations:
                         continue
                     times[c] += times[name] * (_trip_count(ins) if ins.opcode == "while" and key == "body" else 1)
-                    if key == "to_apply" or (key == "calls" and ins.opcode != "call") or name in inlined:
+                    # A call's computation runs as a sequence (XLA writes it ``call(...), to_apply=``);
+                    # a fusion's, a reduction's or a sort's is inlined into its instruction.
+                    if (key in ("to_apply", "calls") and ins.opcode != "call") or name in inlined:
                         inlined.add(c)
                     if c not in order:
                         order.append(c)

@@ -5,7 +5,8 @@ A link model (``conf/links/<name>.yaml``, or any path) says, for one kind of mac
 - ``device``: its name, its matmul rate per dtype (FLOP/s a device sustains on the step's
   contractions: the data sheet's peak times ``matmul_efficiency``), its memory, and that
   memory's bandwidth (``memory_bandwidth_gb_s``, optional: what the step's other instructions
-  read and write runs at);
+  read and write runs at), and what running a program at all costs (``launch_us``, optional; a
+  measured file's);
 - ``devices_per_node``: the devices one node (host, worker) holds;
 - ``within``: the fast link joining ``within.devices`` devices (a node's xGMI or NVLink, a TPU
   slice's ICI: that domain may span several nodes), and ``across``: the slow one between those
@@ -96,6 +97,9 @@ class LinkModel:
     # Bytes/s a device's instructions read and write from its memory (the step's work besides
     # its matmuls, ``work.py``); inf where the file gives none: that work then costs nothing.
     memory_bytes_per_s: float = math.inf
+    # Seconds every step pays to run a program at all, however little it computes (the runtime's
+    # launch over the devices; 0 where the file gives none).
+    launch_s: float = 0.0
 
     # --- one collective -----------------------------------------------------------------------
 
@@ -159,7 +163,8 @@ class LinkModel:
                                            "matmul_tflops": {k: float(v / 1e12) for k, v in self.flops_per_s.items()},
                                            "matmul_efficiency": 1.0,
                                            **({"memory_bandwidth_gb_s": float(self.memory_bytes_per_s / 1e9)}
-                                              if math.isfinite(self.memory_bytes_per_s) else {})},
+                                              if math.isfinite(self.memory_bytes_per_s) else {}),
+                                           **({"launch_us": float(self.launch_s * 1e6)} if self.launch_s else {})},
              "devices_per_node": self.devices_per_node,
              "within": {"devices": self.domain_devices, **self.within.to_json()},
              "across": self.across.to_json(), "hierarchical": self.hierarchical,
@@ -247,12 +252,14 @@ def from_dict(d: Mapping[str, Any], path: str = "") -> LinkModel:
     if per_node < 1 or domain < 1 or not rates or any(r <= 0 for r in rates.values()):
         raise ValueError("devices_per_node, within.devices and device.matmul_tflops must be positive")
     bandwidth = float(dev.get("memory_bandwidth_gb_s") or math.inf) * 1e9
-    if bandwidth <= 0:
-        raise ValueError("device.memory_bandwidth_gb_s must be positive (or left out)")
+    launch = float(dev.get("launch_us") or 0.0) * 1e-6
+    if bandwidth <= 0 or launch < 0:
+        raise ValueError("device.memory_bandwidth_gb_s must be positive and device.launch_us at least 0 (or left "
+                         "out)")
     return LinkModel(str(d.get("name", Path(path).stem)), str(dev["name"]), rates, float(dev["memory_gb"]) * 1e9,
                      per_node, domain, link(d["within"], "within"), link(d["across"], "across"),
                      bool(d.get("hierarchical", True)), dict(d.get("source") or {}), path,
-                     bool(d.get("operands_one_by_one", False)), bandwidth)
+                     bool(d.get("operands_one_by_one", False)), bandwidth, launch)
 
 
 def from_line(kind: str, n: int, line: Line) -> tuple[float, float]:

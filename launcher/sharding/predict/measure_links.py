@@ -2,7 +2,8 @@
 benches): the collectives timed as the ILP's calibration times them (``measuring/calibrate.py``),
 over a mesh whose first axis crosses the processes (nodes) and whose second stays within one,
 and turned into the figures ``links.py`` reads (``links.from_line``), one pair per collective.
-The matmul rate and the memory bandwidth (every device at once) are measured too; the memory is
+The matmul rate, the memory bandwidth (every device at once) and what running a program at all
+costs (a step's launch) are measured too; the memory is
 the host's share per device on CPU, else what JAX says a device holds."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import jax
 import numpy as np
 
-from launcher.sharding.measuring.calibrate import measure, stream_program, stream_rate
+from launcher.sharding.measuring.calibrate import launch_seconds, measure, stream_program, stream_rate
 from launcher.sharding.measuring.costmodel import COLLECTIVES
 from launcher.sharding.measuring.timing import Timer
 from launcher.sharding.predict.links import Link, LinkModel, from_line
@@ -56,14 +57,16 @@ def measure_links(repeats: int = 12, name: str = "measured") -> LinkModel:
     if not rate:   # one device: nothing to communicate, the rate alone
         rate = measure(every, timer, [], matmul=True).matmul_flops_per_s
     bandwidth = stream_rate(stream_program(every), timer)
+    launch = launch_seconds(every, timer)
     kind, platform = jax.devices()[0].device_kind, jax.devices()[0].platform
     return LinkModel(name, f"{kind} ({platform})", {"float32": rate}, _device_memory(), local, local, within,
                      across or within, hierarchical=platform != "cpu", operands_one_by_one=platform == "cpu",
-                     memory_bytes_per_s=bandwidth,
+                     memory_bytes_per_s=bandwidth, launch_s=launch,
                      source={"measured": f"on {processes} process(es) x {local} devices with the launcher's "
                                          f"calibration ({repeats} repeats): within over a process's devices, across "
                                          "over groups strided over the processes, at every group size dividing them; "
-                                         "matmul rate float32; memory bandwidth: every device scaling 16 MiB",
+                                         "matmul rate float32; memory bandwidth: every device scaling 16 MiB; launch: a "
+                                         "program computing nothing over every device",
                              "hierarchical": "false on CPU: XLA:CPU's cross-process collectives run flat over gloo",
                              "operands_one_by_one": "true on CPU: gloo runs a tuple collective operand by operand"})
 

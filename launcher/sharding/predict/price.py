@@ -3,7 +3,8 @@ race shows beside each plan's measured time (``pipeline.race_plans``) and what `
 ranks plans by (``ahead.py``).
 
 - computation: what one device computes (``work.py``: its dots' FLOPs at the device's matmul
-  rate, the bytes its other instructions read and write at its memory bandwidth);
+  rate, the bytes its other instructions read and write at its memory bandwidth), and what
+  running a program at all costs (the link model's ``launch_s``);
 - communication: every collective of the partitioned program on the link it crosses
   (``collectives.py``, the link model of ``links.py``);
 - memory: XLA's own analysis of the program (its buffer assignment's peak), as every run reports it.
@@ -39,7 +40,7 @@ from launcher.sharding.predict.collectives import collectives, comm_seconds, sum
 from launcher.sharding.predict.work import Work, work
 
 # Bump when what ``measure_links`` measures changes: older cached link models are measured again.
-LINK_MODEL_VERSION = 1
+LINK_MODEL_VERSION = 2   # 2: the launch of a step measured too
 LINK_REPEATS = 6   # timed runs per collective and size in a search (mode=check's own default is 12)
 
 
@@ -56,6 +57,12 @@ class Priced:
     def step_s(self) -> float:
         return self.compute_s + self.comm_s
 
+    def against(self, measured_s: float) -> dict:
+        """A raced plan's fields of it: the prediction, its halves, and ``model_error``
+        (measured over predicted, less 1: +0.1 ran 10% slower than predicted)."""
+        return {"model_step_time_s": self.step_s, "model_compute_s": self.compute_s, "model_comm_s": self.comm_s,
+                "model_error": measured_s / self.step_s - 1}
+
     def to_json(self) -> dict:
         return {"step_time_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
                 "memory_gb": self.memory_bytes / 2**30, "work": self.work.to_json(), "collectives": self.collectives}
@@ -68,7 +75,8 @@ def price(compiled: Any, links: links_mod.LinkModel, domain_of: Optional[Sequenc
     text = compiled.as_text()
     found = collectives(text, len(jaxcompat.device_order(compiled) or jax.devices()))
     did = work(text)
-    return Priced(did.seconds(links.flops_per_s, links.memory_bytes_per_s), comm_seconds(found, links, domain_of),
+    compute = did.seconds(links.flops_per_s, links.memory_bytes_per_s) + links.launch_s
+    return Priced(compute, comm_seconds(found, links, domain_of),
                   float(memory_stats(compiled)["peak_bytes"]), did, summary(found))
 
 

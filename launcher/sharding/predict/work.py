@@ -8,8 +8,8 @@ scanned body once, whatever its trip count):
 - ``flops``, by dtype: each ``dot``'s ``2 x output elements x contracted elements``, where it
   is (a fusion's body included): the contractions run at the device's matmul rate;
 - ``nbytes``: what each instruction run in sequence reads and writes (a fusion's operands and
-  result, not its body's intermediates, which stay in registers or cache), at the device's memory
-  bandwidth. Bookkeeping that moves nothing (parameters, tuples, bitcasts, constants, control
+  result, not its body's intermediates, which stay in registers or cache; of a buffer sliced or
+  updated in place, the slice: ``_moved``), at the device's memory bandwidth. Bookkeeping that moves nothing (parameters, tuples, bitcasts, constants, control
   flow, whose bodies count on their own) and the collectives (priced on their links) are left out.
 """
 
@@ -58,8 +58,48 @@ def work(text: str) -> Work:
             if name in inlined or ins.opcode in _FREE or ins.opcode.removesuffix("-start") in KINDS \
                     or ins.opcode.endswith("-done"):
                 continue
-            nbytes += times[name] * (_bytes(ins.type) + sum(_bytes(types.get(o, "")) for o in ins.operands))
+            nbytes += times[name] * _moved(ins, module, types)
     return Work(dict(flops), nbytes)
+
+
+# Instructions that read only part of their first operand: what they read is what they make.
+_SLICES = frozenset({"dynamic-slice", "slice", "gather"})
+
+
+def _moved(ins: hlo_text.Instruction, module: hlo_text.Module, types: Mapping[str, str]) -> float:
+    """Bytes an instruction run in sequence reads and writes, as XLA's cost analysis counts them:
+    a slice reads what it makes; an update in place (``dynamic-update-slice``, a fusion whose
+    root is one on a parameter: a scanned body writing its layer's slot) reads and writes its
+    update, not the whole buffer; a fusion reads of each operand only the slices its body takes
+    of it where that is all its body does with it."""
+    result = _bytes(ins.type)
+    if ins.opcode in _SLICES:
+        return 2 * result
+    if ins.opcode == "dynamic-update-slice":
+        return 2 * _bytes(types.get(ins.operands[1], "")) if len(ins.operands) > 1 else result
+    body = module.computations.get((ins.attrs.get("calls") or "").lstrip("%")) if ins.opcode == "fusion" else None
+    if not body:
+        return result + sum(_bytes(types.get(o, "")) for o in ins.operands)
+    params = {i.name: int(i.operands[0]) for i in body if i.opcode == "parameter"}
+    uses: dict[int, list[tuple[hlo_text.Instruction, int]]] = {}   # each parameter's users, and at which operand
+    for i in body:
+        for at, o in enumerate(i.operands):
+            if o in params:
+                uses.setdefault(params[o], []).append((i, at))
+    root = next((i for i in body if i.root), body[-1])
+    in_place = params.get(root.operands[0]) if root.opcode == "dynamic-update-slice" and root.operands else None
+    if in_place is not None:   # the buffer updated where it lies: its update written, not the whole
+        result = _bytes(types.get(root.operands[1], "")) if len(root.operands) > 1 else result
+    moved = result
+    for k, operand in enumerate(ins.operands):
+        users = uses.get(k, [])
+        if k == in_place and all(u is root and at == 0 for u, at in users):
+            continue
+        if users and all(u.opcode in _SLICES and at == 0 for u, at in users):   # only sliced: the slices read
+            moved += sum(_bytes(u.type) for u, _ in users)
+        else:
+            moved += _bytes(types.get(operand, ""))
+    return moved
 
 
 def _dtype(type_text: str) -> str:

@@ -500,8 +500,7 @@ def _run_json(r: PlanRun, planned: Any = None, priced: Any = None) -> dict:
     predicted = getattr(planned, "predicted_step_time_s", None)
     return {**r.summary(), "losses": list(r.losses), "flops": r.flops,
             **({"predicted_step_time_s": predicted} if predicted else {}),
-            **({"model_step_time_s": priced.step_s, "model_error": r.step_time_s / priced.step_s - 1}
-               if priced is not None else {})}
+            **(priced.against(r.step_time_s) if priced is not None else {})}
 
 
 class Applied:
