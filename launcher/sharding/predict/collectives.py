@@ -127,9 +127,15 @@ def executions(module: hlo_text.Module) -> tuple[list[str], Counter, set[str]]:
     return order, times, inlined
 
 
-def collectives(text: str, partitions: int) -> list[Collective]:
-    """Every collective a step of the compiled program ``text`` runs (module doc)."""
-    module = hlo_text.read(text, "<compiled program>")
+def read(text: str | hlo_text.Module) -> hlo_text.Module:
+    """A compiled program's text read once (the model reads its collectives and its work)."""
+    return text if isinstance(text, hlo_text.Module) else hlo_text.read(text, "<compiled program>")
+
+
+def collectives(text: str | hlo_text.Module, partitions: int) -> list[Collective]:
+    """Every collective a step of the compiled program ``text`` (or its module, read) runs
+    (module doc)."""
+    module = read(text)
     order, times, _ = executions(module)
     shapes = {i.name: i.type for body in module.computations.values() for i in body}
     out = []

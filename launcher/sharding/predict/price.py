@@ -36,7 +36,7 @@ from launcher.models.train import memory_stats
 from launcher.runtime import hosts
 from launcher.errors import UserError
 from launcher.sharding.predict import links as links_mod
-from launcher.sharding.predict.collectives import collectives, comm_seconds, summary
+from launcher.sharding.predict.collectives import collectives, comm_seconds, read, summary
 from launcher.sharding.predict.work import Work, work
 
 # Bump when what ``measure_links`` measures changes: older cached link models are measured again.
@@ -72,9 +72,9 @@ def price(compiled: Any, links: links_mod.LinkModel, domain_of: Optional[Sequenc
     """``compiled``'s step on ``links`` (module doc). ``domain_of``: each partition's fast-link
     domain (its process, for a link model measured on the job: ``process_domains``); None: the
     partitions numbered domain by domain (a prediction's virtual devices)."""
-    text = compiled.as_text()
-    found = collectives(text, len(jaxcompat.device_order(compiled) or jax.devices()))
-    did = work(text)
+    module = read(compiled.as_text())   # once: its collectives and its work
+    found = collectives(module, len(jaxcompat.device_order(compiled) or jax.devices()))
+    did = work(module)
     compute = did.seconds(links.flops_per_s, links.memory_bytes_per_s) + links.launch_s
     return Priced(compute, comm_seconds(found, links, domain_of),
                   float(memory_stats(compiled)["peak_bytes"]), did, summary(found))

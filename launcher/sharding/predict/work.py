@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from launcher.hlo import text as hlo_text
-from launcher.sharding.predict.collectives import KINDS, _bytes, executions
+from launcher.sharding.predict.collectives import KINDS, _bytes, executions, read
 
 # Instructions that move no bytes of their own (their bodies, if any, are counted where they run).
 _FREE = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "call", "conditional",
@@ -44,9 +44,10 @@ class Work:
         return {"flops": dict(self.flops), "bytes": self.nbytes}
 
 
-def work(text: str) -> Work:
-    """The FLOPs and bytes one device's step of the compiled program ``text`` runs (module doc)."""
-    module = hlo_text.read(text, "<compiled program>")
+def work(text: str | hlo_text.Module) -> Work:
+    """The FLOPs and bytes one device's step of the compiled program ``text`` (or its module,
+    read) runs (module doc)."""
+    module = read(text)
     order, times, inlined = executions(module)
     types = {i.name: i.type for body in module.computations.values() for i in body}
     flops: Counter = Counter()
