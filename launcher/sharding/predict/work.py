@@ -9,8 +9,9 @@ scanned body once, whatever its trip count):
   is (a fusion's body included): the contractions run at the device's matmul rate;
 - ``nbytes``: what each instruction run in sequence reads and writes (a fusion's operands and
   result, not its body's intermediates, which stay in registers or cache; of a buffer sliced or
-  updated in place, the slice: ``_moved``), at the device's memory bandwidth. Bookkeeping that moves nothing (parameters, tuples, bitcasts, constants, control
-  flow, whose bodies count on their own) and the collectives (priced on their links) are left out.
+  updated in place, the slice: ``_moved``), at the device's memory bandwidth. Bookkeeping that
+  moves nothing (parameters, tuples, bitcasts, constants, control flow, whose bodies count on
+  their own) and the collectives (priced on their links) are left out.
 """
 
 from __future__ import annotations
