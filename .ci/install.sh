@@ -36,9 +36,10 @@ stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
 # [checkpoint]: orbax-checkpoint for mode=train's checkpoints; [ray]: Ray for cluster=ray's tests (a real
 # two-node Ray cluster on this machine); [frameworks]: Flax and Equinox for
 # the examples and the auto-sharding of users' models; [sweep]: Hydra's Optuna sweeper;
-# [tensorboard]: tensorboardX and TensorBoard for the curves; [bench-parallax]: the peer
+# [tensorboard]: tensorboardX and TensorBoard for the curves; [wandb], [mlflow]: the other trackers
+# (W&B offline, MLflow's file store in the tests); [bench-parallax]: the peer
 # bench/bench_autoshard.py races (extras: see pyproject.toml).
-python3 -m pip install "${pip_flags[@]}" -e ".[test,checkpoint,ray,frameworks,sweep,tensorboard,bench-parallax]"
+python3 -m pip install "${pip_flags[@]}" -e ".[test,checkpoint,ray,frameworks,sweep,tensorboard,wandb,mlflow,bench-parallax]"
 
 # The other end of the supported JAX range (launcher/jaxcompat.py: MINIMUM, LUMI's container's
 # JAX) in a virtual environment of its own: .ci/run runs the core suite there too. xlaunch is

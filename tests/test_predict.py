@@ -22,7 +22,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from launcher.errors import UserError
 from launcher.models.train import memory_stats
+from launcher.sharding.measuring.calibrate import chain_bytes
 from launcher.sharding.predict import collectives, links, price, work
+from launcher.sharding.predict.measure_links import LINK_SIZES
 from tests.launch import read_result, run_cli
 
 LUMI = links.load("lumi")
@@ -83,6 +85,44 @@ def test_a_collectives_own_figures_replace_the_links():
     assert m.seconds("all-gather", [0, 1], 1e9) == pytest.approx(1e-6 + 0.05)
     again = links.from_dict(__import__("yaml").safe_load(m.to_yaml()))
     assert again.seconds("all-to-all", [0, 1], 1e9) == pytest.approx(m.seconds("all-to-all", [0, 1], 1e9))
+
+
+def test_a_measured_group_size_is_read_off_its_points_not_its_line(tmp_path):
+    # gloo's ring all-reduce among 8: one float a twentieth of 4 KiB, flat from there to 64 KiB
+    points = [[4, 900.0], [4096, 18000.0], [65536, 19000.0], [2**20, 40000.0]]
+    d = {"name": "x", "device": {"name": "d", "memory_gb": 1, "matmul_tflops": {"float32": 1}},
+         "devices_per_node": 1, "hierarchical": False,
+         "within": {"latency_us": 1, "bandwidth_gb_s": 10},
+         "across": {"latency_us": 3000, "bandwidth_gb_s": 0.5, "by_group_size": {8: {"all-reduce": {
+             "latency_us": 3000, "bandwidth_gb_s": 0.5, "measured": points}}}}}
+    m = links.from_dict(d)
+    eight = list(range(8))
+    assert m.seconds("all-reduce", eight, 4) == pytest.approx(900e-6)        # a scalar: its own point
+    assert m.seconds("all-reduce", eight, 2) == pytest.approx(900e-6)        # less: nothing costs less
+    assert m.seconds("all-reduce", eight, 2050) == pytest.approx((900 + (18000 - 900) * 2046 / 4092) * 1e-6)
+    assert m.seconds("all-reduce", eight, 16384) == pytest.approx((18000 + 1000 * 12288 / 61440) * 1e-6)
+    line = links._flat("all-reduce", 8, m.across.of("all-reduce", 8))
+    assert m.seconds("all-reduce", eight, 2**21) == pytest.approx(40000e-6 + 2**20 / line.bytes_per_s)
+    # a group size with no points, or another collective: the line, as before
+    assert m.seconds("all-reduce", [0, 1, 2, 3], 4) == pytest.approx(links._flat(
+        "all-reduce", 4, m.across.of("all-reduce", 4)).seconds(4))
+    assert m.seconds("all-gather", eight, 4) == pytest.approx(links._flat("all-gather", 8, m.across).seconds(4))
+    # written and read back, the points stay
+    again = links.from_dict(__import__("yaml").safe_load(m.to_yaml()))
+    assert again.across.measured == m.across.measured
+    assert again.seconds("all-reduce", eight, 2050) == pytest.approx(m.seconds("all-reduce", eight, 2050))
+    d["across"]["by_group_size"][8]["all-reduce"]["measured"] = [[0, 1.0]]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(__import__("yaml").safe_dump(d))
+    with pytest.raises(UserError, match=r"across.by_group_size.8.all-reduce.measured: \[bytes, us\] pairs"):
+        links.load(str(bad))
+
+
+def test_a_calibration_chain_holds_the_bytes_it_says():
+    assert chain_bytes("all-reduce", 8, 4) == 4               # one float, not one per device
+    assert chain_bytes("all-gather", 8, 4) == 32              # the gathered end holds one per device
+    assert chain_bytes("all-to-all", 4, 4096) == 4096
+    assert chain_bytes("reduce-scatter", 3, 4096) == 4 * 1023  # a multiple of the group
 
 
 def test_a_measured_line_turns_back_into_the_links_figures():
@@ -330,7 +370,7 @@ def test_predict_on_a_cluster_without_a_default_link_model_says_which_to_give(tm
 @pytest.mark.slow
 def test_mode_check_measures_a_link_model_the_prediction_reads(tmp_path):
     run = tmp_path / "check"
-    run_cli("mode=check", "mode.measure_links=true", run_dir=run, timeout=600)
+    run_cli("mode=check", "mode.measure_links=true", "mode.link_repeats=3", run_dir=run, timeout=600)
     r = read_result(run)
     m = links.load(r["links_file"])
     assert m.devices_per_node == 4 and m.domain_devices == 4 and not m.hierarchical
@@ -338,7 +378,14 @@ def test_mode_check_measures_a_link_model_the_prediction_reads(tmp_path):
                                                                             "reduce-scatter", "all-to-all"}
     assert m.flops("float32") > 0 and m.memory_bytes > 0 and 0 < m.memory_bytes_per_s < math.inf
     assert 0 < m.launch_s < 0.1   # running a program at all: microseconds to milliseconds
-    assert "measured" in m.source
+    assert "measured" in m.source and "(3 repeats, the mean run" in m.source["measured"]
+    # every collective at every group size keeps its points, one float the smallest
+    for link, sizes in ((m.within, (2, 4)), (m.across, (2, 4, 8))):
+        assert sorted(link.measured) == list(sizes)
+        for n in sizes:
+            assert set(link.measured[n]) == set(m.within.by_collective)
+            assert [b for b, _ in link.measured[n]["all-reduce"]] == [float(b) for b in LINK_SIZES]
+            assert all(t >= 0 for _, t in link.measured[n]["all-gather"])
 
 
 @pytest.mark.slow

@@ -108,6 +108,10 @@ class LauncherConfig:
     # final run of search) to <run dir>/traces/rank<N>/ (launcher/runtime/trace.py).
     trace: bool = False
     log_level: str = "INFO"
+    # Where the run's scalars go (launcher/runtime/trackers.py): tensorboard (event files in the
+    # run dir), wandb, mlflow (their extras), none. A restarted or requeued job goes on with the
+    # same run.
+    tracker: str = "tensorboard"
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     # Test-only fault injection, to prove that failures end the job quickly:
     # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT
@@ -328,6 +332,13 @@ def validate(cfg: DictConfig) -> None:
         # The tasks run this very python: its JAX is theirs, so an old one is refused now, not
         # after queueing. (In a container, on TPU workers, each task checks its own at start.)
         jaxcompat.check_version()
+        # So is a tracker whose library it lacks (elsewhere the task says so in its log).
+        from launcher.runtime.trackers import Tracker  # noqa: PLC0415  the schema module stays light
+
+        missing = Tracker.named(cfg.launcher.tracker).missing()
+        if missing:
+            raise UserError(f"launcher.tracker={cfg.launcher.tracker}: {missing}; or choose another tracker "
+                            f"({', '.join(sorted(Tracker.trackers))})")
 
 
 def _validate_launcher(lc: DictConfig) -> None:
@@ -338,6 +349,9 @@ def _validate_launcher(lc: DictConfig) -> None:
     if lc.exit_timeout_s <= 0:
         raise UserError(f"launcher.exit_timeout_s={lc.exit_timeout_s}: must be more than 0 (seconds the ranks have "
                         "to exit once every one is done)")
+    from launcher.runtime.trackers import Tracker  # noqa: PLC0415  the schema module stays light
+
+    Tracker.named(lc.tracker)   # a tracker that is none
     if lc.max_restarts < 0:
         raise UserError(f"launcher.max_restarts={lc.max_restarts}: must be 0 (never restart) or more")
     if lc.max_restarts and not lc.wait:

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,17 @@ class JobInterrupted(JobFailed):
     """The launcher was stopped (Ctrl-C, SIGTERM) while it owned the job, which it cancelled."""
 
 
+def git_commit(where: Path) -> str:
+    """The commit the code at ``where`` is (``-dirty`` where it has changes), "" where it is in no
+    git repository or git is missing."""
+    try:
+        out = subprocess.run(["git", "-C", str(where), "describe", "--always", "--dirty", "--abbrev=40"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -52,7 +64,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg), UserCode(code[0], tuple(code[1])) if code else None)
     cluster.check_run_dir()
     launched = Launch(cluster.coordinator_port, mode.run, modes.code_of(cfg.mode), cluster.shares_filesystem,
-                      cluster.requeues, requeuing_backends())
+                      cluster.requeues, requeuing_backends(), git_commit(Path(code[0]) if code else Path.cwd()))
     executor = cluster.executor()
     text = cluster.submission_text(executor)
     saved = run_dir / cluster.submission_name

@@ -20,9 +20,15 @@ class Config(ModeConfig):
     # each process), written to the run dir's links.yaml (docs/predict.md). Run it with a process
     # per node, or per device as on LUMI, on two nodes at least.
     measure_links: bool = False
+    # Timed runs of each collective at each size for measure_links: its figures are their mean,
+    # so more runs, a steadier figure (12: about a minute on 2 processes x 4 CPU devices here).
+    link_repeats: int = 12
 
     @classmethod
     def check(cls, mode, job) -> None:
         """Before submission (``launcher.cli.schema.validate``); ``job``: ``launcher.modes.checks.Job``."""
+        if mode.get("link_repeats", 12) < 2:
+            raise UserError(f"mode.link_repeats={mode.link_repeats}: must be at least 2 (the runs whose mean a "
+                            "link's figures are; e.g. mode.link_repeats=12)")
         if mode.allgather_mb <= 0:
             raise UserError(f"mode.allgather_mb={mode.allgather_mb}: must be more than 0 (e.g. mode.allgather_mb=1)")

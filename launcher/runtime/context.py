@@ -45,6 +45,9 @@ class Launch:
     # named where this one cannot (launcher/runtime/requeue.py).
     requeues: bool = False
     requeuers: str = "SLURM"
+    # The code's git commit where the job was submitted ("" outside a repository): the
+    # tracker's run records it (launcher/runtime/trackers.py).
+    commit: str = ""
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Curves for TensorBoard: scalars written as event files in the run dir (tensorboardX, which
-needs no TensorFlow).
+"""A run's curves: scalars handed to its experiment tracker (``launcher.tracker``:
+TensorBoard's event files in the run dir by default, W&B or MLflow; ``trackers.py``).
 
 Who writes what: mode=train each step's loss, step time, throughput and TFLOPS, and the step's
 memory (``launcher/modes/runs/train.py``); a mode=run program what it passes to
@@ -10,12 +10,12 @@ time accounting (``time/<what>_s`` at step = the attempt, ``launcher/runtime/tim
 Rank 0 writes into the run dir itself, so ``tensorboard --logdir outputs/`` shows every run side
 by side, named by its run dir; another rank writes only when its program asks
 (``every_rank=True``), into ``<run dir>/rank<N>/``, a run of its own. A restarted or requeued
-attempt's first step purges what earlier attempts wrote at that step and after (TensorBoard's
-purge step), so a resumed curve continues instead of doubling back.
+attempt goes on with the same tracker run (``trackers.py``), its steps continuing.
 
-tensorboardX is an extra (``pip install 'xlaunch[tensorboard]'``): without it the first scalar
-says so once in the rank's log, the run goes on, and nothing is written. The last value of each
-scalar stays in ``last`` (mode=run puts them into result.json as ``logged``).
+The trackers are extras (``pip install 'xlaunch[tensorboard]'``, ``[wandb]``, ``[mlflow]``):
+without the chosen one's library the first scalar says so once in the rank's log, the run goes
+on, and nothing is written. The last value of each scalar stays in ``last`` (mode=run puts them
+into result.json as ``logged``).
 """
 
 from __future__ import annotations
@@ -24,22 +24,20 @@ import numbers
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-# How often the writer's own thread flushes what it holds to disk: a run followed live in
-# TensorBoard shows its steps within this many seconds. (Closing flushes the rest.)
-FLUSH_S = 5
-
-INSTALL = "pip install 'xlaunch[tensorboard]'"
-
+from launcher.runtime.trackers import Tracker, tracker_for
 
 class Scalars:
     """One process's scalars: rank 0's into ``run_dir``, another rank's (only where asked) into
-    ``run_dir/rank<N>``. ``warn`` says once that tensorboardX is missing."""
+    ``run_dir/rank<N>``, through the tracker ``tracker`` with the run's ``params`` (its resolved
+    config and commit: ``trackers.params_of``). ``warn`` says once that its library is missing."""
 
-    def __init__(self, run_dir: Path, rank: int, attempt: int = 0, warn: Callable[[str], Any] = print) -> None:
+    def __init__(self, run_dir: Path, rank: int, attempt: int = 0, warn: Callable[[str], Any] = print,
+                 tracker: str = "tensorboard", params: Optional[Mapping[str, Any]] = None) -> None:
         self.run_dir, self.rank, self.attempt, self.warn = Path(run_dir), rank, attempt, warn
+        self.tracker_name, self.params = tracker, dict(params or {})
+        Tracker.named(tracker)   # a name that is none fails here, before a step runs
         self.last: dict[str, float] = {}
-        self.purged_from: Optional[int] = None  # the step this attempt's writer purged from
-        self._writer: Any = None
+        self._tracker: Optional[Tracker] = None
         self._missing = False
 
     @property
@@ -48,12 +46,19 @@ class Scalars:
 
     @property
     def written(self) -> bool:
-        """Whether this process has written a scalar (an event file is open)."""
-        return self._writer is not None
+        """Whether this process has written a scalar (its tracker run is open)."""
+        return self._tracker is not None
 
-    def add(self, step: int, values: Mapping[str, Any], prefix: str = "", every_rank: bool = False) -> None:
+    @property
+    def purged_from(self) -> Optional[int]:
+        """The step this attempt's TensorBoard writer purged from (None: nothing purged)."""
+        return self._tracker.purged_from if self._tracker is not None else None
+
+    def add(self, step: int, values: Mapping[str, Any], prefix: str = "", every_rank: bool = False,
+            axis: str = "step") -> None:
         """``values`` (name -> number: Python's, NumPy's, a 0-d array) at ``step``, each under
-        ``prefix + name``; on a rank other than 0 only with ``every_rank``. TypeError for a value
+        ``prefix + name``; on a rank other than 0 only with ``every_rank``; ``axis``: what
+        ``step`` counts where it is not the run's steps (``attempt``). TypeError for a value
         that is not a number (NaN is one: a diverging loss shows as such)."""
         found = {}
         for name, value in values.items():
@@ -64,39 +69,30 @@ class Scalars:
         if self.rank != 0 and not every_rank:
             return
         self.last.update(found)
-        writer = self._open(int(step)) if found else None
-        if writer is None:
-            return
-        for tag, v in found.items():
-            writer.add_scalar(tag, v, int(step))
+        tracker = self._open(int(step)) if found else None
+        if tracker is not None:
+            tracker.log(int(step), found, axis)
 
-    def _open(self, first_step: int) -> Any:
-        if self._writer is not None or self._missing:
-            return self._writer
-        try:
-            from tensorboardX import SummaryWriter  # noqa: PLC0415  optional: the tensorboard extra
-        except ImportError:
+    def _open(self, first_step: int) -> Optional[Tracker]:
+        if self._tracker is not None or self._missing:
+            return self._tracker
+        tracker = tracker_for(self.tracker_name, self.log_dir, self.run_dir, self.attempt, self.params, self.warn)
+        if tracker is None:
             self._missing = True
-            self.warn(f"TensorBoard scalars are not written: tensorboardX is not installed ({INSTALL})")
             return None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.purged_from = first_step if self.attempt else None
-        # A later attempt purges what the earlier ones wrote from its first step on. The suffix
-        # keeps two writers of one host in one second (an attempt and its quick restart) apart.
-        self._writer = SummaryWriter(logdir=str(self.log_dir), flush_secs=FLUSH_S,
-                                     purge_step=self.purged_from,
-                                     filename_suffix=f".attempt{self.attempt}")
-        return self._writer
+        tracker.open(first_step)
+        self._tracker = tracker
+        return tracker
 
     def flush(self) -> None:
         """Onto disk now: what was written survives this process being killed (a checkpoint's
         steps, which a restart does not run again)."""
-        if self._writer is not None:
-            self._writer.flush()
+        if self._tracker is not None:
+            self._tracker.flush()
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def _number(value: Any) -> Optional[float]:

@@ -33,6 +33,7 @@ from launcher.plugins import function
 from launcher.runtime import devices, ranks, requeue, status, timing
 from launcher.runtime.context import Launch, TaskContext
 from launcher.runtime.scalars import Scalars
+from launcher.runtime.trackers import params_of
 from launcher.runtime.status import ENDED
 from launcher.runtime.watch import RankReporter
 
@@ -95,7 +96,11 @@ class Task(Checkpointable):
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
         reporter.follow_log(sys.stderr.fileno())  # the log, now: a rank that writes to it is making progress
-        scalars = Scalars(run_dir, rank.process_id, attempt, warn=log.warning)
+        # Rank 0's run of the tracker records the resolved config and the code's commit.
+        params = params_of(OmegaConf.to_container(cfg, resolve=True), getattr(self.launch, "commit", "")) \
+            if rank.process_id == 0 else None
+        scalars = Scalars(run_dir, rank.process_id, attempt, warn=log.warning,
+                          tracker=cfg.launcher.get("tracker", "tensorboard"), params=params)
         self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock,
                          "scalars": scalars}
         try:
@@ -263,10 +268,10 @@ def _write_time(scalars: Scalars, run_dir: Path) -> None:
         if n == scalars.attempt or (purged is not None and purged <= n < scalars.attempt):
             spent = timing.spent(a)
             spent.pop("in_mode_s")
-            scalars.add(n, spent, prefix="time/")
+            scalars.add(n, spent, prefix="time/", axis="attempt")
     total = timing.summary(run_dir)
     if total:
-        scalars.add(scalars.attempt, {"goodput": total["goodput"]}, prefix="time/")
+        scalars.add(scalars.attempt, {"goodput": total["goodput"]}, prefix="time/", axis="attempt")
 
 
 def _inject_fault(cfg: DictConfig, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:

@@ -64,7 +64,7 @@ def run(ctx: TaskContext) -> dict:
     if cfg.get("measure_links"):
         from launcher.sharding.predict.measure_links import measure_links  # noqa: PLC0415 - only when asked
 
-        model = measure_links(name=f"{ctx.cfg.cluster.name}-measured")
+        model = measure_links(repeats=ctx.mode_cfg.link_repeats, name=f"{ctx.cfg.cluster.name}-measured")
         ctx.write_text("links.yaml", model.to_yaml())
         ctx.log.info("link model measured: %s (written to %s)", model.describe(), ctx.path("links.yaml"))
         links = {"links_file": str(ctx.path("links.yaml")), "links_described": model.describe()}

@@ -111,12 +111,42 @@ def measure(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]
     mesh_shape = tuple(mesh.devices.shape)
     if lines is None:
         lines = [(kind, axes) for axes in axis_groups(mesh_shape) for kind in COLLECTIVES]
+    points, rate = measure_points(mesh, timer, lines, matmul=matmul)
+    return CommModel(mesh_shape, {line: fit_line(points[line]) for line in lines}, rate)
+
+
+def measure_points(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]],
+                   sizes: Sequence[int] = SIZES, statistic: Callable[[Sequence[float]], float] = lower_quartile,
+                   matmul: bool = False, differential: bool = False
+                   ) -> tuple[dict[tuple[str, tuple[int, ...]], list[tuple[float, float]]], float]:
+    """Each collective line's (bytes per device at its larger end, seconds) at each of ``sizes``
+    (as near as its shapes allow: ``chain_bytes``), ``statistic`` of its runs; and the matmul rate
+    with ``matmul`` (else 0). ``differential``: the chain less a chain half as long, rather than
+    less an overhead program: what starting the collectives costs (the devices' threads meeting
+    at the first) cancels, as it does in a step of many."""
     with compile_share.shared():  # each process compiles some of the programs and loads the others
-        chains = [collective_chain(mesh, kind, axes, nbytes) for kind, axes in lines for nbytes in SIZES]
+        # Differential: a chain of CHAIN less one of half as many (a shorter base than the
+        # overhead program's: the 1 MiB points, 20 ms a collective on gloo, are most of the time).
+        base = CHAIN // 2 if differential else CHAIN
+        chains = [collective_chain(mesh, kind, axes, nbytes, base) for kind, axes in lines for nbytes in sizes]
+        longer = [collective_chain(mesh, kind, axes, nbytes) for kind, axes in lines for nbytes in sizes
+                  ] if differential else [None] * len(chains)
         product = matmul_program(mesh) if matmul else None
-    seconds = iter([chain_seconds(chain, timer) for chain in chains])
-    fitted = {line: fit_line([(nbytes, next(seconds)) for nbytes in SIZES]) for line in lines}
-    return CommModel(mesh_shape, fitted, matmul_rate(product, timer) if product is not None else 0.0)
+    seconds = iter([chain_seconds(long, timer, statistic, base=chain) if long is not None
+                    else chain_seconds(chain, timer, statistic) for chain, long in zip(chains, longer, strict=True)])
+    shape = tuple(mesh.devices.shape)
+    points = {(kind, axes): [(float(chain_bytes(kind, math.prod(shape[a] for a in axes), nbytes)), next(seconds))
+                             for nbytes in sizes] for kind, axes in lines}
+    return points, matmul_rate(product, timer) if product is not None else 0.0
+
+
+def chain_bytes(kind: str, n: int, nbytes: int) -> int:
+    """The bytes per device at the larger end of a ``collective_chain`` asked for ``nbytes``
+    among ``n`` devices: float32 elements, a multiple of ``n`` where the collective splits its
+    operand (an all-reduce of one element is one element: gloo's cost of a scalar is not that
+    of ``n`` elements)."""
+    elements = nbytes // 4
+    return 4 * (max(elements, 1) if kind == "all-reduce" else max(elements // n, 1) * n)
 
 
 class _Program(NamedTuple):
@@ -125,15 +155,15 @@ class _Program(NamedTuple):
     result: Any   # its result's sharding (the overhead program's)
 
 
-def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int) -> _Program:
-    """The program of ``CHAIN`` ``kind``s in a row over mesh ``axes``, with ``nbytes`` per device
+def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, length: int = CHAIN) -> _Program:
+    """The program of ``length`` ``kind``s in a row over mesh ``axes``, with ``nbytes`` per device
     at the collective's larger end, given to be compiled."""
     names = tuple(mesh.axis_names[a] for a in axes)
     n = math.prod(mesh.devices.shape[a] for a in axes)
     every = PartitionSpec(tuple(mesh.axis_names))
     sharding = NamedSharding(mesh, every)
-    big = max(nbytes // 4 // n, 1) * n             # float32 elements per device at the larger end
-    small = big // n
+    big = chain_bytes(kind, n, nbytes) // 4        # float32 elements per device at the larger end
+    small = max(big // n, 1)
 
     # Each link's result feeds the next (so XLA can neither merge nor drop them) and has the
     # link's input shape; the glue (a scale, a slice, a copy) is local and cheap beside them.
@@ -147,7 +177,7 @@ def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int) -
         return jax.lax.all_to_all(y, names, 0, 0, tiled=True)
 
     def chain(y):
-        for _ in range(CHAIN):
+        for _ in range(length):
             y = link(y)
         return y
 
@@ -158,14 +188,17 @@ def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int) -
     return _Program(compile_share.compile(lambda: program.lower(x)), [x], sharding)
 
 
-def chain_seconds(chain: _Program, timer: Timer) -> float:
-    """Seconds of one collective of a ``collective_chain``: the chain, less its overhead
-    program, over ``CHAIN``."""
+def chain_seconds(chain: _Program, timer: Timer,
+                  statistic: Callable[[Sequence[float]], float] = lower_quartile, base: _Program | None = None
+                  ) -> float:
+    """Seconds of one collective of a ``collective_chain`` of ``CHAIN``: the chain, less its
+    overhead program (``statistic`` of each's runs), over ``CHAIN``; with ``base`` (the chain half
+    as long), less that instead, over the half."""
     compiled = chain.program.result()
     jaxcompat.settle_programs()  # another collective program than the one before
-    entry = timer.entry(compiled, overhead_program(chain.args, chain.args, [chain.result]), chain.args,
-                        statistic=lower_quartile)
-    return max(entry["time_s"] - entry["overhead_s"], 0.0) / CHAIN
+    under = base.program.result() if base is not None else overhead_program(chain.args, chain.args, [chain.result])
+    entry = timer.entry(compiled, under, chain.args, statistic=statistic)
+    return max(entry["time_s"] - entry["overhead_s"], 0.0) / (CHAIN - CHAIN // 2 if base is not None else CHAIN)
 
 
 def matmul_program(mesh: Any) -> _Program:

@@ -57,6 +57,11 @@ class Link:
     # The same measured at several group sizes (a measured file's): {n: {name: (latency_s,
     # bytes_per_s)}}; a group of another size takes the nearest size's figures.
     by_group_size: Mapping[int, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+    # The (bytes, seconds) points those figures were fitted through (a measured file's), by group
+    # size and name: a collective of a measured size is read off them, not off the line, as a
+    # collective's cost need not be one straight line: gloo's ring all-reduce of one float among
+    # 8 devices costs a twentieth of its 4 KiB one, the same as its 64 KiB one.
+    measured: Mapping[int, Mapping[str, tuple[tuple[float, float], ...]]] = field(default_factory=dict)
 
     def of(self, kind: str, n: int = 0) -> "Link":
         if self.by_group_size:
@@ -77,6 +82,9 @@ class Link:
             out["by_collective"] = figures(self.by_collective)
         if self.by_group_size:
             out["by_group_size"] = {int(n): figures(own) for n, own in sorted(self.by_group_size.items())}
+            for n, own in self.measured.items():
+                for k, points in own.items():
+                    out["by_group_size"][int(n)][k]["measured"] = [[float(b), float(t * 1e6)] for b, t in points]
         return out
 
 
@@ -107,17 +115,31 @@ class LinkModel:
                 ) -> float:
         """Seconds of collective ``kind`` among the global devices ``devices`` (one replica
         group), ``nbytes`` per device at its larger end; ``domain_of``: each device's fast-link
-        domain where they are not numbered domain by domain (a process's devices, measured)."""
-        return self.line(kind, devices, domain_of).seconds(nbytes) if len(devices) > 1 and nbytes > 0 else 0.0
+        domain where they are not numbered domain by domain (a process's devices, measured).
+        Read off the points measured at this group size where the link has them, else the line."""
+        if len(devices) <= 1 or nbytes <= 0:
+            return 0.0
+        flat = self._flat_link(devices, domain_of)
+        points = flat.measured.get(len(devices), {}).get(kind) if flat is not None else None
+        if points:
+            return _read_off(points, nbytes, _flat(kind, len(devices), flat).bytes_per_s)
+        return self.line(kind, devices, domain_of).seconds(nbytes)
+
+    def _flat_link(self, devices: Sequence[int], domain_of: Sequence[int] | None) -> Link | None:
+        """The one link a collective among ``devices`` runs over: ``within`` for one domain,
+        ``across`` for several when not hierarchical; None for two levels."""
+        domains = {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
+        if len(domains) == 1:
+            return self.within
+        return None if self.hierarchical else self.across
 
     def line(self, kind: str, devices: Sequence[int], domain_of: Sequence[int] | None = None) -> Line:
         """The collective's cost as ``latency + bytes / bandwidth`` (module doc)."""
         n = len(devices)
+        flat = self._flat_link(devices, domain_of)
+        if flat is not None:
+            return _flat(kind, n, flat)
         domains = {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
-        if len(domains) == 1:
-            return _flat(kind, n, self.within)
-        if not self.hierarchical:
-            return _flat(kind, n, self.across)
         m = n // len(domains)          # devices of the group in each domain
         h = len(domains)
         # Two levels: the domain's devices share the data first (or last), and each moves its
@@ -192,6 +214,20 @@ def _flat(kind: str, n: int, link: Link) -> Line:
     return Line(steps * link.latency_s, link.bytes_per_s / factor)
 
 
+def _read_off(points: Sequence[tuple[float, float]], nbytes: float, bytes_per_s: float) -> float:
+    """Seconds at ``nbytes`` from measured (bytes, seconds) points: the straight line between the
+    two around it; below the smallest, the smallest's (nothing moves for less); beyond the
+    largest, the largest's plus the rest at the fitted bandwidth ``bytes_per_s``."""
+    pts = sorted(points)
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0) if b1 > b0 else t1
+    b, t = pts[-1]
+    return t + (nbytes - b) / bytes_per_s
+
+
 def _scaled(line: Line, bytes_factor: float) -> Line:
     return Line(line.latency_s, line.bytes_per_s / bytes_factor)
 
@@ -234,6 +270,12 @@ def from_dict(d: Mapping[str, Any], path: str = "") -> LinkModel:
             raise ValueError(f"{what}: latency_us must be at least 0 and bandwidth_gb_s more than 0")
         return lat * 1e-6, bw * 1e9
 
+    def points(e: Mapping[str, Any], what: str) -> tuple[tuple[float, float], ...]:
+        out = tuple((float(b), float(us) * 1e-6) for b, us in e.get("measured") or ())
+        if any(b <= 0 or t < 0 for b, t in out):
+            raise ValueError(f"{what}.measured: [bytes, us] pairs with bytes more than 0 and us at least 0")
+        return out
+
     def per_collective(e: Mapping[str, Any], what: str) -> dict:
         own = {str(k): figures(v, f"{what}.{k}") for k, v in (e or {}).items()}
         unknown = sorted(set(own) - set(COLLECTIVES))
@@ -242,10 +284,14 @@ def from_dict(d: Mapping[str, Any], path: str = "") -> LinkModel:
         return own
 
     def link(e: Mapping[str, Any], what: str) -> Link:
-        sizes = {int(n): per_collective(v, f"{what}.by_group_size.{n}") for n, v in (e.get("by_group_size") or {}).items()}
+        by_size = e.get("by_group_size") or {}
+        sizes = {int(n): per_collective(v, f"{what}.by_group_size.{n}") for n, v in by_size.items()}
         if any(n < 2 for n in sizes):
             raise ValueError(f"{what}.by_group_size: group sizes are at least 2")
-        return Link(*figures(e, what), per_collective(e.get("by_collective"), f"{what}.by_collective"), sizes)
+        measured = {int(n): {str(k): p for k, f in v.items() if (p := points(f, f"{what}.by_group_size.{n}.{k}"))}
+                    for n, v in by_size.items()}
+        return Link(*figures(e, what), per_collective(e.get("by_collective"), f"{what}.by_collective"), sizes,
+                    {n: v for n, v in measured.items() if v})
 
     per_node = int(d["devices_per_node"])
     domain = int(d["within"].get("devices", per_node))

@@ -40,7 +40,7 @@ from launcher.sharding.predict.collectives import collectives, comm_seconds, rea
 from launcher.sharding.predict.work import Work, work
 
 # Bump when what ``measure_links`` measures changes: older cached link models are measured again.
-LINK_MODEL_VERSION = 2   # 2: the launch of a step measured too
+LINK_MODEL_VERSION = 3   # 2: the launch of a step measured too; 3: points at small sizes, the mean run
 LINK_REPEATS = 6   # timed runs per collective and size in a search (mode=check's own default is 12)
 
 
