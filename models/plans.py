@@ -296,9 +296,16 @@ def builtin(name: str) -> Plan:
 
 
 def load_plan(spec: str) -> Plan:
-    """A built-in plan by name, or a plan JSON file by path."""
+    """A built-in plan by name, a plan JSON file by path, or a search's run dir (its plan.json,
+    the answer)."""
     if spec in BUILTINS:
         return BUILTINS[spec]
+    if Path(spec).is_dir():
+        path = Path(spec) / "plan.json"
+        if not path.is_file():
+            raise ModelError(f"{spec}: the run dir holds no plan.json (a search writes it as it ends: see whether it "
+                             f"did with `xlaunch status {spec}`); give a search's run dir or a plan file")
+        return Plan.from_json(path)
     if spec.endswith(".json") or "/" in spec:
         return Plan.from_json(spec)
     return builtin(spec)

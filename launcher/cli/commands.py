@@ -182,8 +182,10 @@ def _runs(args: argparse.Namespace) -> int:
         spent = timing.summary(run.path, ended=finished)
         c = timing.cost(spent, run.nodes, run.devices()) if spent else {}
         hours = [f"{c[k]:.3g}" if k in c else "-" for k in ("node_hours", "device_hours")]
+        after = run.record.get("after") or {}
+        job = run.job_id + (f" after {after['job_id']}" if after else "")   # a chain: launcher.after
         rows.append((time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.submitted)), _relative(run.path),
-                     run.mode, run.cluster_name, run.job_id, state, *hours, _short(detail)))
+                     run.mode, run.cluster_name, job, state, *hours, _short(detail)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(f"{c:<{w}}" for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])

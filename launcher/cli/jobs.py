@@ -131,6 +131,36 @@ def open_run(path: str | Path) -> Run:
     return Run(p.resolve(), record)
 
 
+def after_of(spec: str, cluster: Cluster) -> tuple[str, Path | None]:
+    """``launcher.after``'s job: its id and its run dir (None for a bare job id). UserError (one
+    line) where ``cluster``'s scheduler cannot hold a job for another, or ``spec`` names no job
+    of it."""
+    if not cluster.waits_in_queue:
+        raise UserError(f"launcher.after={spec}: cluster={cluster.cfg.cluster.name} cannot hold a job until another "
+                        "has ended (SLURM can: cluster=slurm, lumi); run the two in turn, or leave launcher.after out")
+    if spec.isdigit():
+        return spec, None
+    run = open_run(spec)
+    if run.backend != cluster.backend:
+        raise UserError(f"launcher.after={spec}: job {run.job_id} ran on {run.backend}, not on {cluster.backend}: "
+                        "a job can wait only for one of its own scheduler's")
+    return run.job_id, run.path
+
+
+def waited_for(spec: str, cluster: Cluster) -> str:
+    """Why the job ``launcher.after`` names did not end well ("" where it did, or is not known
+    to have failed), for a job that ended without running: its state and reason."""
+    job_id, path = after_of(spec, cluster)
+    try:
+        if path is None:
+            sched = cluster.scheduled(job_id)
+            return "" if sched.state == "done" else f"job {job_id}: {sched.detail}"
+        st = job_state(open_run(path))
+    except UserError as e:
+        return f"job {job_id}: {e}"
+    return "" if st.state == "done" else f"job {job_id} ({path}) {st.state}: {st.detail}"
+
+
 def find_runs(cwd: Path | None = None) -> list[Run]:
     """Every run under ``outputs/`` and ``multirun/`` of ``cwd``, newest submission first."""
     cwd = Path.cwd() if cwd is None else Path(cwd)

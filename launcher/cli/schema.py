@@ -112,6 +112,11 @@ class LauncherConfig:
     # run dir), wandb, mlflow (their extras), none. A restarted or requeued job goes on with the
     # same run.
     tracker: str = "tensorboard"
+    # Run once another job has ended well: its run dir (or its job id). The job is submitted now
+    # and waits in the scheduler's queue (SLURM: sbatch --dependency=afterok:<id>); if that job
+    # fails, this one ends without running, with its reason. With mode=train mode.plan=<that run
+    # dir>, a search then the training as one submission (docs/long-jobs.md).
+    after: Optional[str] = None
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     # Test-only fault injection, to prove that failures end the job quickly:
     # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT
@@ -210,7 +215,8 @@ def job_of(cfg: DictConfig) -> Job:
         devices = c.nodes * c.gpus_per_node
     backend = Cluster.of(c)
     return Job(devices=devices, files_here=backend.shares_filesystem, model=cfg.model,
-               same_python=backend.runs_this_python and cfg.container.runtime == Runtime.none)
+               same_python=backend.runs_this_python and cfg.container.runtime == Runtime.none,
+               after=str(cfg.launcher.get("after") or ""))
 
 
 def typed(cfg: DictConfig) -> DictConfig:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher import modes
 from launcher.cli import console
 from launcher.cli.console import progress_line
-from launcher.cli.jobs import JOB_FILE, never_started
+from launcher.cli.jobs import JOB_FILE, after_of, never_started, waited_for
 from launcher.clusters.base import Cluster, UserCode, requeuing_backends
 from launcher.clusters.containers import WRAPPER_NAME
 from launcher.errors import UserError
@@ -63,6 +63,8 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     code = mode.code(cfg.mode)  # the user's code its tasks run (mode=run), which the backend ships or binds
     cluster = Cluster.for_config(cfg, run_dir, coordinator_port(cfg), UserCode(code[0], tuple(code[1])) if code else None)
     cluster.check_run_dir()
+    after = after_of(str(cfg.launcher.after), cluster) if cfg.launcher.get("after") else None
+    cluster.after = after[0] if after else ""
     launched = Launch(cluster.coordinator_port, mode.run, modes.code_of(cfg.mode), cluster.shares_filesystem,
                       cluster.requeues, requeuing_backends(), git_commit(Path(code[0]) if code else Path.cwd()))
     executor = cluster.executor()
@@ -89,6 +91,8 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
         record = {"job_id": str(submitted["job"].job_id), "backend": cluster.backend, "submitted": time.time(),
                   "host": socket.gethostname(), "run_dir": str(run_dir), "mode": cfg.mode.name,
                   "cluster": cfg.cluster.name, "ranks": expected_ranks(cfg)}
+        if after:  # xlaunch runs shows the chain
+            record["after"] = {"job_id": after[0], **({"run_dir": str(after[1])} if after[1] else {})}
         (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
         print(f"submitted job {submitted['job'].job_id} ({cfg.mode.name} on {cfg.cluster.name}); run dir {run_dir}",
               file=sys.stderr)
@@ -196,7 +200,10 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                     continue
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
-            view.update(seen.progress or None, _phase(seen, n, watch["attempt"]))
+            phase = _phase(seen, n, watch["attempt"])
+            if cluster.after and not seen.present:   # held in the queue for another job (launcher.after)
+                phase = f"waits in the queue for job {cluster.after} to end well (launcher.after)"
+            view.update(seen.progress or None, phase)
             # Where the ranks work in the run dir itself: a TPU job goes on after its ranks, copying
             # their run dirs back.
             if cluster.shares_filesystem and _stuck_exiting(watch, seen, n, lc.exit_timeout_s, run_dir):
@@ -278,6 +285,12 @@ def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
     reason = never_started(cfg, run_dir)
     if reason:
         return reason, False
+    if cfg.launcher.get("after") and not status.any_status(run_dir):
+        # Never ran: the job it was to run after failed, and the scheduler ended it.
+        why = waited_for(str(cfg.launcher.after), Cluster.for_config(cfg, run_dir))
+        if why:
+            return (f"job {job.job_id} did not run: the job it was to run after (launcher.after="
+                    f"{cfg.launcher.after}) did not end well: {why}"), False
     try:
         job.results()
     except Exception as e:  # noqa: BLE001 - any failure submitit reports is a failed job: name the rank if we can

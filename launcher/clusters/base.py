@@ -75,6 +75,10 @@ class Cluster:
     # Where the tasks' rank numbers come from (launcher/runtime/ranks.py). With an executor of
     # ours, submitit reads them there too (RankJobEnvironment).
     rank_env: ClassVar[type[ranks.RankEnv] | None] = None
+    # Whether its scheduler can hold a job until another of its jobs has ended well
+    # (launcher.after): then ``after`` is that job's id when the job is submitted.
+    waits_in_queue: ClassVar[bool] = False
+    after: str = ""
     _registry: ClassVar[dict[str, type["Cluster"]]] = {}
 
     def __init_subclass__(cls, **kwargs):

@@ -63,6 +63,7 @@ class SlurmCluster(Cluster):
     display_name = "SLURM"
     requeues = True
     rank_env = SlurmEnv
+    waits_in_queue = True
 
     def executor(self) -> "SlurmExecutor":
         # submitit counts the job's timeouts against max_num_timeout; the task counts every
@@ -97,6 +98,11 @@ class SlurmCluster(Cluster):
             if not _SBATCH_KEY.fullmatch(key):
                 raise UserError(f"cluster.sbatch_args: {key!r} is not an sbatch option name (e.g. mail-type)")
             extra[key] = one_line(f"cluster.sbatch_args.{key}", value)
+        if self.after:
+            # launcher.after: it starts once that job has completed; SLURM cancels it at once
+            # if that job fails (else it would wait forever, "DependencyNeverSatisfied").
+            extra["dependency"] = f"afterok:{one_line('launcher.after', self.after)}"
+            extra["kill-on-invalid-dep"] = "yes"
         if extra:
             params["additional_parameters"] = extra
         return params

@@ -19,6 +19,7 @@ class Job:
     devices: Optional[int]  # global devices, where the config alone tells (None: TPU chips, ...)
     files_here: bool  # input files are read from this machine's file systems (not a TPU VM's)
     model: Any = None  # cfg.model, for a mode that checks how the model fits the devices
+    after: str = ""  # launcher.after: the run dir (or job id) the job waits for, whose files may not be there yet
     # The tasks run the launcher's own python (no container, not TPU workers): what it can
     # import, they can.
     same_python: bool = False

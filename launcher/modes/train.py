@@ -3,7 +3,8 @@ every global device, and reports losses, step time, throughput and memory.
 
     python -m launcher mode=train model=gpt-tiny mode.plan=dp_tp mode.mesh_axes={model:4}
 
-``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep) or the path of a plan JSON file
+``mode.plan`` is a built-in plan (dp, tp, fsdp, dp_tp, ep), a search's run dir (its plan.json:
+``launcher.after=<that run dir>`` waits for the search to end), or the path of a plan JSON file
 (the format ``models/plans.py`` documents; the search writes the same, with its per-operator
 layouts in ``constraints``, which apply to the model and optimizer settings it was searched for:
 ``launcher.sharding.apply.constraints_transform`` hands them to ``models.train`` as a step transform).
@@ -29,7 +30,7 @@ class Config(ModeConfig):
     name: str = "train"
     code: str = "train"
     steps: int = 20
-    plan: str = "dp"  # dp | tp | fsdp | dp_tp | ep | path/to/plan.json
+    plan: str = "dp"  # dp | tp | fsdp | dp_tp | ep | path/to/plan.json | a search's run dir
     mesh_axes: Dict[str, int] = field(default_factory=dict)  # resize plan axes, e.g. {model: 4}
     learning_rate: float = 1e-3
     weight_decay: float = 0.1
@@ -56,9 +57,17 @@ class Config(ModeConfig):
             if not (plan.endswith(".json") or "/" in plan):
                 raise UserError(f"mode.plan={plan}: unknown plan {plan!r}; give a built-in plan "
                                 f"({', '.join(BUILTINS)}) or the path of a plan JSON file")
-            if job.files_here and not Path(plan).is_file():
-                raise UserError(f"mode.plan={plan}: no such plan file; give an existing plan JSON file (the search "
-                                f"writes <run dir>/plan.json) or a built-in plan ({', '.join(BUILTINS)})")
+            # A search's run dir holds its plan.json once it ends; one that launcher.after waits
+            # for may not hold it yet.
+            waits = job.after and Path(plan).resolve() == Path(job.after).resolve()
+            is_run_dir = Path(plan).is_dir()
+            if job.files_here and not waits and not (Path(plan) / "plan.json" if is_run_dir else Path(plan)).is_file():
+                raise UserError(f"mode.plan={plan}: " + ("the run dir holds no plan.json (its search has not ended, "
+                                                         "or failed: xlaunch status; or wait for it with "
+                                                         f"launcher.after={plan})" if is_run_dir else
+                                                         "no such plan file; give an existing plan JSON file (the "
+                                                         "search writes <run dir>/plan.json), a search's run dir") +
+                                f" or a built-in plan ({', '.join(BUILTINS)})")
         for axis, size in mode.mesh_axes.items():
             if size < 1:
                 raise UserError(f"mode.mesh_axes.{axis}={size}: must be at least 1")

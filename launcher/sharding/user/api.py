@@ -457,11 +457,15 @@ class AutoPlan:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "AutoPlan":
+        """The plan saved at ``path``: a plan file, or the run dir of ``mode=search mode.step=...``
+        (its plan.json, the answer)."""
+        if Path(path).is_dir():
+            path = Path(path) / "plan.json"
         try:
             data = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise UserError(f"{path}: no such plan file; give the path autoshard's plan.save or mode=search "
-                            "mode.step=... wrote") from None
+                            "mode.step=... wrote, or that search's run dir once it has ended") from None
         except (OSError, ValueError) as e:
             raise UserError(f"{path}: not a plan file ({e})") from None
         return cls.from_dict(data, str(path))
