@@ -29,6 +29,7 @@ imported only when the run first writes a scalar.
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import uuid
@@ -38,7 +39,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional
 TRACKER_FILE = "tracker.json"
 
 
-class Tracker:
+class Tracker(abc.ABC):
     """One run of an experiment tracker. ``open`` once, with the first step this attempt writes;
     ``log`` a step's values (``axis``: what the step counts, ``step`` or another, ``attempt``:
     a tracker with one step axis per run keeps the others apart); ``flush``; ``close``."""
@@ -75,17 +76,17 @@ class Tracker:
             return None
         return f"{cls.module} is not installed (pip install 'xlaunch[{cls.extra}]')"
 
-    def open(self, first_step: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def open(self, first_step: int) -> None: ...
 
-    def log(self, step: int, values: Mapping[str, float], axis: str = "step") -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def log(self, step: int, values: Mapping[str, float], axis: str = "step") -> None: ...
 
-    def flush(self) -> None:
-        pass
+    def flush(self) -> None:  # noqa: B027 - a tracker that writes as it goes has nothing to flush
+        """Onto disk now: what was logged survives the process being killed."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - nor, then, anything to close
+        """The run ends (its last values written)."""
 
     # --- the run's id, kept in the run dir ----------------------------------------------------
 
