@@ -228,6 +228,10 @@ class Plan:
         if not isinstance(d, Mapping):
             raise ModelError(f"{source}: a plan is a JSON object with keys {sorted(_KEYS)}")
         unknown, missing = set(d) - _KEYS, {"name", "mesh_axes", "rules"} - set(d)
+        if d.get("format") == "xlaunch-autoshard-plan":   # launcher/sharding/user/api.py's FORMAT
+            raise ModelError(f"{source}: a plan for a user's step (autoshard's, or mode=search mode.step=...'s), not "
+                            "for a built-in model: apply it in that program (launcher.AutoPlan.load(path), its run "
+                            "dir too); mode=train trains the built-in models")
         if unknown or missing:
             raise ModelError(f"{source}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; "
                             f"a plan has {sorted(_KEYS)}")

@@ -13,7 +13,7 @@ import pytest
 
 from launcher.cli.jobs import JOB_FILE
 from launcher.errors import ModelError, UserError
-from launcher.sharding.user.api import AutoPlan
+from launcher.sharding.user.api import FORMAT, VERSION, AutoPlan
 from launcher.models.plans import BUILTINS, load_plan
 from tests.launch import read_result, run_cli
 
@@ -40,6 +40,16 @@ def test_a_search_run_dir_is_a_plan_for_mode_train_and_for_autoplan(tmp_path):
     assert load_plan(str(run)).to_dict() == BUILTINS["dp_tp"].to_dict()
     with pytest.raises(UserError, match=r"plan.json: no such plan file; .*or that search's run dir once it has ended"):
         AutoPlan.load(tmp_path)
+    # AutoPlan.load reads a run dir's plan.json (here a built-in model's: refused for what it is)...
+    with pytest.raises(UserError, match=r"search/plan.json is not an auto-sharding plan"):
+        AutoPlan.load(run)
+    # ... and mode=train's plans refuse a user's step's plan for what it is.
+    user = tmp_path / "user-search"
+    user.mkdir()
+    (user / "plan.json").write_text(json.dumps({"format": FORMAT, "version": VERSION, "mesh_shape": [2]}))
+    with pytest.raises(ModelError, match=r"a plan for a user's step .* apply it in that program "
+                                         r"\(launcher.AutoPlan.load\(path\), its run dir too\)"):
+        load_plan(str(user))
 
 
 def test_after_puts_slurms_dependency_into_the_script(tmp_path):
