@@ -216,13 +216,13 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 return json.loads((run_dir / "result.json").read_text())
             if cluster.ended(job):
                 restartable = restart is not None and lc.max_restarts > 0 and not status.read_cancelled(run_dir)
-                reason = _ended_badly(job, cfg, run_dir)[0] if restartable else ""
+                reason = _ended_badly(job, cluster, cfg, run_dir)[0] if restartable else ""
                 nxt = again(reason) if reason else None
                 if nxt is None:
                     break
                 job = nxt
             time.sleep(lc.poll_interval_s)
-    return _result(job, cfg, run_dir)
+    return _result(job, cluster, cfg, run_dir)
 
 
 def _stuck_exiting(watch: dict, seen: Watch, n: int, timeout_s: float, run_dir: Path) -> bool:
@@ -266,9 +266,9 @@ def _failing(lc: DictConfig, n: int, seen: Watch, first_seen: float | None, awak
     return reason
 
 
-def _result(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def _result(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The ended job's result.json, or JobFailed (UserError for bad input) saying why there is none."""
-    reason, ran = _ended_badly(job, cfg, run_dir)
+    reason, ran = _ended_badly(job, cluster, cfg, run_dir)
     if reason and ran:  # submitit says the job failed: a task's bad input, or the rank named with its log
         _raise_refusal(run_dir)
         reason = _with_log_tail(reason, run_dir)
@@ -277,7 +277,7 @@ def _result(job: Any, cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "result.json").read_text())
 
 
-def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
+def _ended_badly(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
     """Why a job that has ended has no result ("" if it has one), and whether its tasks ran and
     failed (False: none started, or they ended without a result.json)."""
     # A job that ended before any rank started (an image that cannot start) has no result for
@@ -287,7 +287,7 @@ def _ended_badly(job: Any, cfg: DictConfig, run_dir: Path) -> tuple[str, bool]:
         return reason, False
     if cfg.launcher.get("after") and not status.any_status(run_dir):
         # Never ran: the job it was to run after failed, and the scheduler ended it.
-        why = waited_for(str(cfg.launcher.after), Cluster.for_config(cfg, run_dir))
+        why = waited_for(str(cfg.launcher.after), cluster)
         if why:
             return (f"job {job.job_id} did not run: the job it was to run after (launcher.after="
                     f"{cfg.launcher.after}) did not end well: {why}"), False

@@ -60,14 +60,13 @@ class Config(ModeConfig):
             # A search's run dir holds its plan.json once it ends; one that launcher.after waits
             # for may not hold it yet.
             waits = job.after and Path(plan).resolve() == Path(job.after).resolve()
-            is_run_dir = Path(plan).is_dir()
-            if job.files_here and not waits and not (Path(plan) / "plan.json" if is_run_dir else Path(plan)).is_file():
-                raise UserError(f"mode.plan={plan}: " + ("the run dir holds no plan.json (its search has not ended, "
-                                                         "or failed: xlaunch status; or wait for it with "
-                                                         f"launcher.after={plan})" if is_run_dir else
-                                                         "no such plan file; give an existing plan JSON file (the "
-                                                         "search writes <run dir>/plan.json), a search's run dir") +
-                                f" or a built-in plan ({', '.join(BUILTINS)})")
+            builtins = f"or a built-in plan ({', '.join(BUILTINS)})"
+            if job.files_here and not waits and Path(plan).is_dir() and not (Path(plan) / "plan.json").is_file():
+                raise UserError(f"mode.plan={plan}: the run dir holds no plan.json (its search has not ended, or "
+                                f"failed: xlaunch status; or wait for it with launcher.after={plan}) {builtins}")
+            if job.files_here and not waits and not Path(plan).exists():
+                raise UserError(f"mode.plan={plan}: no such plan file; give an existing plan JSON file (the search "
+                                f"writes <run dir>/plan.json), a search's run dir {builtins}")
         for axis, size in mode.mesh_axes.items():
             if size < 1:
                 raise UserError(f"mode.mesh_axes.{axis}={size}: must be at least 1")

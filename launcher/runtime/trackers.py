@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional
@@ -207,7 +208,8 @@ class MLflow(Tracker):
     name, title, extra, module = "mlflow", "MLflow", "mlflow", "mlflow"
 
     def open(self, first_step: int) -> None:
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415  optional: the mlflow extra
+        from mlflow.entities import Metric, Param  # noqa: PLC0415  optional: the mlflow extra
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -223,8 +225,6 @@ class MLflow(Tracker):
             found = client.get_experiment_by_name(name)
             experiment = found.experiment_id if found is not None else client.create_experiment(name)
             run_id = client.create_run(experiment, run_name=self.run_dir.name).info.run_id
-            from mlflow.entities import Param  # noqa: PLC0415
-
             params = [Param(k, str(v)[:500]) for k, v in self.params.items()]
             for i in range(0, len(params), 100):   # MLflow takes at most 100 a batch
                 client.log_batch(run_id, params=params[i:i + 100])
@@ -233,14 +233,11 @@ class MLflow(Tracker):
             client.update_run(run_id, status="RUNNING")
             for key in client.get_run(run_id).data.metrics:
                 self._last[key] = max(m.step for m in client.get_metric_history(run_id, key))
-        self._run_id = run_id
+        self._run_id, self._metric = run_id, Metric
 
     def log(self, step: int, values: Mapping[str, float], axis: str = "step") -> None:
-        from mlflow.entities import Metric  # noqa: PLC0415
-        import time  # noqa: PLC0415
-
         now = int(time.time() * 1000)
-        fresh = [Metric(k, float(v), now, step) for k, v in values.items() if step > self._last.get(k, -1)]
+        fresh = [self._metric(k, float(v), now, step) for k, v in values.items() if step > self._last.get(k, -1)]
         if fresh:
             self._client.log_batch(self._run_id, metrics=fresh)
 

@@ -153,6 +153,7 @@ class _Program(NamedTuple):
     program: compile_share.Compiling
     args: list[Any]
     result: Any   # its result's sharding (the overhead program's)
+    length: int = 0   # a collective_chain's collectives
 
 
 def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, length: int = CHAIN) -> _Program:
@@ -185,20 +186,20 @@ def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, l
     x = jax.make_array_from_callback((per_device * mesh.devices.size,), sharding,
                                      lambda idx: np.ones((per_device,), np.float32))
     program = jax.jit(jaxcompat.shard_map(chain, mesh=mesh, in_specs=every, out_specs=every))
-    return _Program(compile_share.compile(lambda: program.lower(x)), [x], sharding)
+    return _Program(compile_share.compile(lambda: program.lower(x)), [x], sharding, length)
 
 
 def chain_seconds(chain: _Program, timer: Timer,
                   statistic: Callable[[Sequence[float]], float] = lower_quartile, base: _Program | None = None
                   ) -> float:
-    """Seconds of one collective of a ``collective_chain`` of ``CHAIN``: the chain, less its
-    overhead program (``statistic`` of each's runs), over ``CHAIN``; with ``base`` (the chain half
-    as long), less that instead, over the half."""
+    """Seconds of one collective of a ``collective_chain``: the chain, less its overhead program
+    (``statistic`` of each's runs), over its length; with ``base`` (a shorter chain), less that
+    instead, over the collectives the chain has more."""
     compiled = chain.program.result()
     jaxcompat.settle_programs()  # another collective program than the one before
     under = base.program.result() if base is not None else overhead_program(chain.args, chain.args, [chain.result])
     entry = timer.entry(compiled, under, chain.args, statistic=statistic)
-    return max(entry["time_s"] - entry["overhead_s"], 0.0) / (CHAIN - CHAIN // 2 if base is not None else CHAIN)
+    return max(entry["time_s"] - entry["overhead_s"], 0.0) / (chain.length - (base.length if base is not None else 0))
 
 
 def matmul_program(mesh: Any) -> _Program:

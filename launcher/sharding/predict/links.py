@@ -125,11 +125,14 @@ class LinkModel:
             return _read_off(points, nbytes, _flat(kind, len(devices), flat).bytes_per_s)
         return self.line(kind, devices, domain_of).seconds(nbytes)
 
+    def _domains(self, devices: Sequence[int], domain_of: Sequence[int] | None) -> set[int]:
+        """The fast-link domains ``devices`` lie in (``seconds``' ``domain_of``)."""
+        return {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
+
     def _flat_link(self, devices: Sequence[int], domain_of: Sequence[int] | None) -> Link | None:
         """The one link a collective among ``devices`` runs over: ``within`` for one domain,
         ``across`` for several when not hierarchical; None for two levels."""
-        domains = {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
-        if len(domains) == 1:
+        if len(self._domains(devices, domain_of)) == 1:
             return self.within
         return None if self.hierarchical else self.across
 
@@ -139,7 +142,7 @@ class LinkModel:
         flat = self._flat_link(devices, domain_of)
         if flat is not None:
             return _flat(kind, n, flat)
-        domains = {domain_of[d] if domain_of is not None else d // self.domain_devices for d in devices}
+        domains = self._domains(devices, domain_of)
         m = n // len(domains)          # devices of the group in each domain
         h = len(domains)
         # Two levels: the domain's devices share the data first (or last), and each moves its

@@ -56,8 +56,8 @@ def measure_links(repeats: int = 12, name: str = "measured") -> LinkModel:
             # and a collective's runs on a shared host's cores are far from normal (an
             # in-process all-reduce of one float: 0.14 ms at the lower quartile, 1.65 ms at the
             # median); and what starting them costs (a device's threads meeting at the first)
-            # left out (a chain of 8 less a chain of 4), as a step of many pays it once. The line through the calibration's sizes,
-            # the points kept (``links.Link.measured``).
+            # left out (a chain of 8 less a chain of 4), as a step of many pays it once. The
+            # line through the calibration's sizes, the points kept (``links.Link.measured``).
             points, _ = measure_points(mesh, timer, [(k, (grouped,)) for k in COLLECTIVES], LINK_SIZES,
                                        statistics.mean, differential=True)
             measured[n] = {k: tuple(points[(k, (grouped,))]) for k in COLLECTIVES}
