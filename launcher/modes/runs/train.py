@@ -60,9 +60,11 @@ def run(ctx: TaskContext) -> dict:
                 if every and (trainer.step_no % every == 0 or trainer.step_no == cfg.steps):
                     # Inside the trace when there is one: saving is part of what the run spends.
                     t = time.perf_counter()
-                    ckpts.save(trainer.step_no, trainer.state, trainer.losses, times)
-                    if ctx.scalars is not None:  # the saved steps' curves, kept however this attempt ends
+                    # The steps' curves onto disk before the checkpoint that skips those steps
+                    # exists: a kill between the two then costs a step run again, never a curve.
+                    if ctx.scalars is not None:
                         ctx.scalars.flush()
+                    ckpts.save(trainer.step_no, trainer.state, trainer.losses, times)
                     clock.add("checkpoint_s", time.perf_counter() - t)
     if ckpts is not None:
         ckpts.close()
