@@ -9,7 +9,9 @@ Each rank is the launcher's real code (``launcher/runtime/watch.py``: its ``Rank
 watcher on rank 0, each host's ``node_watch.NodeWatch``), run without JAX: real processes of one rank each
 up to 64 ranks, beyond that threads, ``--threads`` a process (the results say which). One more
 rank, the victim, is always a process of its own: it is killed (SIGKILL), or fails (its status
-says so), or stops progressing with the others (a hang, ``launcher.hang_timeout_s=10``). The
+says so), or stops progressing with the others (a hang, ``launcher.hang_timeout_s=10``), or turns
+slow (``slow``: its host seconds per step 1.3x the others', each rank's given to its real
+``straggler.StepClock``, published and scored by the real watcher). The
 waiting launcher's side is the real ``JobWatch``, read as ``launcher/cli/submit.py`` reads it.
 
 Counted, never estimated: every call naming a path in the run dir, from Python's audit hooks in
@@ -34,6 +36,7 @@ import faulthandler
 import json
 import os
 import platform
+import random
 import resource
 import shutil
 import signal
@@ -47,13 +50,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.runtime import status  # noqa: E402  (the repository's, not an installed copy)
-from launcher.runtime.watch import JobWatch, RankReporter, read_watch  # noqa: E402
+from launcher.runtime import status, straggler  # noqa: E402  (the repository's, not an installed copy)
+from launcher.runtime.watch import JobWatch, RankReporter, Watch, read_watch  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "bench_scale.json"
 EVENTS = ("open", "os.utime", "os.rename", "os.replace", "os.listdir", "os.scandir", "os.mkdir", "os.remove",
           "os.unlink", "os.rmdir", "os.truncate", "os.chmod")
 PEER_TIMEOUT_S, INIT_TIMEOUT_S, HANG_S = 15.0, 60.0, 10.0
+# Each simulated rank's step: its host seconds (the victim's times SLOW_FACTOR once it turns slow),
+# a few percent of noise, judged as launcher.straggler's defaults judge it.
+STEP_HOST_S, STEP_NOISE, SLOW_FACTOR = 0.100, 0.03, 1.3
+STRAGGLER_FACTOR, STRAGGLER_STEPS = 1.2, 10
 
 
 # --- counting -----------------------------------------------------------------------------------
@@ -74,6 +81,9 @@ class Counter:
             now = time.time()
             if self.start <= now < self.end:
                 self.counts[event] = self.counts.get(event, 0) + 1
+                if event in ("os.rename", "os.replace") and f"/{status.STATUS_DIR}/ranks/" in os.fsdecode(args[1]):
+                    # a status written: a heartbeat too (a rank's step figures go in place of a touch)
+                    self.counts["status writes"] = self.counts.get("status writes", 0) + 1
 
 
 # --- the simulated ranks ------------------------------------------------------------------------
@@ -101,18 +111,24 @@ def worker(spec: dict) -> None:
 
     reporters = [RankReporter(spec["run_dir"], r, spec["num_ranks"], node_root=Path(spec["node_root"]))
                  for r in spec["ranks"]]
+    for rep in reporters:  # its host time per step: given (a thread is no rank's main thread), published for real
+        rep.step_clock = straggler.StepClock(STRAGGLER_STEPS)
+    noise = random.Random(spec["ranks"][0])
     while time.time() < spec["join_at"]:
         time.sleep(0.05)
     for rep in reporters:
         rep.set("joined")
         rep.start(PEER_TIMEOUT_S, INIT_TIMEOUT_S, on_peer_failure=on_end(rep.rank, "failure"),
-                  hang_timeout_s=spec["hang_timeout_s"], on_hang=on_end(rep.rank, "hang"))
+                  hang_timeout_s=spec["hang_timeout_s"], on_hang=on_end(rep.rank, "hang"),
+                  straggler_factor=STRAGGLER_FACTOR)
     cpu: dict[str, float] = {}
     fail_at = spec.get("fail_at")
     while time.time() < spec["end_at"] and len(ended) < len(reporters):
         now = time.time()
         if now < spec["progress_until"]:
+            slow = SLOW_FACTOR if now >= spec.get("slow_at", float("inf")) else 1.0
             for rep in reporters:  # a training step on every rank, once a second
+                rep.step_clock.record(STEP_HOST_S * slow * (1 + noise.uniform(-STEP_NOISE, STEP_NOISE)), 1.0)
                 rep.progressed()
         for key, at in (("start", spec["window"][0]), ("end", spec["window"][1])):
             if key not in cpu and now >= at:
@@ -147,8 +163,9 @@ def layout(n: int, threads: int) -> list[list[int]]:
 
 
 def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir: Path) -> dict:
-    """One job of ``n`` ranks: steady for ``window`` s, then its victim killed, failed, or every
-    rank stopping (a hang); the launcher's reading times the naming."""
+    """One job of ``n`` ranks: steady for ``window`` s, then its victim killed, failed, turning
+    slow (its host work per step 1.3x the others'), or every rank stopping (a hang); the launcher's
+    reading times the naming."""
     run_dir = workdir / f"{kind}-{n}" / "run"
     node_root = workdir / f"{kind}-{n}" / "node"
     run_dir.mkdir(parents=True)
@@ -158,7 +175,9 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
     t0 = time.time()
     join_at = t0 + start_s
     win = (join_at + 6.0, join_at + 6.0 + window) if kind == "kill" else (float("inf"), float("inf"))
-    event_at = (win[1] if kind == "kill" else join_at + 8.0)
+    # slow: once every rank has published a window of steps
+    event_at = win[1] if kind == "kill" else join_at + (8.0 + STRAGGLER_STEPS + 2 * straggler.PUBLISH_EVERY_S
+                                                        if kind == "slow" else 8.0)
     hang_timeout = HANG_S if kind == "hang" else 1800.0
     specs = []
     for i, ranks in enumerate(groups):
@@ -167,13 +186,14 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
                       "join_at": join_at, "window": list(win), "hang_timeout_s": hang_timeout,
                       "progress_until": event_at if kind == "hang" else float("inf"),
                       "fail_at": event_at if (victim and kind == "fail") else None,
+                      **({"slow_at": event_at} if victim and kind == "slow" else {}),
                       "end_at": event_at + (HANG_S + 60 if kind == "hang" else 40),
                       "out": str(workdir / f"{kind}-{n}" / f"worker{i}.json")})
     trace = workdir / f"{kind}-{n}" / "strace" if strace else None
     procs = _spawn(specs, trace)
     counter = Counter(str(run_dir))  # the waiting launcher's own calls (this process)
     counter.start, counter.end = win
-    seen = JobWatch(run_dir, n, PEER_TIMEOUT_S, INIT_TIMEOUT_S)
+    seen = JobWatch(run_dir, n, PEER_TIMEOUT_S, INIT_TIMEOUT_S, STRAGGLER_FACTOR)
     named, verdict, killed = None, "", False
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     while time.time() < event_at + HANG_S + 45:
@@ -188,10 +208,9 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
                 break
         for p in procs:
             p.poll()  # reaped as a job's parent reaps its ranks: a zombie's pid still answers
-        w = seen.read(0)
-        want = "the job hung" if kind == "hang" else f"rank {n - 1} "
-        if now >= event_at and w.verdict and want in w.verdict:
-            named, verdict = now - event_at, w.verdict
+        said, right, verdict = _said(kind, seen.read(0), n, now >= event_at)
+        if said:
+            named = now - event_at if right else None
             break
         time.sleep(0.25 if now >= event_at else 0.5)  # the launcher's poll
     for p in procs:
@@ -212,20 +231,38 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
         for r in reports:
             for k, v in r["counts"].items():
                 calls[k] = calls.get(k, 0) + v
+        beats = calls.get("os.utime", 0) + calls.pop("status writes", 0)
         total = sum(calls.values())
         cpu = [r["cpu_s"] for r in reports if r["cpu_s"] is not None]
         out.update(window_s=window, calls=calls, calls_total=total,
                    calls_per_rank_per_s=total / n / window,
                    launcher_calls_per_s=sum(counter.counts.values()) / window,
-                   heartbeats_per_rank_per_s=calls.get("os.utime", 0) / n / window,
+                   heartbeats_per_rank_per_s=beats / n / window,
                    # Where the machine could not keep every simulated rank's beat (thousands of
                    # threads on two cores), the same calls per heartbeat at the beat's own rate.
-                   calls_per_rank_per_s_at_full_beat=total / max(calls.get("os.utime", 0), 1) / status.HEARTBEAT_S,
+                   calls_per_rank_per_s_at_full_beat=total / max(beats, 1) / status.HEARTBEAT_S,
                    cpu_ms_per_rank_per_s=1000 * sum(cpu) / n / window, cpu_reports=len(cpu))
         if trace is not None:
             out["strace"] = _strace_counts(trace, str(run_dir), win, n)
     shutil.rmtree(run_dir.parent, ignore_errors=True)
     return out
+
+
+def _said(kind: str, w: Watch, n: int, after: bool) -> tuple[bool, bool, str]:
+    """Whether the watch ``w`` has said what the phase waits for (the victim, rank n-1, killed,
+    failed or slow; the job hung), whether rightly (not an even rank named slow, nor the victim
+    before it turned slow), and what it said."""
+    if kind == "slow":
+        slow = [s["rank"] for s in w.stragglers.get("slow", [])]
+        if not slow:
+            return False, False, ""
+        if not after or slow != [n - 1]:
+            return True, False, f"ranks named slow wrongly: {slow} ({'before' if not after else 'after'} the victim turned)"
+        return True, True, straggler.warning(w.stragglers["slow"][0], w.stragglers["median_host_s"], STRAGGLER_FACTOR,
+                                             STRAGGLER_STEPS)
+    want = "the job hung" if kind == "hang" else f"rank {n - 1} "
+    said = bool(after and w.verdict and want in w.verdict)
+    return said, said, w.verdict
 
 
 def _strace_counts(trace: Path, run_dir: str, window: tuple, n: int) -> dict:
@@ -335,7 +372,7 @@ def main() -> None:
     ap.add_argument("--strace", type=int, default=0, metavar="N",
                     help="also count from the system calls (strace) up to N ranks (traced threads slow down too "
                          "much beyond a few hundred: their beats fall behind)")
-    ap.add_argument("--phases", default="kill,fail,hang")
+    ap.add_argument("--phases", default="kill,fail,hang,slow")
     ap.add_argument("--real", default="", help="real mode=run jobs of these rank counts (e.g. 8,16,32)")
     ap.add_argument("--slurm", action="store_true", help="with --real: on the tests' SLURM too")
     ap.add_argument("--census", default="", help="real mode=train jobs of these rank counts traced with strace: "

@@ -55,7 +55,8 @@ class Context:
     checkpoint_dir: Path
     launched: bool = False  # started by the launcher (mode=run); False when run by hand
     _should_stop: Callable[[], bool] = field(default=lambda: False, repr=False, compare=False)
-    _progressed: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
+    # This process's step ended (its number, or None): RankReporter.stepped.
+    _progressed: Callable[..., None] = field(default=lambda step=None: None, repr=False, compare=False)
     _scalars: Any = field(default=None, repr=False, compare=False)  # launcher.runtime.scalars.Scalars
 
     @property
@@ -76,8 +77,10 @@ class Context:
     def log(self, step: int, /, every_rank: bool = False, **scalars: Any) -> None:
         """Each of ``scalars`` (name=number) as a TensorBoard scalar at ``step``: rank 0's into
         the run dir; another rank's only with ``every_rank`` (into ``<run dir>/rank<N>/``).
-        TypeError for a value that is not a number."""
+        TypeError for a value that is not a number. A new ``step`` is a step ended, as ``step()``
+        says (on every rank: how its host work per step compares with the others')."""
         self._scalars.add(step, scalars, every_rank=every_rank)
+        self._progressed(int(step))
 
 
 _current: Optional[Context] = None

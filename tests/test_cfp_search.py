@@ -296,11 +296,16 @@ class Racer:
 
 
 class Bar:
-    """A progress bar that counts what it was advanced by."""
+    """A progress bar that counts what it was advanced by, and the rounds it was told ended (each
+    rank's step, for the slow-rank scores: runtime/straggler.py)."""
     completed = 0
+    rounds = 0
 
     def advance(self, n=1):
         self.completed += n
+
+    def stepped(self):
+        self.rounds += 1
 
 
 def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
@@ -310,6 +315,7 @@ def test_a_baseline_far_behind_the_fastest_in_every_round_stops_racing():
     plans = [searched, best, far, once_close, close]
     bar = Bar()
     race(plans, iterations=2, repeats=10, progress=bar, cut=Cut(frozenset({1, 2, 3, 4}), after=4, factor=1.25))
+    assert bar.rounds == 10
     assert [len(p.rounds) for p in plans] == [10, 10, 4, 10, 10]
     assert far.ran == 1 + 4 * 2                    # its warm-up step and four rounds, nothing after
     assert bar.completed == 5 * 10 * 2             # the rounds it skipped still count on the bar

@@ -83,20 +83,23 @@ def test_a_job_of_32_ranks_on_slurm(tmp_path):
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _traced_calls_per_rank_s(n: int, tmp_path: Path, seconds: int = 40) -> float:
-    """A real mode=run job of ``n`` ranks sleeping ``seconds``, traced with strace: calls naming
-    its run dir (launcher and ranks together), per rank and second, counted while every rank's
-    program ran (each marks its start and end outside the run dir), so that start-up, which
-    this loaded machine stretches, is not spread over the count."""
-    marks = tmp_path / f"marks{n}"
+def _traced_calls_per_rank_s(n: int, tmp_path: Path, seconds: int = 40, stepping: bool = False) -> float:
+    """A real mode=run job of ``n`` ranks sleeping ``seconds`` (``stepping``: in steps of 0.2 s,
+    each told to the launcher, so that every rank publishes its host time per step), traced with
+    strace: calls naming its run dir (launcher and ranks together), per rank and second, counted
+    while every rank's program ran (each marks its start and end outside the run dir), so that
+    start-up, which this loaded machine stretches, is not spread over the count."""
+    marks = tmp_path / f"marks{n}{stepping}"
     marks.mkdir()
-    program = tmp_path / f"sleep{n}.py"
+    program = tmp_path / f"sleep{n}{stepping}.py"
+    sleep = (f"import launcher\nfor _ in range({seconds * 5}):\n    time.sleep(0.2)\n    launcher.context().step()\n"
+             if stepping else f"time.sleep({seconds})\n")
     program.write_text("import os, sys, time\n"
                        f"open(os.path.join({str(marks)!r}, f'start.{{os.getpid()}}'), 'w').write(repr(time.time()))\n"
-                       f"time.sleep({seconds})\n"
+                       + sleep +
                        f"open(os.path.join({str(marks)!r}, f'end.{{os.getpid()}}'), 'w').write(repr(time.time()))\n")
-    run = tmp_path / f"run{n}"
-    trace = tmp_path / f"trace{n}.txt"
+    run = tmp_path / f"run{n}{stepping}"
+    trace = tmp_path / f"trace{n}{stepping}.txt"
     subprocess.run(["strace", "-f", "-qq", "-ttt", "--seccomp-bpf", "-e", "trace=%file", "-o", str(trace),
                     sys.executable, "-m", "launcher", "mode=run", f"mode.script={program}",
                     "cluster.cpu_devices_per_task=1", f"cluster.tasks_per_node={n}", f"hydra.run.dir={run}"],
@@ -121,3 +124,12 @@ def test_a_traced_job_costs_the_run_dir_the_same_per_rank_at_4_and_12_ranks(tmp_
     print(f"run-dir calls per rank per second: {at4:.2f} at 4 ranks, {at12:.2f} at 12")
     assert at4 < 4 and at12 < 3, (at4, at12)
     assert max(at4, at12) / min(at4, at12) < 1.5, (at4, at12)
+
+
+@pytest.mark.timeout(900)
+def test_a_stepping_job_whose_ranks_publish_their_steps_stays_within_3_calls_per_rank_per_second(tmp_path):
+    """Each rank's host time per step goes into its status file (runtime/straggler.py) at most
+    every 4 s, in place of a heartbeat's touch: 12 ranks stepping five times a second."""
+    at12 = _traced_calls_per_rank_s(12, tmp_path, stepping=True)
+    print(f"run-dir calls per rank per second, 12 ranks stepping: {at12:.2f}")
+    assert at12 < 3, at12

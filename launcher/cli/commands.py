@@ -22,7 +22,7 @@ from launcher.cli import jobs, sweep
 from launcher.cli.console import seconds
 from launcher.errors import BAD_INPUT
 from launcher.errors import BAD_INPUT as bad
-from launcher.runtime import status, timing
+from launcher.runtime import status, straggler, timing
 from launcher.cli.sweep import points
 
 COMMANDS = ("status", "logs", "cancel", "runs", "stacks", "sweep")
@@ -114,6 +114,7 @@ def _status(args: argparse.Namespace) -> int:
     if spent:
         rows.append(("time", timing.line(spent)))
         rows.append(("cost", _cost(spent, run)))
+    rows += straggler.status_rows(st.stragglers)
     for r in st.ranks:
         if r.ranks:  # a large job: its ranks by state
             rows.append((f"ranks {r.ranks}" if r.ranks != str(r.rank) else f"rank {r.rank}", r.state))

@@ -236,6 +236,8 @@ class JobState:
     scheduler: str  # the scheduler's own word on the job
     ranks: list[RankState] = field(default_factory=list)
     attempt: int = 0
+    # The ranks' host work per step scored (runtime/straggler.py: the watch's, or result.json's).
+    stragglers: dict = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -243,7 +245,7 @@ class JobState:
 
     def to_json(self) -> dict:
         return {"state": self.state, "detail": self.detail, "scheduler": self.scheduler, "attempt": self.attempt,
-                "ranks": [vars(r) for r in self.ranks]}
+                "ranks": [vars(r) for r in self.ranks], "stragglers": self.stragglers}
 
 
 def job_state(run: Run, every_rank: bool | None = None) -> JobState:
@@ -253,14 +255,17 @@ def job_state(run: Run, every_rank: bool | None = None) -> JobState:
     default up to ``LISTED_RANKS``), else by state from the job's watch."""
     attempt = status.read_attempt(run.path)
     every_rank = run.ranks <= LISTED_RANKS if every_rank is None else every_rank
+    factor = _straggler_factor(run)
     if every_rank:
         statuses = status.read_statuses(run.path)
-        seen = summarize(statuses, run.ranks, attempt.get("attempt", 0), float("inf"), float("inf"))
+        seen = summarize(statuses, run.ranks, attempt.get("attempt", 0), float("inf"), float("inf"),
+                         straggler_factor=factor)
         ranks = _rank_states(run, statuses)
     else:
-        seen = JobWatch(run.path, run.ranks, float("inf"), float("inf")).read(attempt.get("attempt", 0))
+        seen = JobWatch(run.path, run.ranks, float("inf"), float("inf"), factor).read(attempt.get("attempt", 0))
         ranks = _rank_groups(run, seen)
     result = run.result()
+    scored = seen.stragglers or (result or {}).get("stragglers") or {}
 
     def state(name: str, detail: str, scheduler: str) -> JobState:
         if name in FINAL:  # a rank still "joined" when the job ended was killed with it
@@ -268,7 +273,7 @@ def job_state(run: Run, every_rank: bool | None = None) -> JobState:
                 if r.heartbeat_age_s is not None:
                     r.message = r.message or f"ended with the job, last heartbeat {r.heartbeat_age_s:g} s ago"
                     r.heartbeat_age_s = None
-        return JobState(name, detail, scheduler, ranks, attempt.get("attempt", 0))
+        return JobState(name, detail, scheduler, ranks, attempt.get("attempt", 0), scored)
 
     # What the run dir alone tells: a finished job needs no scheduler (and may be gone from it).
     ended = _ended(run, result if seen.count("done") == run.ranks else None, seen)
@@ -304,6 +309,14 @@ def job_state(run: Run, every_rank: bool | None = None) -> JobState:
     why = never_started(run.config(), run.path) or \
         f"the job ended ({sched.detail}) without result.json ({_count(seen, run.ranks)})"
     return state("failed", why, sched.detail)
+
+
+def _straggler_factor(run: Run) -> float:
+    """The job's launcher.straggler.factor (its default for a run dir from before it)."""
+    try:
+        return float(OmegaConf.select(run.config(), "launcher.straggler.factor", default=1.2))
+    except (UserError, OSError, ValueError):
+        return 1.2
 
 
 def _ended(run: Run, result: Any, seen: Watch) -> tuple[str, str] | None:

@@ -73,6 +73,16 @@ class ObjectiveConfig:
 
 
 @dataclass
+class StragglerConfig:
+    """A slow rank named (launcher/runtime/straggler.py): a rank whose host-side work per step
+    stays above ``factor`` times the median rank's for ``steps`` steps in a row is named, once, on
+    the console; xlaunch status, result.json and TensorBoard keep every rank's scores."""
+
+    factor: float = 1.2
+    steps: int = 10
+
+
+@dataclass
 class LauncherConfig:
     dry_run: bool = False
     wait: bool = True
@@ -117,10 +127,19 @@ class LauncherConfig:
     # fails, this one ends without running, with its reason. With mode=train mode.plan=<that run
     # dir>, a search then the training as one submission (docs/long-jobs.md).
     after: Optional[str] = None
+    straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    # Before the program starts, every rank checks its node: one all-reduce over every device
+    # and a second of matmul (launcher/runtime/preflight.py). A node that fails, or whose matmul
+    # runs below preflight_min times the other nodes' median, is named in one line; the job stops, or
+    # (launcher.max_restarts) restarts without it where the backend can (SLURM's --exclude).
+    # null: on for a job of more than one node.
+    preflight: Optional[bool] = None
+    preflight_min: float = 0.6
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     # Test-only fault injection, to prove that failures end the job quickly:
     # "crash:<rank>" raises in that rank after joining, "abort:<rank>" kills it with SIGABRT
-    # (no Python cleanup, like a segfault), "hang:<rank>" never joins.
+    # (no Python cleanup, like a segfault), "hang:<rank>" never joins, "slow:<node>" has that
+    # node's preflight matmul do eight times the work it reports (launcher/runtime/preflight.py).
     fault: str = ""
 
 
@@ -321,9 +340,10 @@ def validate(cfg: DictConfig) -> None:
     if job_of(cfg).files_here:
         _check_writable("launcher.compile_cache_dir", lc.compile_cache_dir)
     if lc.fault:
-        kind, _, rank = lc.fault.partition(":")
-        if kind not in ("crash", "abort", "hang") or not rank.isdigit():
-            raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>', 'abort:<rank>' or 'hang:<rank>'")
+        kind, _, at = lc.fault.partition(":")
+        if not ((kind in ("crash", "abort", "hang") and at.isdigit()) or (kind == "slow" and at)):
+            raise UserError(f"launcher.fault={lc.fault!r}: expected 'crash:<rank>', 'abort:<rank>', 'hang:<rank>' "
+                            "or 'slow:<node>'")
     if cfg.container.runtime != Runtime.none and not cfg.container.image:
         raise UserError(f"container={cfg.container.runtime.value} needs an image: add container.image=<image>")
     Cluster.of(c).config.check(cfg)
@@ -358,6 +378,15 @@ def _validate_launcher(lc: DictConfig) -> None:
     from launcher.runtime.trackers import Tracker  # noqa: PLC0415  the schema module stays light
 
     Tracker.named(lc.tracker)   # a tracker that is none
+    if not 0 < lc.preflight_min < 1:
+        raise UserError(f"launcher.preflight_min={lc.preflight_min}: must be between 0 and 1 (the share of the "
+                        "other nodes' median matmul rate below which a node is left out; e.g. 0.6)")
+    if lc.straggler.factor <= 1:
+        raise UserError(f"launcher.straggler.factor={lc.straggler.factor}: must be more than 1 (how many times the "
+                        "median rank's host work a step makes a rank slow; e.g. 1.2)")
+    if lc.straggler.steps < 3:
+        raise UserError(f"launcher.straggler.steps={lc.straggler.steps}: must be at least 3 (the steps in a row a "
+                        "rank must stay slow before it is named; e.g. 10)")
     if lc.max_restarts < 0:
         raise UserError(f"launcher.max_restarts={lc.max_restarts}: must be 0 (never restart) or more")
     if lc.max_restarts and not lc.wait:

@@ -21,7 +21,7 @@ from launcher.cli.jobs import JOB_FILE, after_of, never_started, waited_for
 from launcher.clusters.base import Cluster, UserCode, requeuing_backends
 from launcher.clusters.containers import WRAPPER_NAME
 from launcher.errors import UserError
-from launcher.runtime import requeue, status
+from launcher.runtime import preflight, requeue, status, straggler
 from launcher.runtime.context import Launch
 from launcher.runtime.task import Task
 from launcher.runtime.watch import JobWatch, Watch
@@ -81,7 +81,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
     # A reused run dir must not show the last run's ranks to this run's watchers.
     shutil.rmtree(run_dir / status.STATUS_DIR, ignore_errors=True)
-    submitted = {"job": executor.submit(Task(cfg, run_dir, launched)), "restarts": 0}
+    submitted = {"job": executor.submit(Task(cfg, run_dir, launched)), "restarts": 0, "excluded": set()}
     # From here the launcher owns a job: stopped at any point until the job is left to run on
     # its own (launcher.wait=false) or has ended, it stops the job (a stop a moment after the
     # "submitted" line, as a test's or a script's is, included), and the run dir keeps what was
@@ -112,7 +112,10 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
             shutil.rmtree(run_dir / status.STATUS_DIR / status.STACKS_DIR, ignore_errors=True)
             task = Task(cfg, run_dir, launched)
             task.attempt, task.restart_reason = attempt, why
-            cluster.prepare_restart(executor)
+            # The nodes the preflight found slow or failing stay out of every later attempt.
+            submitted["excluded"].update(preflight.excluded(run_dir))
+            preflight.clear(run_dir)
+            cluster.prepare_restart(executor, tuple(sorted(submitted["excluded"])))
             submitted["job"] = executor.submit(task)
             record.update(job_id=str(submitted["job"].job_id), restarts=submitted["restarts"])
             (run_dir / JOB_FILE).write_text(json.dumps(record) + "\n")
@@ -145,19 +148,21 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
     lc = cfg.launcher
     n = expected_ranks(cfg)
     watch = {"first_seen": None, "attempt": 0, "clock": status.StallClock(), "all_done": None}
-    ranks = JobWatch(run_dir, n, lc.peer_timeout_s, lc.init_timeout_s)
+    ranks = JobWatch(run_dir, n, lc.peer_timeout_s, lc.init_timeout_s, lc.straggler.factor)
+    warned: set[int] = set()   # the ranks named slow so far: each once
 
     def again(reason: str) -> Any:
         """The restarted job, or None: bad input is not retried (it would fail the same way)."""
         if restart is None or status.refusal(run_dir):
             return None
+        bad = tuple(preflight.excluded(run_dir))
         nxt = restart(reason)
         if nxt is not None:
             watch.update(first_seen=None, clock=status.StallClock(),
                          attempt=status.read_attempt(run_dir).get("attempt", 0))
             view.note(f"job {job.job_id} failed ({reason.splitlines()[0]}); restarted as job {nxt.job_id} "
                       f"(restart {watch['attempt']} of at most launcher.max_restarts={lc.max_restarts}), "
-                      f"resuming from {run_dir}")
+                      f"resuming from {run_dir}" + _left_out(cluster, bad))
         return nxt
 
     # The ranks' watch changes once a beat: it is read twice a beat, and the attempt and a
@@ -200,6 +205,8 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                     continue
                 _raise_refusal(run_dir)
                 raise JobFailed(_with_log_tail(reason, run_dir))
+            _name_slow_ranks(seen, warned, lc, lambda line, j=job.job_id: view.note(
+                f"{time.strftime('%H:%M:%S')} job {j}: {line}"))
             phase = _phase(seen, n, watch["attempt"])
             if cluster.after and not seen.present:   # held in the queue for another job (launcher.after)
                 phase = f"waits in the queue for job {cluster.after} to end well (launcher.after)"
@@ -223,6 +230,26 @@ def wait(job: Any, cluster: Cluster, cfg: DictConfig, run_dir: Path,
                 job = nxt
             time.sleep(lc.poll_interval_s)
     return _result(job, cluster, cfg, run_dir)
+
+
+def _left_out(cluster: Cluster, nodes: tuple[str, ...]) -> str:
+    """What a restart does with the nodes the preflight found bad, as the end of its line."""
+    if not nodes:
+        return ""
+    how = cluster.leaves_out(nodes)
+    which = f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
+    if how:
+        return f", without {which} ({how})"
+    return (f"; cluster={cluster.cfg.cluster.name} cannot leave {which} out of a restart (only SLURM's --exclude "
+            "can here): it restarts on the nodes it is given")
+
+
+def _name_slow_ranks(seen: Watch, warned: set[int], lc: DictConfig, note: Callable[[str], None]) -> None:
+    """One line for each rank the job's watch finds slow, once (``warned``: those named so far)."""
+    for s in seen.stragglers.get("slow", []):
+        if s["rank"] not in warned:
+            warned.add(s["rank"])
+            note(straggler.warning(s, seen.stragglers["median_host_s"], lc.straggler.factor, lc.straggler.steps))
 
 
 def _stuck_exiting(watch: dict, seen: Watch, n: int, timeout_s: float, run_dir: Path) -> bool:

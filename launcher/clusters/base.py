@@ -172,8 +172,14 @@ class Cluster:
                             f"cluster={self.cfg.cluster.name} may run ranks on {shown}: put it on a file system "
                             f"every node mounts (hydra.run.dir=/path/on/shared/fs/...; on LUMI, /scratch/<project>)")
 
-    def prepare_restart(self, executor: submitit.Executor) -> None:
-        """Called before the job is submitted again (launcher.max_restarts). Here: nothing."""
+    def prepare_restart(self, executor: submitit.Executor, exclude: tuple[str, ...] = ()) -> None:
+        """Called before the job is submitted again (launcher.max_restarts), with the nodes the
+        preflight found slow or failing (``leaves_out`` says whether it can). Here: nothing."""
+
+    def leaves_out(self, nodes: tuple[str, ...]) -> str:
+        """How a restart leaves ``nodes`` out ("" where this backend cannot: it restarts on the
+        nodes it is given). Here: it cannot."""
+        return ""
 
     def stacks(self, num_ranks: int, timeout_s: float) -> dict[int, dict]:
         """Asks the running job's ranks for their stacks (``xlaunch stacks``) and returns their

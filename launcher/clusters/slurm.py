@@ -107,6 +107,13 @@ class SlurmCluster(Cluster):
             params["additional_parameters"] = extra
         return params
 
+    def prepare_restart(self, executor: "SlurmExecutor", exclude: tuple[str, ...] = ()) -> None:
+        if exclude:  # the preflight's slow or failing nodes: the restart runs elsewhere
+            executor.update_parameters(exclude=",".join(one_line("the preflight's nodes", n) for n in exclude))
+
+    def leaves_out(self, nodes: tuple[str, ...]) -> str:
+        return f"sbatch --exclude={','.join(nodes)}"
+
     def srun_args(self) -> list[str]:
         c = self.cfg.cluster
         # One dead rank ends the whole step at once, instead of leaving the others blocked in a

@@ -162,7 +162,7 @@ class TpuCluster(Cluster):
         must not meet the old script's ssh and scp on it."""
         self.cancel_id(str(job.job_id))
 
-    def prepare_restart(self, executor: "TpuExecutor") -> None:
+    def prepare_restart(self, executor: "TpuExecutor", exclude: tuple[str, ...] = ()) -> None:
         # A restart often follows a preemption: the script first asks gcloud for the pod's state
         # and makes a preempted or lost pod again.
         executor.update_parameters(check_pod=True)

@@ -153,6 +153,13 @@ class _Progress:
                               self.completed, self.total, 100 * self.completed / self.total, elapsed, eta)
 
 
+    def stepped(self) -> None:
+        """A step of the work ended on this rank (a round of the search's race): its host work
+        is compared with the other ranks' (``RankReporter.stepped``)."""
+        if self.ctx.reporter is not None:
+            self.ctx.reporter.stepped()
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, (DictConfig,)):
         return OmegaConf.to_container(o, resolve=True)

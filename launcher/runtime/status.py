@@ -25,7 +25,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -48,6 +48,12 @@ def status_dir(run_dir: Path) -> Path:
 
 def stop_file(run_dir: Path) -> Path:
     return Path(run_dir) / STATUS_DIR / STOP_FILE
+
+
+def node_name() -> str:
+    """This node's name as its scheduler knows it (SLURM's, which ``--exclude`` takes; two
+    pretend nodes on one host have one host name), else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def rank_log(run_dir: Path, rank: int) -> Path:
@@ -73,6 +79,10 @@ class RankStatus:
     # Found dead without a word of its own (by its host's watch, runtime/watch.py): the state is
     # "failed", and a backend that saw how it ended (Ray's driver) may still say so.
     died: bool = False
+    # The node it runs on as its scheduler names it (SLURM's node name, what --exclude takes; the
+    # host's name elsewhere), and its host-side seconds per step (runtime/straggler.py).
+    node: str = ""
+    steps: dict = field(default_factory=dict)
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -30,7 +30,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from launcher import jaxcompat
 from launcher.errors import BAD_INPUT
 from launcher.plugins import function
-from launcher.runtime import devices, ranks, requeue, status, timing
+from launcher.runtime import devices, preflight, ranks, requeue, status, straggler, timing
 from launcher.runtime.context import Launch, TaskContext
 from launcher.runtime.scalars import Scalars
 from launcher.runtime.trackers import params_of
@@ -92,6 +92,7 @@ class Task(Checkpointable):
         status.write_attempt(run_dir, attempt, reason)
         watches = None if self.launch.shared_run_dir else [rank.process_id]
         reporter = RankReporter(run_dir, rank.process_id, rank.num_processes, attempt, watches=watches)
+        reporter.step_clock = straggler.StepClock(cfg.launcher.straggler.steps)
         clock = timing.AttemptClock(run_dir, attempt, write=rank.process_id == 0)
         log = _open_rank_log(run_dir, rank, cfg.launcher.log_level,
                              requeue.restart_line(attempt, reason) if attempt else None)
@@ -103,6 +104,8 @@ class Task(Checkpointable):
                           tracker=cfg.launcher.get("tracker", "tensorboard"), params=params)
         self._running = {"cfg": cfg, "log": log, "attempt": attempt, "run_dir": run_dir, "clock": clock,
                          "scalars": scalars}
+        if rank.process_id == 0:  # the job's scores of its ranks' steps, as curves beside the run's
+            reporter.on_scores = lambda step, entry: scalars.add(step, straggler.tensorboard(entry), prefix="straggler/")
         try:
             return self._run(cfg, run_dir, rank, reporter, log, attempt)
         except KeyboardInterrupt:  # the job was cancelled (submitit's local cancel is SIGINT)
@@ -131,6 +134,7 @@ class Task(Checkpointable):
                 message = f"{type(e).__name__}: {e}"
                 log.error("rank %d failed: %s\n%s", rank.process_id, message, traceback.format_exc())
             reporter.set("failed", message, bad_input=bad_input)
+            _keep_scores(clock, reporter)
             clock.end("failed", self._running.get("compile", {}).get("s"))
             try:
                 _write_time(scalars, run_dir)
@@ -155,6 +159,15 @@ class Task(Checkpointable):
         jax = self._start_distributed(cfg, rank, reporter, log)
         init_s = time.perf_counter() - t0
         _inject_fault(cfg, rank, log, before_start=False)
+        if preflight.enabled(cfg.launcher, rank.num_nodes):
+            t = time.perf_counter()
+            kind, _, at = cfg.launcher.fault.partition(":")
+            self._running["preflight"] = found = preflight.run(
+                run_dir, status.node_name(), rank.process_id, cfg.launcher.preflight_min, at if kind == "slow" else "")
+            log.info("preflight passed in %.1f s: no node's matmul below launcher.preflight_min=%g of the other "
+                     "nodes' (median %.1f GFLOP/s); an all-reduce over every device took %.2f ms",
+                     time.perf_counter() - t, cfg.launcher.preflight_min, found["median_gflops"],
+                     1e3 * found["allreduce_s"])
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
                           launch=self.launch, clock=self._running["clock"], scalars=self._running["scalars"])
         result = self._run_mode(ctx, init_s)
@@ -216,7 +229,8 @@ class Task(Checkpointable):
         self._running["clock"].mark("joined")
         reporter.start(cfg.launcher.peer_timeout_s, cfg.launcher.init_timeout_s,
                        on_peer_failure=lambda why: _abort(log, reporter, why),
-                       hang_timeout_s=cfg.launcher.hang_timeout_s, on_hang=lambda why: _abort(log, reporter, why, "hung"))
+                       hang_timeout_s=cfg.launcher.hang_timeout_s, on_hang=lambda why: _abort(log, reporter, why, "hung"),
+                       straggler_factor=cfg.launcher.straggler.factor)
         log.info("joined in %.2f s: %d global devices, %d local (%s)", time.perf_counter() - t0, jax.device_count(),
                  jax.local_device_count(), jax.devices()[0].platform)
         return jax
@@ -238,6 +252,7 @@ class Task(Checkpointable):
             "platform": jax.devices()[0].platform,
             "init_time_s": init_s,
             "mode_time_s": time.perf_counter() - t1,
+            **({"preflight": self._running["preflight"]} if self._running.get("preflight") else {}),
             **result,
         }
 
@@ -246,13 +261,27 @@ class Task(Checkpointable):
         cache = self._running.get("cache")
         if cache is not None:  # rank 0's programs: loaded from the cache (hits) or compiled (misses)
             result["compile_cache"] = {"dir": os.environ["JAX_COMPILATION_CACHE_DIR"], **cache}
+        # How the ranks' steps compared, as the job's watcher last scored them.
+        scored = ctx.reporter.last_scores() if ctx.reporter is not None else {}
+        if scored:
+            lc = ctx.cfg.launcher.straggler
+            result["stragglers"] = {**scored, "factor": lc.factor, "steps": lc.steps}
         # Where the time went, over this job's attempts so far (this one ends here).
+        _keep_scores(ctx.clock, ctx.reporter)
         ctx.clock.end("done", self._running["compile"]["s"])
         result["time"] = timing.summary(ctx.run_dir, step_times=result.get("step_times_s"))
         _write_time(ctx.scalars, ctx.run_dir)
         if ctx.is_main:
             ctx.write_json("result.json", result)
             ctx.log.info("wrote %s", ctx.run_dir / "result.json")
+
+
+def _keep_scores(clock: timing.AttemptClock, reporter: RankReporter | None) -> None:
+    """The attempt's slowest rank and those found slow, in its time accounting (the goodput line
+    names them)."""
+    scored = reporter.last_scores() if reporter is not None else {}
+    if scored:
+        clock.set(slowest=scored["slowest"][0], slow=[s["rank"] for s in scored["slow"]])
 
 
 def _write_time(scalars: Scalars, run_dir: Path) -> None:
@@ -278,8 +307,8 @@ def _inject_fault(cfg: DictConfig, rank: ranks.RankInfo, log: logging.Logger, *,
     """``launcher.fault`` (the tests' failures): ``hang:N`` never joins; ``crash:N`` raises and
     ``abort:N`` aborts once joined."""
     kind, _, at = cfg.launcher.fault.partition(":")
-    if not kind or int(at) != rank.process_id:
-        return
+    if kind not in ("hang", "crash", "abort") or int(at) != rank.process_id:
+        return   # (slow:<node> is the preflight's)
     if before_start and kind == "hang":
         log.warning("launcher.fault=%s: this rank will never join", cfg.launcher.fault)
         while True:

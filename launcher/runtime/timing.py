@@ -114,11 +114,15 @@ def summary(run_dir: Path, step_times: list[float] | None = None, ended: bool = 
     # attempt's start-up and compiling, and the work done again.
     held = sum(max((a.get("ended") or now) - a["started"], 0.0) for a in runs)
     restart_s = sum(e["startup_s"] + e["compile_s"] for e in each[1:]) + lost_s
+    # The latest attempt's scoring of its ranks' steps (runtime/straggler.py), as its rank 0 last saw it.
+    scored = [a for a in runs if a.get("slowest")]
+    ranks = {"slowest": scored[-1]["slowest"], "slow": scored[-1].get("slow", [])} if scored else {}
     return {
         "attempts": len(runs), "wall_s": wall, **total,
         "lost_steps": lost_steps, "lost_s": lost_s,
         "goodput": max(total["steps_s"] - lost_s, 0.0) / wall,
         "held_s": held, "restart_s": restart_s, "restart_share": restart_s / held if held > 0 else 0.0,
+        **ranks,
     }
 
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from launcher.runtime import status
+from launcher.runtime import status, straggler
 from launcher.runtime.node_watch import NodeWatch
 from launcher.runtime.status import (ENDED, HANG_REQUEST, HEARTBEAT_S, STATUS_DIR, RankStatus, StallClock, hung_for,
                                      parse_ranges, peer_failure, rank_log, rank_ranges, read_attempt,
@@ -90,6 +90,9 @@ class Watch:
     stop: dict = field(default_factory=dict)  # a stop request (mode=run's runtime/stop.py)
     # Rank 0's progress over its current piece of work: description, completed, total, started.
     progress: dict = field(default_factory=dict)
+    # The ranks' host-side work per step scored (runtime/straggler.py: watch_entry): the slowest,
+    # and those found slow; {} before any rank has published a window of steps.
+    stragglers: dict = field(default_factory=dict)
     final: bool = False  # the watcher stopped on purpose (its rank ended): no further beat comes
     fallback: bool = False  # read by the launcher from every rank's file, not published by a watcher
 
@@ -113,9 +116,10 @@ def read_watch(run_dir: Path) -> Watch | None:
 
 
 def summarize(statuses: dict[int, tuple[RankStatus, float]], num_ranks: int, attempt: int, peer_timeout_s: float,
-              init_timeout_s: float, awake_since: float = 0.0) -> Watch:
+              init_timeout_s: float, awake_since: float = 0.0, straggler_factor: float = 0.0) -> Watch:
     """The watch made from every rank's status (``status.read_statuses``' form): the one
-    judgement of a job's ranks, by the watcher and by the launcher alike."""
+    judgement of a job's ranks, by the watcher and by the launcher alike; with
+    ``straggler_factor``, their steps scored too (``straggler.scores``)."""
     by_state: dict[str, list[int]] = {}
     for r, (st, _) in statuses.items():
         by_state.setdefault(st.state, []).append(r)
@@ -124,7 +128,11 @@ def summarize(statuses: dict[int, tuple[RankStatus, float]], num_ranks: int, att
     if not verdict and stopped:  # ended because of a peer, or interrupted: it says which, or why
         st = min(stopped, key=lambda s: s.time)
         verdict = f"rank {st.rank} stopped on {st.host}: {st.message}"
-    return Watch(attempt=attempt, time=time.time(), ranks=num_ranks, verdict=verdict,
+    stragglers = {}
+    if straggler_factor > 0:
+        stragglers = straggler.watch_entry(*straggler.scores(
+            {r: (st.node or st.host, st.steps) for r, (st, _) in statuses.items() if st.steps}, straggler_factor))
+    return Watch(attempt=attempt, time=time.time(), ranks=num_ranks, verdict=verdict, stragglers=stragglers,
                  states={s: rank_ranges(rs) for s, rs in sorted(by_state.items())})
 
 
@@ -135,9 +143,11 @@ class JobWatch:
     watcher publishes, one file a poll; without a fresh one (no rank has joined yet, or rank 0
     is gone), every rank's file, at most once every ``fallback_s``."""
 
-    def __init__(self, run_dir: Path, num_ranks: int, peer_timeout_s: float, init_timeout_s: float) -> None:
+    def __init__(self, run_dir: Path, num_ranks: int, peer_timeout_s: float, init_timeout_s: float,
+                 straggler_factor: float = 0.0) -> None:
         self.run_dir, self.num_ranks = Path(run_dir), num_ranks
         self.peer_timeout_s, self.init_timeout_s = peer_timeout_s, init_timeout_s
+        self.straggler_factor = straggler_factor
         self.fallback_s = max(num_ranks / FALLBACK_CALLS_PER_S, 0.0)
         self._seen: tuple[int, int, float] | None = None  # (attempt, seq, when it changed: monotonic)
         self._last: Watch | None = None
@@ -168,7 +178,7 @@ class JobWatch:
         self._scanned = time.monotonic()
         statuses = status.read_statuses(self.run_dir)
         self._last = summarize(statuses, self.num_ranks, attempt, self.peer_timeout_s, self.init_timeout_s,
-                               awake_since)
+                               awake_since, self.straggler_factor)
         self._last.fallback = True
         return self._last
 
@@ -192,7 +202,8 @@ class RankReporter:
         status_dir(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = status_dir(run_dir) / f"rank{rank}.json"
         self.status = RankStatus(rank, "starting", os.getpid(), socket.gethostname(),
-                                 str(rank_log(run_dir, rank)), pidns=status._pid_namespace(), attempt=attempt)
+                                 str(rank_log(run_dir, rank)), pidns=status._pid_namespace(), attempt=attempt,
+                                 node=status.node_name())
         self.watches = list(range(num_ranks) if rank == 0 else ()) if watches is None else list(watches)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -209,6 +220,13 @@ class RankReporter:
         self.progress_report: dict = {}
         self._node_root = node_root
         self.node: NodeWatch | None = None  # registered once started (start)
+        # This rank's host seconds per step (runtime/straggler.py), when the job scores its ranks;
+        # published in its status at most every straggler.PUBLISH_EVERY_S.
+        self.step_clock: straggler.StepClock | None = None
+        self._steps_published = (0, 0.0)   # (steps, when)
+        # Rank 0's: called in its main thread with each new scoring of the job's ranks (its scalars).
+        self.on_scores: Callable[[int, dict], None] | None = None
+        self._scores_seen = 0
         self._watcher: Watcher | None = None
         self.set("starting")
 
@@ -233,6 +251,22 @@ class RankReporter:
             if now - self._progress_written >= self.progress_every_s:
                 self._write()
 
+    def stepped(self, step: int | None = None) -> None:
+        """This rank finished a step (``step``: its number where the program gives one): its host
+        time measured (``straggler.StepClock.mark``) and progress made."""
+        if self.step_clock is not None:
+            self.step_clock.mark(step)
+            watch = self._watcher.last if self._watcher is not None else None
+            if self.on_scores is not None and watch is not None and watch.stragglers and watch.seq > self._scores_seen:
+                self._scores_seen = watch.seq
+                self.on_scores(self.step_clock.steps if step is None else step, watch.stragglers)
+        self.progressed()
+
+    def last_scores(self) -> dict:
+        """The job's scores of its ranks' steps at the watcher's last beat ({} on another rank)."""
+        last = self._watcher.last if self._watcher is not None else None
+        return dict(last.stragglers) if last is not None else {}
+
     def follow_log(self, fd: int) -> None:
         """Takes output to ``fd`` (this rank's log, which stdout and stderr go to) as progress: its
         position moves with every write, and reading it is no file-system call."""
@@ -250,15 +284,17 @@ class RankReporter:
         self._listeners.append(listener)
 
     def start(self, peer_timeout_s: float, init_timeout_s: float, on_peer_failure: Callable[[str], None],
-              hang_timeout_s: float = float("inf"), on_hang: Callable[[str], None] | None = None) -> None:
+              hang_timeout_s: float = float("inf"), on_hang: Callable[[str], None] | None = None,
+              straggler_factor: float = 0.0) -> None:
         """Heartbeats every ``HEARTBEAT_S`` from a thread. On each, the job's watch is read (or,
         on the watcher's rank, made): a verdict calls ``on_peer_failure``; a hang has this rank
         dump its stacks, say where every rank was and call ``on_hang``; a stack dump asked for
-        (``xlaunch stacks``) is written."""
+        (``xlaunch stacks``) is written. ``straggler_factor``: the watcher scores the ranks' steps
+        (launcher.straggler.factor; 0: it does not)."""
         self.progress_every_s = min(max(hang_timeout_s / 8, HEARTBEAT_S), 60.0)
         self.node = NodeWatch(self.run_dir, self.rank, self.attempt, self._node_root)
-        watcher = Watcher(self, peer_timeout_s, init_timeout_s, hang_timeout_s if on_hang else float("inf")) \
-            if self.watches else None
+        watcher = Watcher(self, peer_timeout_s, init_timeout_s, hang_timeout_s if on_hang else float("inf"),
+                          straggler_factor) if self.watches else None
         follower = _Follower(self, peer_timeout_s, on_peer_failure, on_hang or on_peer_failure)
         self._watcher = watcher
 
@@ -294,11 +330,25 @@ class RankReporter:
                     if self._log_pos >= 0:
                         self.progressed()
                     self._log_pos = pos
+        self._publish_steps()
         if time.time() - self._written >= HEARTBEAT_S / 2:
             with contextlib.suppress(OSError):
                 os.utime(self.path)
         if self.node is not None:
             self.node.beat()
+
+    def _publish_steps(self) -> None:
+        """This rank's figures into its status file, in place of the beat's touch, when it has new
+        ones and published none for ``straggler.PUBLISH_EVERY_S``."""
+        done, when = self._steps_published
+        if self.step_clock is None or time.time() - when < straggler.PUBLISH_EVERY_S:
+            return
+        figures = self.step_clock.figures()
+        if figures and figures["steps"] != done:
+            with self._writing, contextlib.suppress(OSError):
+                self.status.steps = figures
+                self._write()
+            self._steps_published = (figures["steps"], time.time())
 
     def stop(self) -> None:
         """This rank ends: its heartbeat stops, the watcher's rank publishes a last watch, and the
@@ -402,9 +452,10 @@ class Watcher:
     hang, and publishes it all as the job's watch."""
 
     def __init__(self, reporter: RankReporter, peer_timeout_s: float, init_timeout_s: float,
-                 hang_timeout_s: float) -> None:
+                 hang_timeout_s: float, straggler_factor: float = 0.0) -> None:
         self.r = reporter
         self.peer_timeout_s, self.init_timeout_s, self.hang_timeout_s = peer_timeout_s, init_timeout_s, hang_timeout_s
+        self.straggler_factor = straggler_factor
         self._cache: dict[int, tuple[bytes, RankStatus]] = {}
         self.seq = 0
         self.last: Watch | None = None
@@ -443,7 +494,7 @@ class Watcher:
             return None
         statuses = self.statuses(self.r.attempt)
         watch = summarize(statuses, len(self.r.watches), self.r.attempt, self.peer_timeout_s,
-                          self.init_timeout_s, awake_since)
+                          self.init_timeout_s, awake_since, self.straggler_factor)
         watch.stacks = read_stacks_request(run_dir)
         watch.progress = dict(self.r.progress_report)
         try:
@@ -466,7 +517,7 @@ class Watcher:
         the launcher does not wait for one)."""
         if self.last is not None and not self.last.final:
             w = summarize(self.statuses(self.last.attempt), len(self.r.watches), self.last.attempt,
-                          float("inf"), float("inf"))
+                          float("inf"), float("inf"), straggler_factor=self.straggler_factor)
             w.final = True
             with contextlib.suppress(OSError):
                 self.publish(w)

@@ -41,7 +41,7 @@ def run(ctx: TaskContext) -> dict:
     api._install(api.Context(run_dir=ctx.run_dir, rank=ctx.rank.process_id, num_processes=ctx.rank.num_processes,
                              restart=ctx.attempt, checkpoint_dir=checkpoints, launched=True,
                              _should_stop=stops.should_stop,
-                             _progressed=ctx.reporter.progressed if ctx.reporter is not None else lambda: None,
+                             _progressed=ctx.reporter.stepped if ctx.reporter is not None else lambda step=None: None,
                              _scalars=ctx.scalars))
     ctx.log.info("running %s in %s%s", what, code_dir, f" (restart {ctx.attempt})" if ctx.attempt else "")
     returned = None

@@ -55,6 +55,8 @@ def run(ctx: TaskContext) -> dict:
                 new = _traced_steps(trainer, 1, steps_bar) if traced else trainer.steps(1, steps_bar)
                 times += new
                 curves.step(new[0])
+                if ctx.reporter is not None:  # its host work a step, against the other ranks' (runtime/straggler.py)
+                    ctx.reporter.stepped(trainer.step_no)
                 clock.add("steps_s", sum(new))
                 clock.set(steps_done=trainer.step_no - resumed_from, last_step=trainer.step_no)
                 if every and (trainer.step_no % every == 0 or trainer.step_no == cfg.steps):

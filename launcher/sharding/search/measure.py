@@ -270,6 +270,8 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
 
         for i, seconds in zip(order, quiet(one_round), strict=True):
             runners[i].rounds.append(seconds)
+        if progress is not None:
+            progress.stepped()   # a round: every rank's step, its host work compared with the others'
         if k == 0 and round_s:
             first = slowest_process([runners[i].rounds[-1] for i in live])
             for i, step_s in zip(live, first, strict=True):

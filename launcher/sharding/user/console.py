@@ -111,6 +111,9 @@ class _Advance:
         if self.bar is not None:
             self.bar.update(self.task, advance=n, **({"description": description} if description else {}))
 
+    def stepped(self) -> None:
+        """A round of a race ended: in the user's own process, no other rank to compare with."""
+
 
 def _short(line: str, width: int = 90) -> str:
     line = line.replace("[", "(").replace("]", ")")  # rich markup
