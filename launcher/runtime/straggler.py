@@ -97,15 +97,15 @@ class StepClock:
         last, self._last = self._last, (cpu, wall)
         if last is None or n <= 0:
             return
-        for _ in range(min(n, self.window)):
-            self.record((cpu - last[0]) / n, (wall - last[1]) / n)
+        self.record((cpu - last[0]) / n, (wall - last[1]) / n, n)
 
-    def record(self, host_s: float, wall_s: float) -> None:
-        """One step's host (main thread CPU) and wall seconds."""
+    def record(self, host_s: float, wall_s: float, steps: int = 1) -> None:
+        """``steps`` steps of ``host_s`` host (main thread CPU) and ``wall_s`` wall seconds each."""
         with self._lock:
-            self._host.append(host_s)
-            self._wall.append(wall_s)
-            self.steps += 1
+            for _ in range(min(steps, self.window)):
+                self._host.append(host_s)
+                self._wall.append(wall_s)
+            self.steps += steps
             if len(self._host) == self.window:
                 self.best_s = min(self.best_s, statistics.median(self._host))
 
