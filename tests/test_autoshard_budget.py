@@ -6,6 +6,8 @@ note under the table when a searched plan runs behind the fastest baseline."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import jax
@@ -17,7 +19,7 @@ from launcher.errors import UserError
 from launcher.sharding import pipeline
 from launcher.sharding.search.behind import behind_note
 from launcher.sharding.search.nearest import nearest
-from launcher.sharding.user.api import autoshard
+from launcher.sharding.user.api import AutoPlan, autoshard
 from launcher.sharding.user.step import step_program
 
 SMALL = dict(repeats=2, iterations=2, run_repeats=2, verify_top_k=2, verify_iterations=2, verify_repeats=2,
@@ -46,7 +48,7 @@ def unconstrained(tmp_path_factory):
     return store, {name: r["memory_gb"] * 2**30 for name, r in runs.items()}
 
 
-def test_a_plan_under_a_budget_below_dps_memory_fits_as_measured_and_as_predicted(unconstrained):
+def test_a_plan_under_a_budget_below_dps_memory_fits_as_measured_and_as_predicted(unconstrained, tmp_path):
     store, memory = unconstrained
     budget = 0.7 * memory["dp"]
     step, args = adam_mlp()
@@ -62,6 +64,19 @@ def test_a_plan_under_a_budget_below_dps_memory_fits_as_measured_and_as_predicte
     assert "never the answer: " in plan.why and "dp" in plan.why.split("never the answer: ")[1]
     # The segments' sum is a first filter only: the plans compiled to decide are named with both figures.
     assert any(line.startswith("memory budget: ") and "the whole step allocates" in line for line in said)
+    # Its comparison, and the plan's loaded from its file, name the fastest baseline the search
+    # named (within the budget: dp never), not the fastest of every plan raced.
+    assert "dp" in plan.over_budget and plan.budget_bytes == pytest.approx(budget)
+    compared = plan.comparison()
+    assert compared["best_baseline"] not in plan.over_budget, compared
+    named = re.search(r"the fastest baseline, (\w+),", plan.why)
+    assert named is None or compared["best_baseline"] == named[1], (plan.why, compared)
+    assert AutoPlan.load(plan.save(tmp_path / "plan.json")).comparison() == compared
+    # Were dp the fastest plan of the race by far, it would still not be the fastest baseline.
+    dp = plan.baselines["dp"]
+    faster = replace(plan, baselines={**plan.baselines, "dp": {**dp, "repeat_times_s": [t / 10 for t in
+                                                                                         dp["repeat_times_s"]]}})
+    assert faster.comparison()["best_baseline"] != "dp", faster.comparison()
 
 
 def test_a_budget_no_plan_meets_is_refused_naming_the_least_memory_measured(unconstrained):

@@ -291,6 +291,11 @@ class AutoPlan:
     # Python numbers in the arguments traced as arrays, as jax.jit takes them (``Reading.scalars``);
     # files from before this was read say nothing and closed over them (``from_dict``).
     scalars: bool = True
+    # Under mode.memory_budget_gb: the plans the race measured over it (never the answer, nor the
+    # fastest baseline) and the budget per device, so that the plan, loaded, compares as the
+    # search's result did.
+    over_budget: list[str] = field(default_factory=list)
+    budget_bytes: Optional[float] = None
 
     @classmethod
     def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
@@ -310,7 +315,8 @@ class AutoPlan:
                    {name: _run_json(r, out.others.get(name), out.priced.get(name)) for name, r in out.baselines.items()},
                    dict(out.skipped), list(p.meshes),
                    state_argnums=list(reading.user_state_argnums) if reading.user_state_argnums is not None else None,
-                   loss=reading.loss_path, across=getattr(p.plan, "across", None), scalars=reading.scalars)
+                   loss=reading.loss_path, across=getattr(p.plan, "across", None), scalars=reading.scalars,
+                   over_budget=list(out.answer.comparison.over_budget), budget_bytes=out.answer.comparison.budget_bytes)
         plan.name, plan.searched = plan.row, p.details
         return plan
 
@@ -368,7 +374,8 @@ class AutoPlan:
         """The race this plan came from, compared (``comparison.compare``), its answer this plan."""
         runs = {self.row: self.measured, **self.baselines}
         searched = self._searched_row if self._searched_row in runs else self.row
-        return compare({name: r["repeat_times_s"] for name, r in runs.items()}, searched, answer=self.row)
+        return compare({name: r["repeat_times_s"] for name, r in runs.items()}, searched, answer=self.row,
+                       over_budget=tuple(self.over_budget), budget_bytes=self.budget_bytes)
 
     def table(self) -> str:
         """The comparison table (``report.py``), as mode=search writes comparison.txt."""
