@@ -4,8 +4,8 @@ Every rank, once it has joined and before the mode starts, spends about a second
 
 1. one all-reduce over every device of the job, whose value it checks (each device's 1, summed:
    the device count), timed: a node that cannot take part fails here, not an hour into the run;
-2. a matmul on its own first device (``MATMUL_N`` square, float32, the median of ``REPEATS``
-   after a warm-up): its rate in GFLOP/s.
+2. a matmul on its own first device (``MATMUL_N`` square on a CPU, ``ACCELERATOR_MATMUL_N``
+   on an accelerator, float32, the median of ``REPEATS`` after a warm-up): its rate in GFLOP/s.
 
 Every rank's figures and node name are gathered on every rank (``hosts.gather``: no file), so every
 rank reaches the same verdict: a node's rate is the median of its ranks', and a node whose rate is
@@ -32,7 +32,11 @@ import numpy as np
 
 from launcher.runtime.status import STATUS_DIR, _write_json
 
-MATMUL_N = 1024
+# The matmul's side: about 20-50 ms on a CPU device at 1,024; on an accelerator a side that
+# small is launch and sync latency more than work (a few microseconds of it on an H100), so
+# there it is 8,192 (1.1 TFLOP: tens of milliseconds on an MI250X GCD or an H100 in float32).
+MATMUL_N = {"cpu": 1024}
+ACCELERATOR_MATMUL_N = 8192
 REPEATS = 5
 PREFLIGHT_FILE = "preflight.json"
 FAILED_DIR = "preflight-failed"
@@ -142,7 +146,8 @@ def _matmul_rate(work: int = 1) -> float:
     import jax.numpy as jnp  # noqa: PLC0415
 
     device = jax.local_devices()[0]
-    a = jax.device_put(jnp.ones((MATMUL_N, MATMUL_N), jnp.float32), device)
+    n = MATMUL_N.get(device.platform, ACCELERATOR_MATMUL_N)
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), device)
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
     times = []
@@ -151,7 +156,7 @@ def _matmul_rate(work: int = 1) -> float:
         for _ in range(work):
             mm(a).block_until_ready()
         times.append(time.perf_counter() - t)
-    return 2 * MATMUL_N ** 3 / statistics.median(times) / 1e9
+    return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-__all__ = ["run", "enabled", "excluded", "clear", "PreflightFailed", "MATMUL_N", "REPEATS"]
+__all__ = ["run", "enabled", "excluded", "clear", "PreflightFailed", "MATMUL_N", "ACCELERATOR_MATMUL_N", "REPEATS"]
