@@ -127,7 +127,7 @@ class Task(Checkpointable):
             if isinstance(e, UncompletedJobError) and self._running.get("not_requeued"):
                 message = self._running["not_requeued"]  # submitit's own says only "checkpoint returned None"
                 log.error("rank %d ended: %s", rank.process_id, message)
-            elif bad_input:  # the message says what to fix; a traceback only buries it
+            elif bad_input or isinstance(e, preflight.PreflightFailed):  # the message says it all
                 message = str(e)
                 log.error("rank %d failed: %s", rank.process_id, message)
             else:
@@ -160,14 +160,7 @@ class Task(Checkpointable):
         init_s = time.perf_counter() - t0
         _inject_fault(cfg, rank, log, before_start=False)
         if preflight.enabled(cfg.launcher, rank.num_nodes):
-            t = time.perf_counter()
-            kind, _, at = cfg.launcher.fault.partition(":")
-            self._running["preflight"] = found = preflight.run(
-                run_dir, status.node_name(), rank.process_id, cfg.launcher.preflight_min, at if kind == "slow" else "")
-            log.info("preflight passed in %.1f s: no node's matmul below launcher.preflight_min=%g of the other "
-                     "nodes' (median %.1f GFLOP/s); an all-reduce over every device took %.2f ms",
-                     time.perf_counter() - t, cfg.launcher.preflight_min, found["median_gflops"],
-                     1e3 * found["allreduce_s"])
+            self._running["preflight"] = _preflight(cfg, run_dir, rank, log)
         ctx = TaskContext(cfg=cfg, run_dir=run_dir, rank=rank, log=log, attempt=attempt, reporter=reporter,
                           launch=self.launch, clock=self._running["clock"], scalars=self._running["scalars"])
         result = self._run_mode(ctx, init_s)
@@ -276,9 +269,21 @@ class Task(Checkpointable):
             ctx.log.info("wrote %s", ctx.run_dir / "result.json")
 
 
+def _preflight(cfg: DictConfig, run_dir: Path, rank: ranks.RankInfo, log: logging.Logger) -> dict:
+    """launcher.preflight's checks on this rank, the job's verdict (runtime/preflight.py)."""
+    t = time.perf_counter()
+    kind, _, at = cfg.launcher.fault.partition(":")
+    found = preflight.run(run_dir, status.node_name(), rank.process_id, cfg.launcher.preflight_min,
+                          at if kind == "slow" else "")
+    log.info("preflight passed in %.1f s: no node's matmul below launcher.preflight_min=%g of the other nodes' "
+             "(median %.1f GFLOP/s); an all-reduce over every device took %.2f ms", time.perf_counter() - t,
+             cfg.launcher.preflight_min, found["median_gflops"], 1e3 * found["allreduce_s"])
+    return found
+
+
 def _keep_scores(clock: timing.AttemptClock, reporter: RankReporter | None) -> None:
-    """The attempt's slowest rank and those found slow, in its time accounting (the goodput line
-    names them)."""
+    """The attempt's slowest rank and those found slow, in its time accounting (result.json's
+    ``time``: ``slowest``, ``slow``)."""
     scored = reporter.last_scores() if reporter is not None else {}
     if scored:
         clock.set(slowest=scored["slowest"][0], slow=[s["rank"] for s in scored["slow"]])
