@@ -18,7 +18,8 @@ Scores, as NVIDIA's resiliency extension names them (0 worst, 1 best), but again
 rank rather than the fastest, so that one fast outlier does not flag every other rank:
 
 - *relative*: the median rank's host seconds per step over this rank's (0.77: 1.3x slower);
-- *individual*: this rank's best over its current (its lowest median over a window of steps).
+- *individual*: this rank's best over its current (its lowest median over a window of steps, of
+  those it published).
 
 A rank is *slow* once even its fastest of its last ``launcher.straggler.steps`` steps took more
 than ``launcher.straggler.factor`` times the median rank's host time: it stayed slower for that
@@ -106,18 +107,18 @@ class StepClock:
                 self._host.append(host_s)
                 self._wall.append(wall_s)
             self.steps += steps
-            if len(self._host) == self.window:
-                self.best_s = min(self.best_s, statistics.median(self._host))
 
     def figures(self) -> dict:
         """What the rank publishes once it has a window of steps ({} before): steps measured, the
-        median and the lowest host seconds per step over the window, its best median, the median
-        wall seconds per step."""
+        median and the lowest host seconds per step over the window, its best median (of those
+        asked for here: a step only appends, whatever the program's pace), the median wall
+        seconds per step."""
         with self._lock:
             if len(self._host) < self.window:
                 return {}
             host = statistics.median(self._host)
-            return {"steps": self.steps, "host_s": host, "low_s": min(self._host), "best_s": min(self.best_s, host),
+            self.best_s = min(self.best_s, host)
+            return {"steps": self.steps, "host_s": host, "low_s": min(self._host), "best_s": self.best_s,
                     "step_s": statistics.median(self._wall)}
 
 
