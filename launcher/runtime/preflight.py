@@ -4,7 +4,7 @@ Every rank, once it has joined and before the mode starts, spends about a second
 
 1. one all-reduce over every device of the job, whose value it checks (each device's 1, summed:
    the device count), timed: a node that cannot take part fails here, not an hour into the run;
-2. a matmul on its own first device (``MATMUL_N`` square on a CPU, ``ACCELERATOR_MATMUL_N``
+2. a matmul on its own first device (``CPU_MATMUL_N`` square on a CPU, ``ACCELERATOR_MATMUL_N``
    on an accelerator, float32, the median of ``REPEATS`` after a warm-up): its rate in GFLOP/s,
    by the process's CPU time on a CPU device (``_matmul_rate`` says why), else by the wall.
 
@@ -36,7 +36,7 @@ from launcher.runtime.status import STATUS_DIR, _write_json
 # The matmul's side: about 20-50 ms on a CPU device at 1,024; on an accelerator a side that
 # small is launch and sync latency more than work (a few microseconds of it on an H100), so
 # there it is 8,192 (1.1 TFLOP: tens of milliseconds on an MI250X GCD or an H100 in float32).
-MATMUL_N = {"cpu": 1024}
+CPU_MATMUL_N = 1024
 ACCELERATOR_MATMUL_N = 8192
 REPEATS = 5
 PREFLIGHT_FILE = "preflight.json"
@@ -147,7 +147,8 @@ def _matmul_rate(work: int = 1) -> float:
     import jax.numpy as jnp  # noqa: PLC0415
 
     device = jax.local_devices()[0]
-    n = MATMUL_N.get(device.platform, ACCELERATOR_MATMUL_N)
+    on_cpu = device.platform == "cpu"
+    n = CPU_MATMUL_N if on_cpu else ACCELERATOR_MATMUL_N
     a = jax.device_put(jnp.ones((n, n), jnp.float32), device)
     mm = jax.jit(lambda x: x @ x)
     mm(a).block_until_ready()
@@ -155,7 +156,7 @@ def _matmul_rate(work: int = 1) -> float:
     # cores (pretend nodes on one host, an oversubscribed node), a rank that waited for a core
     # took longer on the wall without being slower (8 ranks on 2 cores: 36-42 GFLOP/s by the
     # wall, 152-163 by CPU time, a rank doing 8x the work 20).
-    clock = time.process_time if device.platform == "cpu" else time.perf_counter
+    clock = time.process_time if on_cpu else time.perf_counter
     times = []
     for _ in range(REPEATS):
         t = clock()
@@ -165,4 +166,5 @@ def _matmul_rate(work: int = 1) -> float:
     return 2 * n ** 3 / max(statistics.median(times), 1e-9) / 1e9
 
 
-__all__ = ["run", "enabled", "excluded", "clear", "PreflightFailed", "MATMUL_N", "ACCELERATOR_MATMUL_N", "REPEATS"]
+__all__ = ["run", "enabled", "excluded", "clear", "PreflightFailed", "CPU_MATMUL_N", "ACCELERATOR_MATMUL_N",
+           "REPEATS"]
