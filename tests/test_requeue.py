@@ -146,9 +146,18 @@ def launch(run: Path, *overrides: str, env: dict | None = None) -> subprocess.Po
 def wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
-        assert proc.poll() is None, f"the job ended before {what}"
+        assert proc.poll() is None, f"the job ended before {what}:\n{_output_of(proc)}"
         assert time.monotonic() < deadline, f"no {what} within {timeout} s"
         time.sleep(0.1)
+
+
+def _output_of(proc: subprocess.Popen, lines: int = 30) -> str:
+    """The last lines of what ``launch`` wrote to <run>.out (why a job ended early)."""
+    run = next(a.split("=", 1)[1] for a in proc.args if str(a).startswith("hydra.run.dir="))
+    try:
+        return "\n".join(Path(f"{run}.out").read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no output: {e})"
 
 
 def finish(proc: subprocess.Popen, run: Path, timeout: float = 600) -> str:

@@ -119,9 +119,9 @@ class Cluster:
     @classmethod
     def choose_coordinator_port(cls, cfg: DictConfig) -> int:  # noqa: ARG003 - subclasses read it
         """The jax.distributed coordinator port when ``launcher.coordinator_port`` does not say
-        (``launcher.cli.submit.coordinator_port``). Here: a random port in 20000-39999, since rank
-        0's node is not known before the job starts."""
-        return random.SystemRandom().randrange(20000, 40000)
+        (``launcher.cli.submit.coordinator_port``). Here: a random one of ``ranks.PORTS``, since
+        rank 0's node is not known before the job starts."""
+        return random.SystemRandom().choice(ranks.PORTS)
 
     # -- what subclasses provide -------------------------------------------------------------
     def executor(self) -> submitit.Executor:

@@ -17,6 +17,11 @@ from typing import ClassVar, Mapping
 
 from launcher.errors import UserError
 
+# Where a coordinator port is picked when nothing names one: below Linux's default ephemeral
+# range (32768-60999), where a port an outgoing connection holds at that moment would refuse the
+# coordinator's bind and end the job.
+PORTS = range(20000, 32768)
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -213,7 +218,7 @@ def default_port(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID") or env.get("OMPI_MCA_orte_jobfam_session_id")
     digits = int(re.sub(r"\D", "", job or "") or 0)
-    return 20000 + digits % 20000
+    return PORTS.start + digits % len(PORTS)
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
