@@ -108,6 +108,8 @@ def one_point(devices: int, algorithm: str, extra: list[str], work: Path, timeou
         "meshes_priced": sum(1 for m in meshes if m.get("gate_predicted_step_time_s")),
         "profiled_configs": r.get("profiled_configs"),
         "measured_configs": r.get("measured_configs"),
+        # Of those profiled: another mesh's entry of the same per-device program, not measured again.
+        "same_program_configs": r.get("same_program_configs"),
         "shortlist_measured": sum(1 for c in cands if c.get("measured_step_time_s") is not None),
         "baselines_raced": sorted(r.get("baselines", {})),
         "ilp_variables": sum(m.get("num_variables") or m.get("gate_ilp_variables") or 0 for m in meshes) or None,

@@ -246,8 +246,9 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
     for i, o in enumerate(on):
         p = profile(o.analyzed, o.mesh, options, is_main=is_main, log=log, progress=progress,
                     keep=keep.get(i, ())).profiles
-        log("mesh %s: %d of %d segment combinations reused from the profile store, %d were missing and "
-            "measured now" % (o.shape, p.reused, p.profiled_configs, p.measured))
+        log("mesh %s: %d of %d segment combinations reused from the profile store (%d as the same per-device "
+            "program measured on another mesh), %d were missing and measured now"
+            % (o.shape, p.reused, p.profiled_configs, p.same_program, p.measured))
         out.append(replace(o, profiles=p))
     refuse_if_nothing_fits([o.shape for o in out], [o.profiles for o in out])  # no mesh holds a plan within budget
     return out

@@ -21,8 +21,8 @@ from launcher.sharding.predict.price import scores
 from launcher.sharding.user.api import AutoPlan
 
 # Summed over the meshes of mode.mesh_shape=auto in mode=profile's result.
-_SUMMED = ("profiled_configs", "measured_configs", "reused_configs", "profile_time_s", "over_budget_configs",
-           "stopped_early_configs")
+_SUMMED = ("profiled_configs", "measured_configs", "reused_configs", "same_program_configs", "profile_time_s",
+           "over_budget_configs", "stopped_early_configs")
 
 
 def mesh_fields(on: OnMesh) -> dict:
@@ -31,6 +31,8 @@ def mesh_fields(on: OnMesh) -> dict:
     return {**analysis.summary(), "mesh_shape": list(analysis.mesh_shape),
             "profiled_configs": profiles.profiled_configs, "measured_configs": profiles.measured,
             "reused_configs": profiles.reused, "profile_time_s": profiles.seconds,
+            # Of those reused: another mesh's entry of the same per-device program (profile/keys.py).
+            "same_program_configs": profiles.same_program,
             # Of the table (reused entries included): not timed, over the memory budget; and
             # timed only until the early stop (launcher/sharding/profile/candidates.py).
             "over_budget_configs": profiles.over_budget_configs,

@@ -140,6 +140,7 @@ class Cfp(Algorithm):
             "profiled_configs": sum(p.profiled_configs for p in profiles),
             "measured_configs": sum(p.measured for p in profiles),
             "reused_configs": sum(p.reused for p in profiles),
+            "same_program_configs": sum(p.same_program for p in profiles),
             "search_time_s": sum(m.get("search_time_s", 0.0) for m in meshes),
             "profile_time_s": sum(p.seconds for p in profiles),
         }

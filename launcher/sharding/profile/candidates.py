@@ -187,7 +187,9 @@ class CandidateLoop:
         # yardstick), the same on every process: from rank 0's store (``missing``) and the
         # slowest process's times since.
         self.best: dict[tuple[int, int], tuple[float, float]] = {}
-        self.counts = {"timed": 0, "over_budget": 0, "stopped_early": 0}   # by this run
+        # By this run: timed in full, not timed (over the memory budget), stopped early; and found
+        # as the same program measured on another mesh (``same_program``).
+        self.counts = {"timed": 0, "over_budget": 0, "stopped_early": 0, "same_program": 0}
         # For the memory floor: units per kind, and every compiled memory known so far, by kind
         # (rank 0's store, then this run's compilations).
         self.instances = Counter(u.kind for u in units)
@@ -230,6 +232,8 @@ class CandidateLoop:
         if self.is_main:
             for row, (u, c) in zip(rows, candidates, strict=True):
                 entry = self.store.get(self.keys.segment(u, c))
+                if entry is None or not self.shortcuts.reuses(entry):
+                    entry = self.same_program(u, c) or entry
                 row[0] = entry is None or not self.shortcuts.reuses(entry)
                 if entry is not None and timed_in_full(entry):
                     row[1:3] = entry["time_s"], entry.get("overhead_s", 0.0)
@@ -241,6 +245,19 @@ class CandidateLoop:
             if m >= 0:
                 self.memory[u.kind][c] = int(m)
         return [bool(row[0]) for row in rows]
+
+    def same_program(self, u: Unit, combo: tuple[int, ...]) -> dict | None:
+        """(Rank 0's.) The entry of the same program measured on another mesh of these devices
+        (``StoreKeys.program``), now stored as this combination's too; None where there is none.
+        Only an entry timed in full: the others' marks are their own mesh's (a memory floor
+        summed over its units, an early stop against its unit's best)."""
+        entry = self.store.get(self.keys.program(u, combo, self.program(u)))
+        if entry is None or not timed_in_full(entry):
+            return None
+        entry = {**{k: v for k, v in entry.items() if k != "key"}, "same_program_as": entry.get("mesh", "?")}
+        self.store.put(self.keys.segment(u, combo), entry)
+        self.counts["same_program"] += 1
+        return entry
 
     def plan_floor(self, kind: tuple[int, int], mem: int) -> int:
         """The least memory a plan holding a unit of ``kind`` at ``mem`` needs, as far as known:
@@ -366,6 +383,8 @@ class CandidateLoop:
                 for r in group:
                     if self.is_main:
                         self.store.put(self.keys.segment(r.unit, r.combo), r.entry)
+                        if timed_in_full(r.entry):   # what another mesh compiling the same program reuses
+                            self.store.put(self.keys.program(r.unit, r.combo, self.program(r.unit)), r.entry)
                     if progress is not None:
                         progress.advance()
             done += len(ready)
@@ -382,7 +401,7 @@ class CandidateLoop:
         self.memory[u.kind][combo] = mem
         floor = self.plan_floor(u.kind, mem)
         entry = {"memory": memory, "boundary_bytes": boundary, "mem_bytes": mem, "compile_s": compile_s,
-                 "blocks": [u.start, u.end]}
+                 "blocks": [u.start, u.end], "mesh": list(self.a.mesh_shape)}
         # Rank 0's figures decide (every process compiled the same programs; its figures are the
         # ones the store keeps and the search adds up).
         if _rank0_flag(self.shortcuts.over_budget(floor)):

@@ -79,6 +79,7 @@ class Profiles:
     allreduce_latency_s: dict[tuple[int, ...], float] = field(default_factory=dict)  # by axes
     measured: int = 0                   # entries measured by this run (compiled; timed or not)
     reused: int = 0                     # entries found in the store
+    same_program: int = 0               # of those, another mesh's of the same per-device program (keys.py)
     seconds: float = 0.0
     # Of the entries measured by this run: not timed, their memory over the budget; and timed
     # only in part (stopped early). The table's own counts, reused entries included, are
@@ -185,8 +186,11 @@ class Profiler:
         chosen = "" if len(candidates) == space else (
             f" of their {space}: the {self.top_k} of each a rough cost model ranks first and the plans nearest the "
             "baselines (mode.profile_top_k=0 profiles every one)")
+        same = self.loop.counts["same_program"]
         self.log(f"profile: {len(candidates)} combinations over {len(self.loop.first)} units{chosen} "
-                 f"({reused} reused from the store, {len(todo)} to measure)")
+                 f"({reused} reused from the store"
+                 + (f", {same} of them as the same per-device program measured on another mesh" if same else "")
+                 + f", {len(todo)} to measure)")
         ctx = progress_factory(len(todo), "profiling segments") if progress_factory else contextlib.nullcontext()
         t_loop = time.perf_counter()
         with ctx as progress:
@@ -196,7 +200,7 @@ class Profiler:
         counts = self.loop.counts
         if self.loop.infeasible:
             return Profiles(self.units, self.loop.table(partial=True, profiled=candidates), [], {}, measured=measured,
-                            reused=reused,
+                            reused=reused, same_program=same,
                             seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
                             stopped=counts["stopped_early"], candidates_s=candidates_s,
                             infeasible=self.loop.infeasible, least_plan_bytes=self.loop.least_plan_bytes,
@@ -228,7 +232,7 @@ class Profiler:
             self.log(f"profile: one all-reduce costs {each} (paid once per step for the gradients, which the "
                      "whole step combines)")
         return Profiles(self.units, table, boundaries, reshard, whole_overhead_s=whole, gradient_allreduces=grads,
-                        allreduce_latency_s=latency, measured=measured, reused=reused,
+                        allreduce_latency_s=latency, measured=measured, reused=reused, same_program=same,
                         seconds=time.perf_counter() - t0, skipped=counts["over_budget"],
                         stopped=counts["stopped_early"], candidates_s=candidates_s)
 
