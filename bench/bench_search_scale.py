@@ -32,6 +32,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,15 +131,24 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="xlaunch-scale-") as tmp:
+    # The points' run dirs and stores, removed at the end unless a point failed: then its logs
+    # are what says why (a point at 64 devices once died in its shortlist, its log gone with them).
+    tmp = tempfile.mkdtemp(prefix="xlaunch-scale-")
+    try:
         for n in args.devices:
             for a in args.algorithms:
                 rows.append(one_point(n, a, args.extra, Path(tmp), args.timeout))
+                if rows[-1]["returncode"] != 0:
+                    rows[-1]["run_dir"] = str(Path(tmp) / f"{a}_{n}")
+                    print(f"{a} at {n} devices failed: its run dir is kept, {rows[-1]['run_dir']}", file=sys.stderr)
                 args.out.parent.mkdir(parents=True, exist_ok=True)   # written after each point: nothing lost
                 args.out.write_text(json.dumps({"command": "python bench/bench_search_scale.py " + " ".join(sys.argv[1:]),
                                                 "rows": rows, "machine": {"cpus": os.cpu_count(),
                                                                          "platform": platform.platform()}},
                                                indent=2) + "\n")
+    finally:
+        if all(r["returncode"] == 0 for r in rows):
+            shutil.rmtree(tmp, ignore_errors=True)
     by = {(r["algorithm"], r["devices"]): r for r in rows if r["returncode"] == 0}   # the ratios to the fewest devices
     for a in args.algorithms:
         if (a, min(args.devices)) in by:
