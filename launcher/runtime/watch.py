@@ -256,6 +256,10 @@ class RankReporter:
         time measured (``straggler.StepClock.mark``) and progress made."""
         if self.step_clock is not None:
             self.step_clock.mark(step)
+            if not self._steps_published[0]:
+                # Its first window published as soon as it is full, not at the next beat: of a
+                # program stepping three times a second, a beat is six steps late.
+                self._publish_steps()
             watch = self._watcher.last if self._watcher is not None else None
             if self.on_scores is not None and watch is not None and watch.stragglers and watch.seq > self._scores_seen:
                 self._scores_seen = watch.seq
