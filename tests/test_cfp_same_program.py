@@ -59,14 +59,14 @@ def test_a_program_measured_on_one_mesh_is_reused_on_another_not_timed_again(tmp
     loop, other = second_profiler.loop, profilers[(2, 4)].loop
     by_program = {}
     for u, c in other.candidates():
-        by_program[repr(other.keys.program(u, c, other.program(u)))] = (u, c)
+        by_program[repr(other.program_key(u, c))] = (u, c)
     reused = [(kind, c, e) for kind, combos in second.table.items() for c, e in combos.items()
               if e.get("same_program_as")]
     assert len(reused) == second.same_program
     for kind, c, entry in reused:
         assert entry["same_program_as"] == [2, 4]
         u = loop.first[kind]
-        u0, c0 = by_program[repr(loop.keys.program(u, c, loop.program(u)))]
+        u0, c0 = by_program[repr(loop.program_key(u, c))]
         assert entry["time_s"] == first.table[u0.kind][c0]["time_s"]
         assert program_text(loop.prepare(u, c)[0]) == program_text(other.prepare(u0, c0)[0]), (kind, c, c0)
 
@@ -75,4 +75,4 @@ def test_a_program_measured_on_one_mesh_is_reused_on_another_not_timed_again(tmp
         for c, entry in combos.items():
             if not entry.get("same_program_as"):
                 u = loop.first[kind]
-                assert repr(loop.keys.program(u, c, loop.program(u))) not in by_program
+                assert repr(loop.program_key(u, c)) not in by_program

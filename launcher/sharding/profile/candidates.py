@@ -182,6 +182,7 @@ class CandidateLoop:
         self.first = first_units(units)
         self.units = list(units)
         self._programs: dict[tuple[int, int], SegmentProgram] = {}
+        self._program_keys: dict[tuple[tuple[int, int], tuple[int, ...]], dict] = {}
         self._split = {u.kind[0] for u in units if u.kind[1] > 0}  # templates profiled in parts
         # Per kind: (time_s, overhead_s) of the fastest candidate timed in full (the early stop's
         # yardstick), the same on every process: from rank 0's store (``missing``) and the
@@ -251,13 +252,20 @@ class CandidateLoop:
         (``StoreKeys.program``), now stored as this combination's too; None where there is none.
         Only an entry timed in full: the others' marks are their own mesh's (a memory floor
         summed over its units, an early stop against its unit's best)."""
-        entry = self.store.get(self.keys.program(u, combo, self.program(u)))
+        entry = self.store.get(self.program_key(u, combo))
         if entry is None or not timed_in_full(entry):
             return None
         entry = {**{k: v for k, v in entry.items() if k != "key"}, "same_program_as": entry.get("mesh", "?")}
         self.store.put(self.keys.segment(u, combo), entry)
         self.counts["same_program"] += 1
         return entry
+
+    def program_key(self, u: Unit, combo: tuple[int, ...]) -> dict:
+        """``StoreKeys.program`` of a candidate, made once: looked up before it is measured and
+        written with its entry after."""
+        if (u.kind, combo) not in self._program_keys:
+            self._program_keys[u.kind, combo] = self.keys.program(u, combo, self.program(u))
+        return self._program_keys[u.kind, combo]
 
     def plan_floor(self, kind: tuple[int, int], mem: int) -> int:
         """The least memory a plan holding a unit of ``kind`` at ``mem`` needs, as far as known:
@@ -384,7 +392,7 @@ class CandidateLoop:
                     if self.is_main:
                         self.store.put(self.keys.segment(r.unit, r.combo), r.entry)
                         if timed_in_full(r.entry):   # what another mesh compiling the same program reuses
-                            self.store.put(self.keys.program(r.unit, r.combo, self.program(r.unit)), r.entry)
+                            self.store.put(self.program_key(r.unit, r.combo), r.entry)
                     if progress is not None:
                         progress.advance()
             done += len(ready)

@@ -86,6 +86,8 @@ class StoreKeys:
         (``candidates.quick_compile_options``; none: XLA's defaults)."""
         self.a = a
         self.compile_options = dict(compile_options or {})
+        # The compile options' part of a key (``segment`` says why only where there are some).
+        self._compiled = {"compile": dict(sorted(self.compile_options.items()))} if self.compile_options else {}
         # Keys of measurements that depend on the mesh only (resharding, all-reduce latency), and
         # of those that depend on the model too.
         self.mesh_base = {"version": PROFILE_VERSION, "mesh": list(a.mesh_shape), "devices": device_signature(mesh),
@@ -106,8 +108,7 @@ class StoreKeys:
         the key it always had, so stores measured so are reused as they are."""
         sigs = self.a.signatures[u.start:u.end]
         template = hashlib.sha1("|".join(sigs).encode()).hexdigest()[:16]
-        compiled = {"compile": dict(sorted(self.compile_options.items()))} if self.compile_options else {}
-        return {**self.base, **compiled, "template": template, "combination": list(combo)}
+        return {**self.base, **self._compiled, "template": template, "combination": list(combo)}
 
     def program(self, u: Unit, combo: Sequence[int], sp: SegmentProgram) -> dict:
         """The key of what ``u``'s program ``sp`` compiles to under ``combo`` (the module doc):
@@ -122,8 +123,7 @@ class StoreKeys:
             for v, spec in items:
                 h.update(f"{tag}{v}:".encode())
                 h.update(device_layout(spec, self.mesh, len(g.vars[v].shape)))
-        compiled = {"compile": dict(sorted(self.compile_options.items()))} if self.compile_options else {}
-        return {**self.program_base, **compiled, "graph": self._graph, "program": h.hexdigest()}
+        return {**self.program_base, **self._compiled, "graph": self._graph, "program": h.hexdigest()}
 
     def reshard(self, pair: tuple) -> dict:
         """Turning layout src into dst for ``pair`` = ((shape, dtype), src, dst)."""
