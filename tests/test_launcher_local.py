@@ -312,7 +312,11 @@ def test_a_rank_still_running_when_the_grace_ends_is_killed_and_recorded_as_stop
     """A rank that has not ended 10 s after SIGINT (its saving takes 60 s here; on a busy machine a
     rank that is slow to be scheduled at all) gets SIGKILL, and its status says so: the job was
     cancelled, not crashed. Under three test workers on two cores a stopped sweep's rank once read
-    as "died without reporting an error"."""
+    as "died without reporting an error".
+
+    The launcher is stopped twice, the second time while it cancels (an impatient second Ctrl-C,
+    or `pkill` matching it again): the cancel goes on and says so. A second SIGTERM once cut it
+    short, and a local search's two ranks computed on for twenty minutes with nobody to stop them."""
     run = tmp_path / "run"
     args = [sys.executable, "-m", "launcher", "mode=run", "mode.target=tests.run_programs:hold",
             f"mode.kwargs.until={tmp_path / 'never'}", "mode.kwargs.stop_delay_s=60", f"mode.kwargs.ready={tmp_path / 'ready'}",
@@ -322,8 +326,11 @@ def test_a_rank_still_running_when_the_grace_ends_is_killed_and_recorded_as_stop
     assert status.wait_until((tmp_path / "ready").exists, 120, 0.2)   # inside the program: SIGINT reaches its handler
     t0 = time.monotonic()
     proc.terminate()
+    time.sleep(2)   # the launcher is cancelling: the rank holds its SIGINT for 60 s
+    proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "interrupted: job" in err, err
+    assert "still cancelling job" in err, err
     assert time.monotonic() - t0 < 30   # the grace, then SIGKILL: not the rank's 60 s
     said = json.loads(rank0.read_text())
     assert (said["state"], said["message"]) == ("stopped", "interrupted (killed: still running 10 s after SIGINT)"), said

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -123,9 +126,33 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
 
         return wait(submitted["job"], cluster, cfg, run_dir, restart)
     except KeyboardInterrupt:
-        cluster.cancel(submitted["job"])
+        with _deaf_while_cancelling(submitted["job"].job_id):
+            cluster.cancel(submitted["job"])
         raise JobInterrupted(f"interrupted: job {submitted['job'].job_id} cancelled; what it wrote is in {run_dir}") \
             from None
+
+
+@contextlib.contextmanager
+def _deaf_while_cancelling(job_id: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM again while the job is being cancelled is said, not obeyed: a cancel
+    cut short leaves ranks running with nobody to stop them (a second SIGTERM, which `kill` and
+    `pkill` send as readily as an impatient second Ctrl-C, once left a local search's two ranks
+    computing for twenty minutes). A cancel ends within seconds: a local job's ranks get SIGKILL
+    10 s after SIGINT."""
+    if threading.current_thread() is not threading.main_thread():   # signal handlers: the main thread's
+        yield
+        return
+
+    def again(signum: int, frame: Any) -> None:
+        print(f"still cancelling job {job_id}: its ranks are being stopped (killed within seconds); "
+              "wait for it to end", file=sys.stderr)
+
+    before = {s: signal.signal(s, again) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def coordinator_port(cfg: DictConfig) -> int:
