@@ -3,7 +3,11 @@
 Every ``import`` and ``from ... import`` statement anywhere in a module's source counts, at
 module level or inside a function, class or ``if TYPE_CHECKING:`` block: a lazy import still
 ties two modules together, and a cycle through one only waits for the first call that closes
-it. ``models/`` is reached as ``launcher.models`` (pyproject.toml says why). An import names
+it. A string that names one of our modules (``"launcher.modes.runs.search:run"``, a
+``_target_``, ``-m launcher.clusters.ray``) is an import made at run time (by
+``launcher.plugins.function``, Hydra, a new process): it counts for the floors and the folders
+below, not for cycles among modules, since it is made once both modules are whole (a config
+naming its model's class, which imports the config, is Hydra's way, not a cycle). ``models/`` is reached as ``launcher.models`` (pyproject.toml says why). An import names
 its target module: ``from launcher.sharding import options`` is an edge to ``launcher.sharding.options``
 when that is a module, else to the package ``launcher.sharding``. A package's own ``__init__`` is
 not an edge of every import beneath it (Python already holds a package that is importing).
@@ -27,6 +31,7 @@ is one, else prints nothing and exits 0.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -56,6 +61,44 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
             return name
         name = name.rpartition(".")[0]
     return None
+
+
+# A string that names one of our modules, as ``plugins.function`` and Hydra's ``_target_`` load
+# one: "launcher.modes.runs.search:run", "launcher.models.gpt.GPT", "launcher.sharding.user.api".
+_DOTTED = re.compile(r"(launcher|models)(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?")
+
+
+def string_import(text: str, known: dict[str, Path]) -> str | None:
+    """The module a string names, for an import made at run time from it (``"module:attr"``, a
+    dotted module, or a module and one attribute), else None: a config key such as
+    ``"launcher.straggler.factor"`` names no module of ours beyond the package itself."""
+    if not _DOTTED.fullmatch(text):
+        return None
+    dotted, _, attr = text.partition(":")
+    if dotted.startswith("models."):
+        dotted = "launcher." + dotted
+    target = _resolve(dotted, known)
+    if target is None:
+        return None
+    rest = dotted[len(target):].lstrip(".").split(".") if dotted != target else []
+    return target if len(rest) <= (0 if attr else 1) and (target != "launcher" or not rest) else None
+
+
+def named_in_strings(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``module`` names in a string (``string_import``), an f-string's
+    leading text included (``f"launcher.cli.console:{name}_answer"``)."""
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            head = str(node.values[0].value)
+            text = head.rstrip(":") if ":" in head else None   # "pkg.module:" then the attribute's name
+        target = string_import(text, known) if text else None
+        if target is not None and target != module:
+            targets.add(target)
+    return targets
 
 
 def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -194,16 +237,18 @@ def folder_graph(graph: dict[str, set[str]], known: dict[str, Path]) -> dict[str
 def main() -> int:
     known = modules()
     graph = {m: imports(m, p, known) for m, p in known.items()}
+    # What each module reaches, by a statement or by a string naming a module (the module doc).
+    reach = {m: graph[m] | named_in_strings(m, p, known) for m, p in known.items()}
     found = cycles(graph)
     for cycle in found:
         print("import cycle: " + " -> ".join(cycle))
-    loops = cycles(folder_graph(graph, known))
+    loops = cycles(folder_graph(reach, known))
     for loop in loops:
         print("import cycle between folders: " + " -> ".join(f"{f.replace('.', '/')}/" for f in loop))
     unfloored = sorted(m for m in graph if floor_of(m) == len(FLOORS))
     for m in unfloored:
         print(f"{m} is on no floor: add its package to FLOORS in .ci/import_cycles.py")
-    up = upward(graph)
+    up = upward(reach)
     for m, t in up:
         print(f"import up a floor: {m} ({FLOORS[floor_of(m)][0]}) imports {t} ({FLOORS[floor_of(t)][0]})")
     return 1 if found or loops or unfloored or up else 0

@@ -1,21 +1,23 @@
 """Each mode's headline figures: what a sweep's table shows of a point, what its chart plots, and
-the objective Hydra's sweepers optimize (``launcher.objective``).
+the objective Hydra's sweepers optimize (``launcher.objective``); and how a figure reads as text.
 
-A mode's entry in ``launcher.modes.MODES`` names its ``Figures`` here (``figures``): a few
-``Figure``s, each a name (what ``launcher.objective.figure`` says), a heading, a unit, whether
-lower is better, and how to read it from ``result.json``. The first with a direction is the
+A mode's ``Figures`` are its module's (``launcher/modes/<name>.py``: ``figures``), which its
+entry in ``launcher.modes.MODES`` holds: a few ``Figure``s, each a name (what
+``launcher.objective.figure`` says), a heading, a unit, whether lower is better, and how to read
+it from ``result.json``. The first with a direction is the
 mode's objective by default (check: bandwidth; train, search and cfp: step time; hlo_replay: the
 replay's time; profile: its time). mode=run is open: its figures are what the program returned
 (a number is ``returned``; a dict's numbers by their keys) and the last value of each scalar it
 logged (``launcher.context().log``), so any name is accepted before the run, and lower is better
 unless ``launcher.objective.lower_is_better=false`` says otherwise (as Optuna minimizes by
-default). Nothing here imports JAX: the CLI checks the objective before submission.
+default). Nothing here imports JAX: the CLI checks the objective before submission. Below
+them, how a figure reads as text: in a sweep's table (``formatted``) and in a mode's answer
+(``seconds``, ``mib``, ``devices``).
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -77,46 +79,6 @@ def _number(v: Any) -> Optional[float]:
     v = float(v)
     return v if math.isfinite(v) else None
 
-
-# --- the modes (launcher/modes/__init__.py names these) ----------------------------------------
-
-check = Figures((Figure("bandwidth", "bandwidth", "GB/s", False, lambda r: r["allgather_gbps"]),))
-
-train = Figures((
-    Figure("step_time", "step time", "s", True, lambda r: r["step_time_s"]),
-    Figure("loss", "final loss", "", True, lambda r: r["losses"][-1]),
-    Figure("tokens_per_s", "tokens/s", "", False, lambda r: r["tokens_per_s"]),
-    Figure("tflops", "TFLOPS", "", False, lambda r: r["tflops"]),
-    Figure("peak_memory", "memory", "MiB", True, lambda r: r["peak_memory_bytes"] / 2**20),
-))
-
-# search and cfp: the answer (the plan plan.json holds), its step time and its time over the
-# fastest baseline's (paired over the final race's rounds).
-comparison = Figures((
-    Figure("step_time", "step time", "s", True, lambda r: r["answer"]["step_time_s"]),
-    Figure("answer", "answer", "", None, lambda r: r["answer"]["name"], numeric=False),
-    Figure("vs_best_baseline", "vs best baseline", "x", True, lambda r: r["answer"]["vs_best_baseline_paired"]),
-))
-
-
-def _replay_time(r: dict) -> float:
-    """Each module's median execution time, summed (one module: its median)."""
-    return sum(statistics.median(m["execution_times_s"]) for m in (r.get("modules") or [r]))
-
-
-replay = Figures((Figure("replay_time", "replay time", "s", True, _replay_time),))
-
-analysis = Figures((
-    Figure("blocks", "blocks", "", None, lambda r: r["num_blocks"]),
-    Figure("segments", "segments", "", None, lambda r: len(r["segments"])),
-))
-
-profile = Figures((
-    Figure("profile_time", "profile time", "s", True, lambda r: r["profile_time_s"]),
-    Figure("combinations", "combinations", "", None, lambda r: r["profiled_configs"]),
-))
-
-run = Figures(open=True)
 
 # How many of a program's returned or logged scalars a table shows (all stay in result.json).
 _PROGRAM_SHOWN = 4
@@ -217,7 +179,29 @@ def formatted(figure: Figure, value: Any) -> str:
     return f"{value:.4g}{unit}"
 
 
-def _seconds(s: float) -> str:
+def seconds(s: float) -> str:
+    """A duration as the console prints it (a mode's answer, a job's progress)."""
+    if s == 0 or math.isnan(s):
+        return f"{s:g} s"
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} us"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    return f"{int(s // 60)} min {s % 60:.0f} s"
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def devices(r: dict) -> str:
+    """A result's devices and processes, as a mode's answer names them."""
+    return f"{r.get('global_devices', '?')} {r.get('platform', '')} devices in {r.get('num_processes', '?')} processes"
+
+
+def _seconds(s: float) -> str:   # a table's cell: signed, and never in minutes
     if s == 0:
         return "0 s"
     if abs(s) < 1e-3:

@@ -8,6 +8,7 @@ are those conftest.SharedWork keeps on one xdist worker."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,28 @@ def test_no_import_cycle_lazy_imports_included():
     proc = subprocess.run([sys.executable, ".ci/import_cycles.py"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and not proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_import_check_sees_a_module_named_in_a_string(tmp_path):
+    """An import made at run time from a string (``plugins.function``'s "module:attr", an
+    f-string's leading "module:", a ``_target_``) counts as an edge; a config key that only
+    looks dotted does not. The modes once named the command line's renderers this way, an import
+    up a floor that no check saw."""
+    spec = importlib.util.spec_from_file_location("import_cycles", REPO / ".ci" / "import_cycles.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    known = check.modules()
+    assert check.string_import("launcher.cli.console:check_answer", known) == "launcher.cli.console"
+    assert check.string_import("launcher.models.gpt.GPT", known) == "launcher.models.gpt"
+    assert check.string_import("models.gpt.GPT", known) == "launcher.models.gpt"
+    assert check.string_import("launcher.sharding.user.api", known) == "launcher.sharding.user.api"
+    assert check.string_import("launcher.straggler.factor", known) is None   # a config key
+    assert check.string_import("launcher.cli.console.a.b", known) is None
+    source = tmp_path / "mode.py"
+    source.write_text('def entry(name):\n    return {"answer": f"launcher.cli.console:{name}_answer"}\n')
+    named = check.named_in_strings("launcher.modes.fake", source, known)
+    assert named == {"launcher.cli.console"}
+    assert check.upward({"launcher.modes.fake": named}) == [("launcher.modes.fake", "launcher.cli.console")]
 
 
 def _module_scoped(tree: ast.AST) -> bool:

@@ -13,10 +13,13 @@ because two kinds of process read them:
   (``launcher/runtime/task.py``), through the reference its entry here holds
   (``"launcher.modes.runs.<name>:run"``, ``Mode.load``): the one lazy import of the modes.
 
-Adding a mode is those two modules, one line here and its ``conf/mode/<name>.yaml``; its entry
-names the functions that render its result on the console (``launcher/cli/console.py``; without
-them, a generic listing of its result) and its headline figures (``launcher/figures.py``: a
-sweep's table and chart, the objective of Hydra's sweepers). A preset is a config file only:
+Adding a mode is those two modules, one line here and its ``conf/mode/<name>.yaml``. Beside its
+``Config``, the first module holds what the command line shows of a run's result: ``answer`` and
+``line`` (the console's lines when it ends and ``xlaunch runs``'s one line, functions of
+``result.json``; ``launcher/cli/console.py`` calls them) and ``figures`` (its headline figures,
+``launcher/figures.py``: a sweep's table and chart, the objective of Hydra's sweepers). The entry
+holds them, not their names: the command line sits a floor above the modes, and a mode names
+nothing of it. A preset is a config file only:
 ``conf/mode/cfp.yaml`` takes mode=search's schema (and with it ``code: search``, the entry that
 runs it) with lighter defaults and its own ``name``. No mode imports another: what the CFP modes
 share is the sharding pipeline's (``launcher/sharding/``) and their common options' (``cfp_config.py``).
@@ -24,29 +27,28 @@ share is the sharding pipeline's (``launcher/sharding/``) and their common optio
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Mapping
 
-from launcher import figures
 from launcher.errors import UserError
 from launcher.modes import analysis, check, hlo_replay, profile, run, search, train
 from launcher.modes.base import Mode, ModeConfig
 
 
-def _console(name: str) -> dict:
-    """A mode's renderers in launcher/cli/console.py (``<name>_answer`` and ``<name>_line``) and its
-    figures in launcher/figures.py (``<name>``)."""
-    return {"answer": f"launcher.cli.console:{name}_answer", "headline": f"launcher.cli.console:{name}_line",
-            "figures": getattr(figures, name)}
+def _entry(module: ModuleType, run: str, **extra: str) -> Mode:
+    """A mode's entry: its module's schema (``Config``), renderers (``answer``, ``line``) and
+    figures (``figures``), and its run's reference (loaded by the task, once JAX is set up)."""
+    return Mode(module.Config, run, answer=module.answer, headline=module.line, figures=module.figures, **extra)
 
 
 MODES: dict[str, Mode] = {
-    "analysis": Mode(analysis.Config, "launcher.modes.runs.analysis:run", **_console("analysis")),
-    "check": Mode(check.Config, "launcher.modes.runs.check:run", **_console("check")),
-    "hlo_replay": Mode(hlo_replay.Config, "launcher.modes.runs.hlo_replay:run", **_console("replay")),
-    "profile": Mode(profile.Config, "launcher.modes.runs.profile:run", **_console("profile")),
-    "run": Mode(run.Config, "launcher.modes.runs.run:run", **_console("run"), user_code="launcher.modes.run:user_code"),
-    "search": Mode(search.Config, "launcher.modes.runs.search:run", **_console("comparison")),
-    "train": Mode(train.Config, "launcher.modes.runs.train:run", **_console("train")),
+    "analysis": _entry(analysis, "launcher.modes.runs.analysis:run"),
+    "check": _entry(check, "launcher.modes.runs.check:run"),
+    "hlo_replay": _entry(hlo_replay, "launcher.modes.runs.hlo_replay:run"),
+    "profile": _entry(profile, "launcher.modes.runs.profile:run"),
+    "run": _entry(run, "launcher.modes.runs.run:run", user_code="launcher.modes.run:user_code"),
+    "search": _entry(search, "launcher.modes.runs.search:run"),
+    "train": _entry(train, "launcher.modes.runs.train:run"),
 }
 
 

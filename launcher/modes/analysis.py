@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from launcher.sharding.search.meshes import is_several, shown
 from launcher.errors import UserError
+from launcher.figures import Figure, Figures
 from launcher.modes.cfp_config import AnalysisConfig
 
 
@@ -28,3 +29,21 @@ class Config(AnalysisConfig):
             raise UserError(f"mode.mesh_shape={shown(mode.mesh_shape)}: mode=analysis analyses one mesh; give its shape, e.g. "
                             "mode.mesh_shape=[4,2], or [] for 1-D (mode=profile, search and cfp take several)")
         super().check(mode, job)
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+figures = Figures((
+    Figure("blocks", "blocks", "", None, lambda r: r["num_blocks"]),
+    Figure("segments", "segments", "", None, lambda r: len(r["segments"])),
+))
+
+
+def answer(r: dict) -> str:
+    return (f"analysis on mesh {r.get('mesh_shape')}: {r.get('num_contractions')} contractions in "
+            f"{r.get('num_blocks')} parallel blocks, {len(r.get('segments') or [])} segments; plan space "
+            f"{r.get('exhaustive_space')} exhaustive, {r.get('segment_space')} by segments")
+
+
+def line(r: dict) -> str:
+    return f"{r.get('num_blocks')} blocks, {len(r.get('segments') or [])} segments"

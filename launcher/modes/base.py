@@ -32,10 +32,10 @@ class Mode:
     # "module:function", the function run(ctx: launcher.runtime.context.TaskContext) -> result.json's
     # fields: launcher/modes/runs/<name>.py's run, loaded by the task (load) once JAX is set up.
     run: str
-    # "module:function"s of launcher/cli/console.py turning result.json into the console's text: the
-    # lines printed when the run ends, and the one-line headline of `xlaunch runs` ("": generic).
-    answer: str = ""
-    headline: str = ""
+    # Its module's functions turning result.json into the console's text (launcher/cli/console.py):
+    # the lines printed when the run ends, and the one-line headline of `xlaunch runs` (None: generic).
+    answer: Optional[Callable[[dict], str]] = None
+    headline: Optional[Callable[[dict], str]] = None
     # Its headline figures (launcher/figures.py): a sweep's table and chart, and what Hydra's
     # sweepers optimize (launcher.objective). None named: the numbers its result holds.
     figures: Figures = Figures(open=True)
@@ -46,9 +46,8 @@ class Mode:
     user_code: str = ""
 
     def renderer(self, which: str) -> Optional[Callable[[dict], str]]:
-        """Its ``answer`` or ``headline`` renderer (None: it names none)."""
-        ref = getattr(self, which)
-        return function(ref) if ref else None
+        """Its ``answer`` or ``headline`` renderer (None: it has none)."""
+        return getattr(self, which)
 
     def code(self, mode: Any) -> Optional[tuple[Path, list[str]]]:
         """The user's code its tasks run (``user_code``), for this mode config, or None."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.figures import Figure, Figures, devices, mib, seconds
 from launcher.errors import UserError
 from launcher.modes.base import ModeConfig
 
@@ -32,3 +33,24 @@ class Config(ModeConfig):
                             "link's figures are; e.g. mode.link_repeats=12)")
         if mode.allgather_mb <= 0:
             raise UserError(f"mode.allgather_mb={mode.allgather_mb}: must be more than 0 (e.g. mode.allgather_mb=1)")
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+
+figures = Figures((Figure("bandwidth", "bandwidth", "GB/s", False, lambda r: r["allgather_gbps"]),))
+
+
+def answer(r: dict) -> str:
+    hosts = r.get("hosts") or []
+    psum = "ok" if r.get("psum_ok") else f"WRONG ({r.get('psum_value')}, expected {r.get('psum_expected')})"
+    return "\n".join([
+        f"check: {devices(r)} on {len(hosts)} host(s) ({', '.join(hosts)}): psum {psum}",
+        f"all-gather of {mib(r.get('allgather_bytes_per_device', 0))} per device: "
+        f"{r.get('allgather_gbps', 0.0):.3g} GB/s bus bandwidth (median {seconds(r.get('allgather_time_s', 0.0))})",
+    ])
+
+
+def line(r: dict) -> str:
+    psum = "psum ok" if r.get("psum_ok") else "psum WRONG"
+    return f"{r.get('global_devices')} devices, {psum}, all-gather {r.get('allgather_gbps', 0.0):.3g} GB/s"

@@ -15,11 +15,13 @@ itself lives in ``launcher.hlo``, called by ``launcher/modes/runs/hlo_replay.py`
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from launcher.modes.checks import check_files
 from launcher.errors import UserError
+from launcher.figures import Figure, Figures, devices, seconds
 from launcher.hlo.options import ArgumentMode
 from launcher.modes.base import ModeConfig
 
@@ -54,3 +56,31 @@ class Config(ModeConfig):
         for key in ("num_replicas", "num_partitions"):
             if mode[key] is not None and mode[key] < 1:
                 raise UserError(f"mode.{key}={mode[key]}: must be at least 1 (or null: from the module)")
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+def _replay_time(r: dict) -> float:
+    """Each module's median execution time, summed (one module: its median)."""
+    return sum(statistics.median(m["execution_times_s"]) for m in (r.get("modules") or [r]))
+
+
+figures = Figures((Figure("replay_time", "replay time", "s", True, _replay_time),))
+
+
+def answer(r: dict) -> str:
+    modules = r.get("modules") or [r]
+    lines = [f"hlo_replay on {devices(r)}:"]
+    for m in modules:
+        times = sorted(m.get("execution_times_s") or [])
+        ran = (f"{seconds(times[len(times) // 2])} per execution (median of {len(times)})" if times
+               else "not executed")
+        lines.append(f"  {m.get('module')}: {ran}, compiled in {seconds(m.get('compile_time_s', 0.0))}")
+    return "\n".join(lines)
+
+
+def line(r: dict) -> str:
+    modules = r.get("modules") or [r]
+    medians = [sorted(t)[len(t) // 2] for t in (m.get("execution_times_s") or [] for m in modules) if t]
+    return f"{len(modules)} module(s), " + (f"median {seconds(medians[0])}" if len(medians) == 1 else
+                                           f"{len(medians)} timed")

@@ -17,9 +17,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.modes.cfp_config import ProfileConfig
+from launcher.figures import Figure, Figures, seconds
 
 
 @dataclass
 class Config(ProfileConfig):
     name: str = "profile"
     code: str = "profile"
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+figures = Figures((
+    Figure("profile_time", "profile time", "s", True, lambda r: r["profile_time_s"]),
+    Figure("combinations", "combinations", "", None, lambda r: r["profiled_configs"]),
+))
+
+
+def answer(r: dict) -> str:
+    return (f"profile: {r.get('profiled_configs')} segment combinations ({r.get('measured_configs')} measured now, "
+            f"{r.get('reused_configs')} reused from the store; {r.get('over_budget_configs', 0)} over the memory "
+            f"budget, {r.get('stopped_early_configs', 0)} stopped early) in {seconds(r.get('profile_time_s', 0.0))}")
+
+
+def line(r: dict) -> str:
+    return f"{r.get('profiled_configs')} combinations, {r.get('measured_configs')} measured"

@@ -23,6 +23,7 @@ docs/run.md is the reference; ``launcher/modes/runs/run.py`` runs the program.
 from __future__ import annotations
 
 import os
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
@@ -30,6 +31,7 @@ from typing import Any, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.errors import UserError
+from launcher.figures import Figures, devices, seconds
 from launcher.modes.base import ModeConfig
 from launcher.runtime import user_program
 
@@ -94,3 +96,24 @@ def user_code(mode) -> tuple[Path, list[str]]:
     """The code the tasks run (the table's ``user_code``): its directory here, and ``mode.include``,
     what of it workers that share no file system need (none: what git keeps)."""
     return code_dir_of(mode), list(mode.include)
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+# Open: a run's figures are what its program returned and logged (launcher/figures.py).
+figures = Figures(open=True)
+
+
+def answer(r: dict) -> str:
+    """The user's program: what it was, and what its function returned (JSON, short)."""
+    lines = [f"run {r.get('program')} on {devices(r)}: done in {seconds(r.get('mode_time_s', 0.0))}"
+             + (f" (restart {r['restart']})" if r.get("restart") else "")]
+    if "returned" in r:
+        text = json.dumps(r["returned"], default=str)
+        lines.append("returned: " + (text if len(text) <= 400 else text[:400] + " ..."))
+    return "\n".join(lines)
+
+
+def line(r: dict) -> str:
+    text = json.dumps(r.get("returned"), default=str) if "returned" in r else "done"
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -8,6 +8,7 @@ docs/cfp.md and docs/autoshard.md. The options are ``launcher/sharding/options.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -16,6 +17,7 @@ from launcher.sharding.algorithms.base import Algorithm
 from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.meshes import AUTO
 from launcher.errors import UserError
+from launcher.figures import Figure, Figures, seconds
 from launcher.modes.cfp_config import AnalysisConfig, ProfileConfig
 from launcher.runtime.user_program import check_target, parse_target
 
@@ -103,3 +105,42 @@ def algorithm_of(cfg: Mapping[str, Any], seed: int = 0) -> Algorithm:
         raise UserError(f"mode.algorithm_options.{unknown[0]}: mode.algorithm={algorithm.name} has no such option "
                         f"(its options: {', '.join(algorithm.option_names) or 'none'})")
     return algorithm(SearchOptions.of(cfg, seed=seed), {**cfg, **own})
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+# search and cfp: the answer (the plan plan.json holds), its step time and its time over the
+# fastest baseline's (paired over the final race's rounds).
+figures = Figures((
+    Figure("step_time", "step time", "s", True, lambda r: r["answer"]["step_time_s"]),
+    Figure("answer", "answer", "", None, lambda r: r["answer"]["name"], numeric=False),
+    Figure("vs_best_baseline", "vs best baseline", "x", True, lambda r: r["answer"]["vs_best_baseline_paired"]),
+))
+
+
+def answer(r: dict) -> str:
+    """The comparison table, from the result's fields as comparison.txt has it (plain text;
+    under it, which plan is the answer and why), the chart beside it, and the answer's plan file."""
+    chosen = r.get("answer") or {}
+    if r.get("baselines") is not None and r.get("repeat_times_s") and chosen.get("searched"):
+        from launcher.sharding.report import comparison_text  # noqa: PLC0415  rich: at the run's end only
+
+        lines = [comparison_text(r).rstrip("\n")]
+    else:
+        lines = [f"{r.get('mode')}: searched plan {seconds(r.get('step_time_s', math.nan))}/step"]
+        if chosen.get("why"):
+            lines.append(chosen["why"])
+    if r.get("chart"):
+        lines.append(f"chart: {r['chart']}")
+    if chosen.get("plan_file"):
+        lines.append(f"plan: {chosen['plan_file']} ({chosen.get('name')}; mode=train mode.plan=<it> trains with it)")
+    return "\n".join(lines)
+
+
+def line(r: dict) -> str:
+    chosen = r.get("answer") or {}
+    if "vs_best_baseline" not in r:
+        text = f"searched plan {seconds(r.get('step_time_s', math.nan))}/step"
+    else:
+        text = f"searched plan {r.get('vs_best_baseline_paired', r['vs_best_baseline']):.3f}x {r.get('best_baseline')}"
+    return f"answer {chosen['name']}; {text}" if chosen.get("name") else text

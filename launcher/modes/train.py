@@ -17,11 +17,13 @@ with exactly the losses the uninterrupted run has. ``launcher/modes/runs/train.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
 from launcher.errors import UserError
+from launcher.figures import Figure, Figures, devices, mib, seconds
 from launcher.modes.base import ModeConfig
 
 
@@ -79,3 +81,36 @@ class Config(ModeConfig):
         if mode.checkpoint_every < 0:
             raise UserError(f"mode.checkpoint_every={mode.checkpoint_every}: must be 0 (no checkpoints) or a "
                             "number of steps")
+
+
+# --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
+
+figures = Figures((
+    Figure("step_time", "step time", "s", True, lambda r: r["step_time_s"]),
+    Figure("loss", "final loss", "", True, lambda r: r["losses"][-1]),
+    Figure("tokens_per_s", "tokens/s", "", False, lambda r: r["tokens_per_s"]),
+    Figure("tflops", "TFLOPS", "", False, lambda r: r["tflops"]),
+    Figure("peak_memory", "memory", "MiB", True, lambda r: r["peak_memory_bytes"] / 2**20),
+))
+
+
+def answer(r: dict) -> str:
+    losses = r.get("losses") or [math.nan]
+    plan = (r.get("plan") or {})
+    mesh = plan.get("mesh_shape") or {}
+    lines = [
+        f"train {r.get('model')} under plan {plan.get('name')} {mesh} on {devices(r)}: "
+        f"{r.get('steps')} steps, loss {losses[0]:.4g} -> {losses[-1]:.4g}",
+        f"step time {seconds(r.get('step_time_s', math.nan))} (median), {r.get('tflops', math.nan):.3g} TFLOPS "
+        f"({r.get('tflops_per_device', math.nan):.3g} per device), peak memory "
+        f"{mib(r.get('peak_memory_bytes', 0))} per device, compile {seconds(r.get('compile_time_s', 0.0))}",
+    ]
+    if r.get("resumed_from_step"):
+        lines.append(f"resumed from the checkpoint of step {r['resumed_from_step']}")
+    return "\n".join(lines)
+
+
+def line(r: dict) -> str:
+    losses = r.get("losses") or [math.nan]
+    return (f"loss {losses[-1]:.4g}, {seconds(r.get('step_time_s', math.nan))}/step, "
+            f"{r.get('tflops', math.nan):.3g} TFLOPS")
