@@ -122,6 +122,20 @@ def one_point(devices: int, algorithm: str, extra: list[str], work: Path, timeou
     return row
 
 
+def open_files_for_many_devices() -> None:
+    """The points' ranks may hold as many files as the kernel allows (``fs.nr_open``): gloo holds
+    a socket per pair of devices of a group for a process's life, 2,016 per process for each group
+    of 64 devices over two processes, and a 64-device search measures plans over ten meshes (it
+    died in its shortlist at this machine's 20,000; launcher/runtime/task.py). A rank raises its
+    soft limit to the hard one; only root raises the hard one, here, for the children."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        most = int(Path("/proc/sys/fs/nr_open").read_text())
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, max(hard, most)))
+    except (OSError, ValueError):   # not root, or no /proc: the limits stand, and a rank warns
+        return
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32, 64])
@@ -130,6 +144,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds a point may take (then: over that)")
     ap.add_argument("extra", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
+    open_files_for_many_devices()
     rows = []
     # The points' run dirs and stores, removed at the end unless a point failed: then its logs
     # are what says why (a point at 64 devices once died in its shortlist, its log gone with them).

@@ -335,3 +335,21 @@ def test_a_rank_still_running_when_the_grace_ends_is_killed_and_recorded_as_stop
     said = json.loads(rank0.read_text())
     assert (said["state"], said["message"]) == ("stopped", "interrupted (killed: still running 10 s after SIGINT)"), said
     assert not _leftover_tasks(run)
+
+
+def test_a_rank_raises_its_open_files_limit_for_gloo_and_warns_when_it_holds_few_groups(tmp_path):
+    """gloo's cross-process collectives on CPU devices hold a socket per pair of devices of each
+    group for the process's life (2,016 per process for 64 devices over two): each rank raises
+    its soft limit to the hard one, and says in its log when even that holds few groups of every
+    device (here 400 holds 14 groups of 8 devices, 4 per task: 28 sockets each). A 64-device search
+    died for it in its shortlist."""
+    run = tmp_path / "run"
+    args = ["bash", "-c", 'ulimit -Sn 256 && ulimit -Hn 400 && exec "$@"', "bash", sys.executable, "-m", "launcher",
+            "mode=check", "mode.allgather_mb=0.01", "mode.repeats=1", "cluster.cpu_devices_per_task=4",
+            f"hydra.run.dir={run}"]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        log = (run / "logs" / f"rank{rank}.log").read_text()
+        assert "open files: soft limit raised from 256 to its hard limit 400" in log, log
+        assert "open files: the limit, 400, holds 14 groups of all 8 devices' gloo sockets (28 each)" in log, log

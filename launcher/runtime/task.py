@@ -11,6 +11,7 @@ for the job's next pickle (``checkpoint``) and requeues the job (``launcher.runt
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -206,6 +207,7 @@ class Task(Checkpointable):
             jaxcompat.set_cpu_device_count(cluster.cpu_devices_per_task)
             if rank.num_processes > 1:  # before 0.5, gloo without jax.distributed fails to start
                 jaxcompat.use_gloo_cpu_collectives()
+                _open_files_for_gloo(cluster.cpu_devices_per_task, rank.num_processes, log)
         if rank.num_processes > 1:
             reporter.set("joining")
             log.info("jax.distributed.initialize(%s, num_processes=%d, process_id=%d, timeout=%d s)",
@@ -306,6 +308,37 @@ def _write_time(scalars: Scalars, run_dir: Path) -> None:
     total = timing.summary(run_dir)
     if total:
         scalars.add(scalars.attempt, {"goodput": total["goodput"]}, prefix="time/", axis="attempt")
+
+
+def _open_files_for_gloo(local: int, processes: int, log: logging.Logger) -> None:
+    """The open-files limit raised to its hard limit, and a warning where even that holds few
+    groups of gloo's sockets. XLA:CPU's cross-process collectives (gloo) hold a socket per pair
+    of devices of a group, for as long as the process lives: a group of all N devices costs each
+    process local x (N - 1) of them (2,016 at 32 x 2 devices), and every distinct group another
+    (each mesh, each order of its devices a search measures). Counted here: the tenth group of all
+    64 devices over two processes hung at the limit of 20,000, and a 64-device search, which
+    measures plans on ten meshes, died in its shortlist. Linux's usual soft limit, 1,024, would not
+    hold a second group of 32 devices; the hard limit is as far as a process may raise it."""
+    import resource  # noqa: PLC0415  POSIX only, and only here
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.info("open files: soft limit raised from %d to its hard limit %d (gloo's sockets: %d for a group "
+                     "of all %d devices)", soft, hard, local * (local * processes - 1), local * processes)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    per_group = local * (local * processes - 1)
+    if limit != resource.RLIM_INFINITY and per_group and limit // per_group < GLOO_GROUPS_WANTED:
+        log.warning("open files: the limit, %d, holds %d groups of all %d devices' gloo sockets (%d each); a job "
+                    "that runs collectives over many groups (a search over several meshes) can fail when it runs "
+                    "out: raise the hard limit (ulimit -Hn as root, or the scheduler's), or use fewer CPU devices "
+                    "per task", limit, limit // per_group, local * processes, per_group)
+
+
+# How many groups of every device a job's open files should hold before the warning above: a
+# search over 64 devices measured plans over ten meshes, some in two orders of their devices.
+GLOO_GROUPS_WANTED = 16
 
 
 def _inject_fault(cfg: DictConfig, rank: ranks.RankInfo, log: logging.Logger, *, before_start: bool) -> None:
