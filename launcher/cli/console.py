@@ -30,7 +30,7 @@ BOOKKEEPING = ("mode", "cluster", "num_processes", "global_devices", "platform",
 def _renderer(result: dict, which: str) -> Optional[Render]:
     """The ``answer`` or ``headline`` renderer of the mode that ran, if it names one."""
     mode = MODES.get(_runs(result))
-    return getattr(mode, which) if mode is not None else None
+    return mode.renderer(which) if mode is not None else None
 
 
 def _runs(result: dict) -> str:

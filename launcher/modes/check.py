@@ -37,7 +37,6 @@ class Config(ModeConfig):
 
 # --- what a run of it says (launcher/cli/console.py; a sweep's table: figures) ------------------------
 
-
 figures = Figures((Figure("bandwidth", "bandwidth", "GB/s", False, lambda r: r["allgather_gbps"]),))
 
 

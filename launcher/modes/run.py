@@ -22,8 +22,8 @@ docs/run.md is the reference; ``launcher/modes/runs/run.py`` runs the program.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional

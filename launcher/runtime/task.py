@@ -321,19 +321,20 @@ def _open_files_for_gloo(local: int, processes: int, log: logging.Logger) -> Non
     hold a second group of 32 devices; the hard limit is as far as a process may raise it."""
     import resource  # noqa: PLC0415  POSIX only, and only here
 
+    every = local * processes
+    per_group = local * (every - 1)   # this process's sockets for one group of every device
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             log.info("open files: soft limit raised from %d to its hard limit %d (gloo's sockets: %d for a group "
-                     "of all %d devices)", soft, hard, local * (local * processes - 1), local * processes)
+                     "of all %d devices)", soft, hard, per_group, every)
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    per_group = local * (local * processes - 1)
     if limit != resource.RLIM_INFINITY and per_group and limit // per_group < GLOO_GROUPS_WANTED:
         log.warning("open files: the limit, %d, holds %d groups of all %d devices' gloo sockets (%d each); a job "
                     "that runs collectives over many groups (a search over several meshes) can fail when it runs "
                     "out: raise the hard limit (ulimit -Hn as root, or the scheduler's), or use fewer CPU devices "
-                    "per task", limit, limit // per_group, local * processes, per_group)
+                    "per task", limit, limit // per_group, every, per_group)
 
 
 # How many groups of every device a job's open files should hold before the warning above: a
