@@ -66,9 +66,10 @@ def test_a_step_is_what_the_program_says_one_is():
 
 
 def test_scores_against_the_median_rank_and_a_rank_s_own_best():
-    f = {r: ("n1", {"steps": 20, "host_s": 0.10, "low_s": 0.09, "best_s": 0.10}) for r in range(7)}
-    f[3] = ("n2", {"steps": 20, "host_s": 0.13, "low_s": 0.125, "best_s": 0.13})     # slow, every step
-    f[5] = ("n1", {"steps": 20, "host_s": 0.13, "low_s": 0.10, "best_s": 0.065})     # slow at times only
+    # Every rank's steps swing with the load (its fastest 0.08 s, its median 0.10 s).
+    f = {r: ("n1", {"steps": 20, "host_s": 0.10, "low_s": 0.08, "best_s": 0.10}) for r in range(7)}
+    f[3] = ("n2", {"steps": 20, "host_s": 0.13, "low_s": 0.10, "best_s": 0.13})      # slow, even at its best
+    f[5] = ("n1", {"steps": 20, "host_s": 0.13, "low_s": 0.09, "best_s": 0.065})     # slow at times only
     median, ranked = straggler.scores(f, factor=1.2)
     assert median == pytest.approx(0.10)
     assert [s.rank for s in ranked[:2]] == [3, 5]
@@ -79,6 +80,12 @@ def test_scores_against_the_median_rank_and_a_rank_s_own_best():
     scalars = straggler.tensorboard(entry)
     assert scalars["slowest_rank"] == 3 and scalars["slow_ranks"] == 1 and scalars["individual_min"] == 0.5
     assert scalars["relative/rank3"] == entry["relative"]["3"]
+    # Its next window dips under the line (0.118 s a step): found slow, it stays named slow.
+    f[3] = ("n2", {"steps": 30, "host_s": 0.118, "low_s": 0.10, "best_s": 0.118})
+    later = straggler.watch_entry(*straggler.scores(f, factor=1.2))
+    assert later["slow"] == [] and [s["rank"] for s in later["slowest"][:2]] == [5, 3]
+    kept = straggler.keep_found(later, entry)
+    assert kept["slow"] == entry["slow"] and kept["slowest"] == later["slowest"]
 
 
 @pytest.mark.core
@@ -165,15 +172,18 @@ def _named_slow(run: Path, lines: list, rank: int, node: str) -> None:
     ended = json.loads((run / "step_times.json").read_text())
     steps_before = sum(1 for t in ended if t < warnings[0][0])
     assert steps_before <= 20, steps_before
+    # result.json: the rank found slow (kept as it was found, though its last window may dip under
+    # the line), the slowest at the end, every other rank's relative score over 1 / factor.
     r = read_result(run)
     assert [s["rank"] for s in r["stragglers"]["slow"]] == [rank] and r["stragglers"]["slowest"][0]["rank"] == rank
-    assert r["stragglers"]["slowest"][0]["relative"] < 1 / 1.2 < r["stragglers"]["slowest"][1]["relative"]
+    assert r["stragglers"]["slow"][0]["relative"] < 1 / 1.2 < r["stragglers"]["slowest"][1]["relative"]
     assert r["time"]["slowest"]["rank"] == rank and r["time"]["slow"] == [rank]
     out = run_cli("status", str(run)).stdout
     assert re.search(rf"rank {rank} on {re.escape(node)}: relative 0\.\d\d, individual \d\.\d\d, [\d.]+ ms \(slow\)", out)
     # Rank 0's event files: the slow rank's relative score and the job's lowest, as curves.
     scalars = read_scalars(run)
-    assert "straggler/relative_min" in scalars and scalars[f"straggler/relative/rank{rank}"][-1][1] < 1 / 1.2, scalars.keys()
+    assert "straggler/relative_min" in scalars, scalars.keys()
+    assert min(v for _, v in scalars[f"straggler/relative/rank{rank}"]) < 1 / 1.2
 
 
 @pytest.mark.heavy

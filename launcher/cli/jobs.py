@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.clusters.base import Cluster
 from launcher.cli.console import headline_text, progress_line, seconds
 from launcher.errors import UserError
-from launcher.runtime import status
+from launcher.runtime import status, straggler
 from launcher.runtime.watch import JobWatch, Watch, read_watch, summarize
 
 JOB_FILE = "job.json"  # the submitted job's record in its run dir (launcher/cli/submit.py writes it)
@@ -248,6 +248,15 @@ class JobState:
                 "ranks": [vars(r) for r in self.ranks], "stragglers": self.stragglers}
 
 
+def _scored(run: Run, seen: Watch, result: dict | None, afresh: bool) -> dict:
+    """The ranks' steps scored: the watch's, or result.json's; where ``afresh`` (scored here from
+    every rank's file), with the ranks the watcher found slow in the attempt kept."""
+    scored = seen.stragglers or (result or {}).get("stragglers") or {}
+    if afresh and (w := read_watch(run.path)) is not None and w.attempt == seen.attempt:
+        scored = straggler.keep_found(scored, w.stragglers)
+    return scored
+
+
 def job_state(run: Run, every_rank: bool | None = None) -> JobState:
     """The job's state from its scheduler and its run dir. Raises UserError (one line) when
     neither can tell: the scheduler no longer knows a job the run dir shows unfinished, or the
@@ -265,7 +274,7 @@ def job_state(run: Run, every_rank: bool | None = None) -> JobState:
         seen = JobWatch(run.path, run.ranks, float("inf"), float("inf"), factor).read(attempt.get("attempt", 0))
         ranks = _rank_groups(run, seen)
     result = run.result()
-    scored = seen.stragglers or (result or {}).get("stragglers") or {}
+    scored = _scored(run, seen, result, every_rank)
 
     def state(name: str, detail: str, scheduler: str) -> JobState:
         if name in FINAL:  # a rank still "joined" when the job ended was killed with it

@@ -21,9 +21,16 @@ rank rather than the fastest, so that one fast outlier does not flag every other
 - *individual*: this rank's best over its current (its lowest median over a window of steps, of
   those it published).
 
-A rank is *slow* once even its fastest of its last ``launcher.straggler.steps`` steps took more
-than ``launcher.straggler.factor`` times the median rank's host time: it stayed slower for that
-many steps, not once.
+A rank is *slow* once, over its last ``launcher.straggler.steps`` steps, both its median step and
+its fastest took more than ``launcher.straggler.factor`` times the median rank's (median, fastest):
+slower as a rule and even at its best, so for that many steps, not once. Like against like: where
+ranks share cores every rank's step swings with the load (a tenth to a fifth, step to step, with 8
+ranks on 2 cores beside another job), and a rank 1.25x slower had a step under the median rank's
+median in most windows, so its fastest step against the others' median missed it, every run.
+
+Once found slow, a rank stays in the watch's ``slow`` for the attempt (``keep_found``): the
+console names it once, and result.json and the time accounting say which ranks were slow though
+the last window, as noisy as the others, dipped under the line.
 
 Each rank publishes its figures in its status file (``status.RankStatus.steps``), no more often
 than every ``PUBLISH_EVERY_S``, and instead of a heartbeat's touch: the job's watcher, which
@@ -130,7 +137,7 @@ class Score:
     individual: float   # this rank's best / its current
     host_s: float
     steps: int
-    slow: bool          # its fastest step of the window above factor x the median
+    slow: bool          # its median and its fastest step of the window above factor x the median rank's
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "node": self.node, "relative": round(self.relative, 4),
@@ -149,8 +156,10 @@ def scores(figures: Mapping[int, tuple[str, Mapping]], factor: float) -> tuple[f
     if not have:
         return 0.0, []
     median = statistics.median(f["host_s"] for _, f in have.values())
+    median_low = statistics.median(f.get("low_s", f["host_s"]) for _, f in have.values())
     out = [Score(r, node, relative=median / f["host_s"], individual=min(f.get("best_s", f["host_s"]) / f["host_s"], 1.0),
-                 host_s=f["host_s"], steps=int(f.get("steps", 0)), slow=f.get("low_s", f["host_s"]) > factor * median)
+                 host_s=f["host_s"], steps=int(f.get("steps", 0)),
+                 slow=f["host_s"] > factor * median and f.get("low_s", f["host_s"]) > factor * median_low)
            for r, (node, f) in have.items()]
     out.sort(key=lambda s: (s.relative, s.rank))
     return median, out
@@ -171,6 +180,17 @@ def watch_entry(median: float, ranked: list[Score]) -> dict:
     return entry
 
 
+def keep_found(entry: dict, before: Mapping | None) -> dict:
+    """``entry`` (``watch_entry``'s) with the ranks ``before`` (the attempt's previous one) found
+    slow kept in its ``slow``, as they were when found: a rank's last window dips under the line as
+    often as an even rank's rises toward it, and what was found is not taken back."""
+    found = list((before or {}).get("slow", []))
+    if not entry or not found:
+        return entry
+    now = {s["rank"] for s in entry["slow"]}
+    return {**entry, "slow": (entry["slow"] + [s for s in found if s["rank"] not in now])[:2 * SLOWEST]}
+
+
 def warning(entry: Mapping, median_s: float, factor: float, steps: int) -> str:
     """The console's one line for a slow rank (one of ``watch_entry``'s ``slow``)."""
     return (f"rank {entry['rank']} on {entry['node']} is slow: its host-side work took more than "
@@ -186,8 +206,10 @@ def status_rows(entry: Mapping) -> list[tuple[str, str]]:
         return []
     rows = [("slowest ranks", f"host work a step against the median rank's {1e3 * entry['median_host_s']:.1f} ms "
                               f"({entry['scored']} ranks scored)")]
+    found = {s["rank"] for s in entry.get("slow", [])}   # found slow in the attempt, if not in this window
     rows += [("", f"rank {s['rank']} on {s['node']}: relative {s['relative']:.2f}, individual {s['individual']:.2f}, "
-                  f"{1e3 * s['host_s']:.1f} ms{' (slow)' if s['slow'] else ''}") for s in entry["slowest"]]
+                  f"{1e3 * s['host_s']:.1f} ms{' (slow)' if s['slow'] or s['rank'] in found else ''}")
+             for s in entry["slowest"]]
     return rows
 
 
@@ -204,5 +226,5 @@ def tensorboard(entry: Mapping) -> dict[str, float]:
     return out
 
 
-__all__ = ["StepClock", "Score", "scores", "watch_entry", "warning", "status_rows", "tensorboard",
+__all__ = ["StepClock", "Score", "scores", "watch_entry", "keep_found", "warning", "status_rows", "tensorboard",
            "PUBLISH_EVERY_S", "SLOWEST", "EACH_RANK_UP_TO"]
