@@ -195,7 +195,8 @@ FLOORS = [
     ("the backends and the modes", ("launcher.clusters", "launcher.modes")),
     ("the libraries", ("launcher.sharding", "launcher.hlo")),
     ("a task's runtime", ("launcher.runtime", "launcher.api")),
-    ("what every floor shares", ("launcher.errors", "launcher.jaxcompat", "launcher.plugins", "launcher.figures")),
+    ("what every floor shares", ("launcher.errors", "launcher.jaxcompat", "launcher.plugins", "launcher.figures",
+                                 "launcher.typing")),
     ("the models", ("launcher.models",)),
 ]
 

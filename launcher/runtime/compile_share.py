@@ -75,7 +75,7 @@ def workers() -> int:
 class Compiling:
     """A program compiled here (``compiled``), or by a peer and loaded at the first ``result()``."""
 
-    def __init__(self, compiled: Any = None, compile_s: float = 0.0,
+    def __init__(self, compiled: jax.stages.Compiled | None = None, compile_s: float = 0.0,
                  load: Optional[Callable[[], tuple[Any, float, Any]]] = None) -> None:
         self._compiled, self._compile_s, self._load = compiled, compile_s, load
         self._memory: Any = None   # the compiling process's memory analysis, for a program loaded

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from submitit.core.job_environment import JobEnvironment
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def signal_name() -> str:
@@ -31,7 +34,7 @@ def signal_name() -> str:
     return "SIG" + JobEnvironment.USR_SIG
 
 
-def why_not(cfg: Any, run_dir: Any, attempt: int, requeues: bool, requeuers: str = "SLURM") -> str:
+def why_not(cfg: DictConfig, run_dir: Any, attempt: int, requeues: bool, requeuers: str = "SLURM") -> str:
     """Why this job cannot be requeued now ("" if it can): its backend cannot (``requeues``, as
     the launcher said at submission; ``requeuers``: the backends that can), or it was requeued
     ``cluster.max_requeues`` times already."""
@@ -46,7 +49,7 @@ def why_not(cfg: Any, run_dir: Any, attempt: int, requeues: bool, requeuers: str
     return ""
 
 
-def limit_of(cfg: Any) -> tuple[str, int]:
+def limit_of(cfg: DictConfig) -> tuple[str, int]:
     """(the key, its value) that bounds a job's requeues: ``launcher.max_restarts`` where it is set
     (requeues and restarts then share its count), else ``cluster.max_requeues``."""
     launcher = cfg.get("launcher") or {}

@@ -31,26 +31,31 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import AbstractSet, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, AbstractSet, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.sharding.analysis.core import Analysis
-from launcher.sharding.analysis.graph import Graph, trace
+from launcher.sharding.analysis.graph import Graph, Op, trace
 from launcher.sharding.analysis.propagation import ELEMENTWISE, PASS_THROUGH
 from launcher.sharding.analysis.strategies import Spec, operand_specs
 from launcher.errors import UserError
 from launcher.models.plans import Plan, arranged
+from launcher.models.train import StepTransform
+from launcher.typing import Json, JsonValue, PyTree, StepFn
+
+if TYPE_CHECKING:
+    from launcher.typing import JaxprEqn
 
 AXIS_NAMES = ("cfp0", "cfp1", "cfp2")
 # The program's own layout hints, identities in a plan's program (module doc).
 USERS_LAYOUTS = frozenset({"sharding_constraint"})
 
 
-def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None, across: int | None = None) -> Any:
+def make_mesh(mesh_shape: Sequence[int], devices: Sequence[jax.Device] | None = None, across: int | None = None) -> Mesh:
     """The logical mesh (axes cfp0, cfp1, cfp2) over ``devices`` (default: every device), ordered
     by process, the processes changing along axis ``across`` (default the first: ``plans.arranged``)."""
     devices = list(devices) if devices is not None else jax.devices()
@@ -63,7 +68,7 @@ def make_mesh(mesh_shape: Sequence[int], devices: Sequence[Any] | None = None, a
     return jaxcompat.auto_mesh(arranged(devices, tuple(mesh_shape), across), AXIS_NAMES[:len(mesh_shape)])
 
 
-def across_of(mesh: Any) -> str | None:
+def across_of(mesh: Mesh) -> str | None:
     """The axis of ``mesh`` its devices' processes change along (``plans.arranged``), or None
     (one process)."""
     procs = np.vectorize(lambda d: getattr(d, "process_index", 0))(mesh.devices)
@@ -73,7 +78,7 @@ def across_of(mesh: Any) -> str | None:
     return None
 
 
-def pspec(spec: Spec) -> Any:
+def pspec(spec: Spec) -> PartitionSpec:
     return PartitionSpec(*[None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else tuple(AXIS_NAMES[a] for a in ax)
                            for ax in spec])
 
@@ -82,8 +87,8 @@ def spec_json(spec: Spec) -> list:
     return [None if not ax else AXIS_NAMES[ax[0]] if len(ax) == 1 else [AXIS_NAMES[a] for a in ax] for ax in spec]
 
 
-def spec_from_json(entry: Sequence[Any]) -> Spec:
-    def axes(e: Any) -> tuple[int, ...]:
+def spec_from_json(entry: Sequence[str | Sequence[str] | None]) -> Spec:
+    def axes(e: str | Sequence[str] | None) -> tuple[int, ...]:
         if e is None:
             return ()
         names = [e] if isinstance(e, str) else list(e)
@@ -240,7 +245,7 @@ def _fits(shape: Sequence[int], other: Sequence[int]) -> bool:
 # Evaluation
 
 
-def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping[int, Any]) -> dict[int, Any]:
+def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, jax.Array], pins: Mapping[int, NamedSharding]) -> dict[int, jax.Array]:
     """Runs operators ``op_ids`` (program order, one body's or the top level's) over ``env`` (var
     id -> value), pinning var ``v`` to sharding ``pins[v]`` as soon as it is computed. A scan with
     pinned tensors in its body runs that body the same way, once per iteration (``_scan``)."""
@@ -261,7 +266,7 @@ def evaluate(g: Graph, op_ids: Iterable[int], env: dict[int, Any], pins: Mapping
     return env
 
 
-def _pinned_inside(g: Graph, loop: int, pins: Mapping[int, Any]) -> bool:
+def _pinned_inside(g: Graph, loop: int, pins: Mapping[int, NamedSharding]) -> bool:
     for v in pins:
         op = g.producer[v]
         while op is not None and g.ops[op].loop is not None:
@@ -271,7 +276,7 @@ def _pinned_inside(g: Graph, loop: int, pins: Mapping[int, Any]) -> bool:
     return False
 
 
-def _scan(g: Graph, op: Any, eqn: Any, args: list[Any], pins: Mapping[int, Any]) -> list[Any]:
+def _scan(g: Graph, op: Op, eqn: JaxprEqn, args: list[jax.Array], pins: Mapping[int, NamedSharding]) -> list[jax.Array]:
     """Scan ``op`` run by ``jax.lax.scan`` over its body's operators, each evaluated (and pinned)
     as at the top level: what the traced scan computes, with the plan's layouts inside."""
     p = eqn.params
@@ -280,7 +285,7 @@ def _scan(g: Graph, op: Any, eqn: Any, args: list[Any], pins: Mapping[int, Any])
     literals = {k: x.val for k, x in enumerate(p["jaxpr"].jaxpr.outvars) if outs[k] is None}
     consts = constants(g, {v for i in body for v in g.ops[i].inputs if v is not None})
 
-    def step(carry: list[Any], xs: list[Any]) -> tuple[list[Any], list[Any]]:
+    def step(carry: list[jax.Array], xs: list[jax.Array]) -> tuple[list[jax.Array], list[jax.Array]]:
         env = {v: jax.lax.with_sharding_constraint(x, pins[v]) if v in pins else x
                for v, x in zip(ins, [*args[:nc], *carry, *xs], strict=True)}
         env.update(consts)
@@ -293,16 +298,16 @@ def _scan(g: Graph, op: Any, eqn: Any, args: list[Any], pins: Mapping[int, Any])
     return [*carry, *ys]
 
 
-def constants(g: Graph, needed: Iterable[int]) -> dict[int, Any]:
+def constants(g: Graph, needed: Iterable[int]) -> dict[int, jax.Array]:
     return {v: g.const_values[v] for v in needed if v in g.const_values}
 
 
-def pins_for(specs: Mapping[int, Spec], mesh: Any) -> dict[int, Any]:
+def pins_for(specs: Mapping[int, Spec], mesh: Mesh) -> dict[int, NamedSharding]:
     return {v: NamedSharding(mesh, pspec(s)) for v, s in specs.items()}
 
 
-def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any, stored: AbstractSet[int] = frozenset()
-               ) -> tuple[Any, Any, Any]:
+def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Mesh, stored: AbstractSet[int] = frozenset()
+               ) -> tuple[StepFn, PyTree, PyTree]:
     """(step, in_shardings, out_shardings) for the whole traced program under ``assignment``
     (``stored``: ``plan_constraints``'); ``step`` takes and returns the same pytrees as the
     traced function."""
@@ -310,7 +315,7 @@ def whole_step(a: Analysis, assignment: Mapping[int, int], mesh: Any, stored: Ab
 
 
 def plan_constraints(a: Analysis, assignment: Mapping[int, int], stored: AbstractSet[int] = frozenset()
-                     ) -> dict[str, Any]:
+                     ) -> Json:
     """A plan's ``constraints`` entry for ``assignment``: the traced step's signature, every
     input's layout (as its first planned consumer wants it) and every pinned tensor's.
     ``stored``: the inputs (positions among the step's) kept split over every device between
@@ -321,7 +326,7 @@ def plan_constraints(a: Analysis, assignment: Mapping[int, int], stored: Abstrac
     replicated update would hold the state again: on the scanned LM, 4.31 MiB with the backward
     pinned, 3.57 MiB without, fsdp 3.63 MiB, per device)."""
     layouts, g = Layouts(a, assignment), a.graph
-    constraints: dict[str, Any] = {"program": program_signature(g)}
+    constraints: Json = {"program": program_signature(g)}
     every = tuple(range(len(a.mesh_shape)))
     n = math.prod(a.mesh_shape)
     for k, (v, name) in enumerate(zip(g.inputs, g.input_names, strict=True)):
@@ -345,7 +350,7 @@ def program_signature(g: Graph) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> dict[str, Any]:
+def pin_constraints(g: Graph, pinned: Mapping[int, Spec]) -> Json:
     """Pinned layouts keyed as in a plan's ``constraints``: ``"<op id>"`` for an operator's only
     output, ``"<op id>.<k>"`` for its k-th of several, ``"<loop op id>:<k>"`` for the k-th input of
     a loop's body (a layer of a stacked operand, the carry)."""
@@ -370,9 +375,9 @@ def _pinned_var(g: Graph, key: str) -> int:
     return g.ops[int(op_id)].outputs[int(k or 0)]
 
 
-def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: Any,
-                                plan: str = "searched") -> tuple[Any, Any, Any]:
-    def sharding(key: str, entry: Any, shape: Sequence[int]) -> Any:
+def constrained_step_from_graph(g: Graph, constraints: Json, mesh: Mesh,
+                                plan: str = "searched") -> tuple[StepFn, PyTree, PyTree]:
+    def sharding(key: str, entry: JsonValue, shape: Sequence[int]) -> NamedSharding:
         try:
             spec = spec_from_json(entry)
         except (TypeError, ValueError):
@@ -407,13 +412,13 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
                         else NamedSharding(mesh, PartitionSpec()))
     top = [op.id for op in g.ops if op.loop is None]
 
-    def flat_step(*leaves: Any) -> list[Any]:
+    def flat_step(*leaves: jax.Array) -> list[jax.Array | None]:
         env = dict(zip(g.inputs, leaves, strict=True))
         env.update(constants(g, g.const_values))
         env = evaluate(g, top, env, pins)
         return [env[v] if v is not None else None for v in g.outputs]
 
-    def step(*args: Any) -> Any:
+    def step(*args: PyTree) -> PyTree:
         leaves = jax.tree_util.tree_leaves(args)
         return jax.tree_util.tree_unflatten(g.out_tree, flat_step(*leaves))
 
@@ -422,7 +427,7 @@ def constrained_step_from_graph(g: Graph, constraints: Mapping[str, Any], mesh: 
     return step, in_shardings, out_shardings
 
 
-def _follow_inputs(g: Graph, in_shardings: Any, replicated: Any) -> Any:
+def _follow_inputs(g: Graph, in_shardings: PyTree, replicated: NamedSharding) -> PyTree:
     """Output shardings: a step returning its first argument's structure first (the training
     state) keeps that part laid out as it came in, so steps chain; the rest is replicated."""
     outs, ins = g.out_tree.children(), g.in_tree.children()
@@ -436,8 +441,8 @@ _STALE = ("the plan was searched for another model, optimizer setting or mesh: r
           "the same model and settings, or use a built-in plan")
 
 
-def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, Any], mesh: Any,
-                     plan: str = "searched") -> tuple[Any, Any, Any]:
+def constrained_step(step: StepFn, args: Sequence[PyTree], constraints: Json, mesh: Mesh,
+                     plan: str = "searched") -> tuple[StepFn, PyTree, PyTree]:
     """For ``mode=train`` with a CFP plan: ``step`` (traced on ``args``, arrays or shapes) under the
     plan's constraints on ``mesh`` (axes cfp0/cfp1). Returns (step, in_shardings, out_shardings)
     for ``jax.jit``; operator ids match the analysis because tracing and flattening are
@@ -448,7 +453,7 @@ def constrained_step(step: Any, args: Sequence[Any], constraints: Mapping[str, A
 
 # Step transforms (``models.train.StepTransform``): how CFP's layouts reach the models' trainer.
 
-def constraints_transform(plan: Any) -> Any:
+def constraints_transform(plan: Plan) -> StepTransform | None:
     """For ``mode=train``: the step transform applying a plan's ``constraints`` (a plan the
     search wrote), or None for a plan without them."""
     if not plan.constraints:
@@ -456,14 +461,14 @@ def constraints_transform(plan: Any) -> Any:
     return lambda step, shapes, mesh: constrained_step(step, shapes, plan.constraints, mesh, plan.name)
 
 
-def assignment_transform(a: Analysis, assignment: Mapping[int, int], stored: AbstractSet[int] = frozenset()) -> Any:
+def assignment_transform(a: Analysis, assignment: Mapping[int, int], stored: AbstractSet[int] = frozenset()) -> StepTransform:
     """The step transform laying the whole traced step out as ``assignment`` (block -> plan)
     says (``whole_step``): the search's own runs of its plans."""
     return lambda step, shapes, mesh: whole_step(a, assignment, mesh, stored)
 
 
 def plan_json(analysis: Analysis, assignment: Sequence[int], name: str = "searched",
-              stored: AbstractSet[int] = frozenset(), across: str | None = None) -> Any:
+              stored: AbstractSet[int] = frozenset(), across: str | None = None) -> Plan:
     """A plan per block in the models' plan format under ``name`` (its algorithm's row: the
     plan's name in plan.json); layouts go in ``constraints`` (``stored``: ``plan_constraints``');
     ``across``: the mesh axis between processes (``plans.arranged``)."""

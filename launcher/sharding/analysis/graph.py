@@ -29,13 +29,18 @@ A program without a scalar floating-point output is all forward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jcore
 
+from launcher.typing import PyTree, StepFn
 from launcher.jaxcompat import NESTED_JIT_PRIMITIVES
+
+if TYPE_CHECKING:
+    from launcher.typing import ClosedJaxpr, Jaxpr, JaxprEqn, JaxprVar, Literal
 
 # Call-like primitives whose single sub-program is inlined: they change how a computation is
 # staged or differentiated, never what it computes once the step is traced.
@@ -46,14 +51,14 @@ LOOPS = frozenset({"scan", "while", "cond"})
 
 # Typed PRNG keys (``jax.random.key``: dtype ``key<fry>``) have no NumPy dtype to read back from
 # their name: the graph keeps the dtype of each such name it met (``dtype_of``).
-_KEY_DTYPES: dict[str, Any] = {}
+_KEY_DTYPES: dict[str, np.dtype] = {}
 
 
-def is_key_dtype(dtype: Any) -> bool:
+def is_key_dtype(dtype: np.dtype | str) -> bool:
     return not isinstance(dtype, str) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def dtype_of(name: str) -> Any:
+def dtype_of(name: str) -> np.dtype:
     """The dtype a var's ``dtype`` names: a NumPy dtype, or a typed key's (``key<fry>``)."""
     return _KEY_DTYPES[name] if name in _KEY_DTYPES else jnp.dtype(name)
 
@@ -98,10 +103,10 @@ class Graph:
     consumers: list[list[int]] = field(default_factory=list)   # var id -> op ids, in order
     # For re-evaluating a traced program (apply.py): op id -> its JaxprEqn, and the values of
     # tensors that are constants of the program (closed-over arrays, literals passed to calls).
-    eqns: dict[int, Any] = field(default_factory=dict, repr=False)
-    const_values: dict[int, Any] = field(default_factory=dict, repr=False)
-    in_tree: Any = field(default=None, repr=False)
-    out_tree: Any = field(default=None, repr=False)
+    eqns: dict[int, JaxprEqn] = field(default_factory=dict, repr=False)
+    const_values: dict[int, jax.Array] = field(default_factory=dict, repr=False)
+    in_tree: jax.tree_util.PyTreeDef | None = field(default=None, repr=False)
+    out_tree: jax.tree_util.PyTreeDef | None = field(default=None, repr=False)
     # Loops: loop op id -> per body (a scan's one; a while's condition, then body; a cond's
     # branches), its input and output var ids (None: a literal output), in the body's order.
     loop_io: dict[int, list[tuple[list[int], list[int | None]]]] = field(default_factory=dict)
@@ -110,7 +115,7 @@ class Graph:
     # stacked into that output).
     outer: dict[int, tuple[int, str]] = field(default_factory=dict)
 
-    def new_var(self, shape: Sequence[int], dtype: Any) -> int:
+    def new_var(self, shape: Sequence[int], dtype: np.dtype | str) -> int:
         if is_key_dtype(dtype):
             _KEY_DTYPES.setdefault(str(dtype), dtype)
         v = Var(len(self.vars), tuple(int(s) for s in shape), str(dtype))
@@ -172,7 +177,7 @@ class Graph:
 # From a jaxpr
 
 
-def trace(fn: Any, *args: Any) -> tuple[Any, Graph]:
+def trace(fn: StepFn, *args: PyTree) -> tuple[ClosedJaxpr, Graph]:
     """Traces ``fn(*args)`` (arrays or ShapeDtypeStructs) and flattens it into a Graph."""
     closed, out_shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
     leaves, in_tree = jax.tree_util.tree_flatten_with_path(args)
@@ -182,10 +187,10 @@ def trace(fn: Any, *args: Any) -> tuple[Any, Graph]:
     return closed, g
 
 
-def from_jaxpr(closed: Any, input_names: Sequence[str] | None = None) -> Graph:
+def from_jaxpr(closed: ClosedJaxpr, input_names: Sequence[str] | None = None) -> Graph:
     g = Graph(source="jaxpr")
     jaxpr = closed.jaxpr
-    env: dict[Any, int] = {}
+    env: dict[JaxprVar, int] = {}
     for v, value in zip(jaxpr.constvars, closed.consts, strict=True):
         env[v] = _new(g, v)
         g.const_values[env[v]] = value
@@ -200,22 +205,22 @@ def from_jaxpr(closed: Any, input_names: Sequence[str] | None = None) -> Graph:
     return g
 
 
-def _new(g: Graph, v: Any) -> int:
+def _new(g: Graph, v: JaxprVar) -> int:
     aval = v.aval
     return g.new_var(getattr(aval, "shape", ()), getattr(aval, "dtype", "token"))
 
 
-def _is_literal(v: Any) -> bool:
+def _is_literal(v: JaxprVar | Literal) -> bool:
     return isinstance(v, jcore.Literal)
 
 
-def _read(env: dict[Any, int], v: Any) -> int | None:
+def _read(env: dict[JaxprVar, int], v: JaxprVar | Literal) -> int | None:
     if _is_literal(v):
         return None
     return env.get(v)
 
 
-def inline_target(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+def inline_target(eqn: JaxprEqn) -> tuple[Jaxpr, Sequence[jax.Array]] | None:
     """(sub-jaxpr, its constants) of an inlinable call, else None. Shared with ``apply.py``."""
     if eqn.primitive.name not in INLINE:
         return None
@@ -231,7 +236,7 @@ def inline_target(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
     return None
 
 
-def loop_bodies(eqn: Any) -> list[tuple[Any, Sequence[Any], list[tuple[Any, str] | None]]]:
+def loop_bodies(eqn: JaxprEqn) -> list[tuple[Jaxpr, Sequence[jax.Array], list[tuple[JaxprVar | Literal, str] | None]]]:
     """Each body of a loop eqn: (jaxpr, its constants, per body input the outer operand it
     relates to and how: "same" or "slice", or None)."""
     p, name, ins = eqn.params, eqn.primitive.name, list(eqn.invars)
@@ -249,12 +254,12 @@ def loop_bodies(eqn: Any) -> list[tuple[Any, Sequence[Any], list[tuple[Any, str]
     return []
 
 
-def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None) -> None:
+def _walk(g: Graph, jaxpr: Jaxpr, env: dict[JaxprVar, int], path: str, loop: int | None) -> None:
     for eqn in jaxpr.eqns:
         target = inline_target(eqn)
         if target is not None:
             sub, consts = target
-            inner: dict[Any, int] = {}
+            inner: dict[JaxprVar, int] = {}
             for cv, value in zip(sub.constvars, consts, strict=True):
                 inner[cv] = _new(g, cv)
                 g.const_values[inner[cv]] = value
@@ -284,12 +289,12 @@ def _walk(g: Graph, jaxpr: Any, env: dict[Any, int], path: str, loop: int | None
             _walk_loop(g, eqn, op, env, path)
 
 
-def _walk_loop(g: Graph, eqn: Any, op: Op, env: dict[Any, int], path: str) -> None:
+def _walk_loop(g: Graph, eqn: JaxprEqn, op: Op, env: dict[JaxprVar, int], path: str) -> None:
     """A loop's bodies, each with input and output tensors of its own (``Graph.loop_io``,
     ``Graph.outer``)."""
     bodies = []
     for body, consts, bound in loop_bodies(eqn):
-        inner: dict[Any, int] = {}
+        inner: dict[JaxprVar, int] = {}
         for cv, value in zip(body.constvars, consts, strict=True):
             inner[cv] = _new(g, cv)
             g.const_values[inner[cv]] = value
@@ -311,7 +316,7 @@ def _walk_loop(g: Graph, eqn: Any, op: Op, env: dict[Any, int], path: str) -> No
                 g.outer[v] = (stacked, "stacked")
 
 
-def _params(eqn: Any) -> dict[str, Any]:
+def _params(eqn: JaxprEqn) -> dict[str, Any]:
     """The parameters the analysis reads, as plain tuples/ints (stable across runs)."""
     name, p = eqn.primitive.name, eqn.params
     if name == "dot_general":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.analysis.strategies import Strategy, notation
@@ -36,11 +36,15 @@ from launcher.sharding.search.meshes import for_each_mesh
 from launcher.errors import NoPlanFits
 from launcher.models.plans import Plan
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+    from launcher.sharding.program import TrainingProgram
+
 
 @dataclass
 class IlpPlanned:
     analysis: Analysis             # CFP's analysis of the program on the plan's mesh
-    mesh: Any
+    mesh: Mesh
     operators: OperatorGraph
     problem: Problem
     solution: Solution
@@ -64,7 +68,7 @@ class IlpPlanned:
     def mesh_shape(self) -> list[int]:
         return list(self.analysis.mesh_shape)
 
-    def runner(self, program: Any, *, seed: int = 0, name: str = NAME) -> Any:
+    def runner(self, program: TrainingProgram, *, seed: int = 0, name: str = NAME) -> Any:
         """The plan compiled on its mesh as a ``measure.Runner`` (raced like any other plan)."""
         if self.block_assignment is not None:
             return plan_runner(self.analysis, program, dict(enumerate(self.block_assignment)), self.mesh, seed=seed,
@@ -129,7 +133,7 @@ def from_blocks(og: OperatorGraph, a: Analysis, assignment: Sequence[int]) -> Op
     return out
 
 
-def ilp_plan(a: Analysis, mesh: Any, store: Any, *, memory_budget_bytes: Optional[float] = None, repeats: int = 10,
+def ilp_plan(a: Analysis, mesh: Mesh, store: Any, *, memory_budget_bytes: Optional[float] = None, repeats: int = 10,
              time_limit_s: float = 300.0, is_main: bool = True,
              log: Callable[[str], None] = lambda line: None) -> IlpPlanned:
     """Calibrate (or read) the cost model of ``mesh``, formulate ``a``'s ILP, solve it, and

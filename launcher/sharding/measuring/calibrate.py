@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +36,9 @@ from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.measuring.timing import Timer, lower_quartile, overhead_program
 from launcher.runtime import compile_share, hosts
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
 # Bytes per device at the collective's larger end: the tiny models' tensors (4-64 KiB a device)
 # sit inside the range, so their costs are read off the line, not extrapolated; the largest size
 # fixes the bandwidth, the smaller ones the latency that dominates at those sizes.
@@ -48,7 +51,7 @@ MATMUL_SIZE = 256   # each device multiplies [256, 256] x [256, 256]
 STREAM_BYTES = 16 * 2**20   # each device scales a float32 array this large (past a CPU's caches)
 
 
-def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: bool = True,
+def calibrate(mesh: Mesh, store: ProfileStore, *, repeats: int = 10, is_main: bool = True,
               log: Callable[[str], None] = print, kinds: Sequence[str] = COLLECTIVES,
               matmul: bool = True) -> tuple[CommModel, bool, float]:
     """(the model, whether anything was measured now, seconds this took): the store's entry for
@@ -87,24 +90,24 @@ def calibrate(mesh: Any, store: ProfileStore, *, repeats: int = 10, is_main: boo
     return model, missing, time.perf_counter() - t0
 
 
-def _stored(store: ProfileStore, mesh: Any) -> CommModel:
+def _stored(store: ProfileStore, mesh: Mesh) -> CommModel:
     entry = store.get(collective_model_key(mesh))
     return CommModel.from_json(entry) if entry is not None else CommModel(tuple(mesh.devices.shape), {}, 0.0)
 
 
-def calibrated(mesh: Any, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
+def calibrated(mesh: Mesh, store: ProfileStore, kinds: Sequence[str], is_main: bool = True) -> bool:
     """Whether the store holds this mesh's lines of ``kinds`` (rank 0's answer on every process)."""
     have = _stored(store, mesh).lines if is_main else {}
     found = all((k, axes) in have for k in kinds for axes in axis_groups(tuple(mesh.devices.shape)))
     return bool(hosts.broadcast(np.array([int(found)], dtype=np.int32))[0])
 
 
-def programs(mesh: Any, kinds: Sequence[str]) -> int:
+def programs(mesh: Mesh, kinds: Sequence[str]) -> int:
     """The programs a calibration of ``kinds`` times on ``mesh``."""
     return len(kinds) * len(axis_groups(tuple(mesh.devices.shape))) * len(SIZES)
 
 
-def measure(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]] | None = None,
+def measure(mesh: Mesh, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]] | None = None,
             matmul: bool = True) -> CommModel:
     """The collective ``lines`` ((kind, mesh axes); default: every collective over every axis
     group of ``mesh``), and the matmul rate, timed now."""
@@ -115,7 +118,7 @@ def measure(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]
     return CommModel(mesh_shape, {line: fit_line(points[line]) for line in lines}, rate)
 
 
-def measure_points(mesh: Any, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]],
+def measure_points(mesh: Mesh, timer: Timer, lines: Sequence[tuple[str, tuple[int, ...]]],
                    sizes: Sequence[int] = SIZES, statistic: Callable[[Sequence[float]], float] = lower_quartile,
                    matmul: bool = False, differential: bool = False
                    ) -> tuple[dict[tuple[str, tuple[int, ...]], list[tuple[float, float]]], float]:
@@ -156,7 +159,7 @@ class _Program(NamedTuple):
     length: int = 0   # a collective_chain's collectives
 
 
-def collective_chain(mesh: Any, kind: str, axes: tuple[int, ...], nbytes: int, length: int = CHAIN) -> _Program:
+def collective_chain(mesh: Mesh, kind: str, axes: tuple[int, ...], nbytes: int, length: int = CHAIN) -> _Program:
     """The program of ``length`` ``kind``s in a row over mesh ``axes``, with ``nbytes`` per device
     at the collective's larger end, given to be compiled."""
     names = tuple(mesh.axis_names[a] for a in axes)
@@ -202,7 +205,7 @@ def chain_seconds(chain: _Program, timer: Timer,
     return max(entry["time_s"] - entry["overhead_s"], 0.0) / (chain.length - (base.length if base is not None else 0))
 
 
-def matmul_program(mesh: Any) -> _Program:
+def matmul_program(mesh: Mesh) -> _Program:
     """Every device multiplying float32 ``MATMUL_SIZE`` matrices, given to be compiled."""
     k = MATMUL_SIZE
     rows = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names), None))
@@ -227,7 +230,7 @@ def matmul_rate(product: _Program, timer: Timer) -> float:
     return 2.0 * k ** 3 / seconds
 
 
-def stream_program(mesh: Any) -> _Program:
+def stream_program(mesh: Mesh) -> _Program:
     """Every device scaling its float32 ``STREAM_BYTES`` array (reads it, writes as much), given
     to be compiled: the memory bandwidth the step's other instructions run at."""
     n = STREAM_BYTES // 4
@@ -248,7 +251,7 @@ def stream_rate(stream: _Program, timer: Timer) -> float:
     return 2.0 * STREAM_BYTES / max(lower_quartile(times), 1e-9)
 
 
-def launch_seconds(mesh: Any, timer: Timer) -> float:
+def launch_seconds(mesh: Mesh, timer: Timer) -> float:
     """Seconds to run a program over every device of ``mesh`` that computes nothing (an overhead
     program of one float per device): what each step pays however little it computes, most of a
     step of a small model on CPU devices sharing a host's cores."""

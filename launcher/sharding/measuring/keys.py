@@ -4,12 +4,15 @@ fields are the store's format: change one and every entry keyed by it is measure
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
-def device_signature(mesh: Any) -> str:
+
+def device_signature(mesh: Mesh) -> str:
     d = mesh.devices.flat[0]
     return f"{d.platform}:{getattr(d, 'device_kind', '?')}x{mesh.devices.size}/{jax.process_count()}proc"
 
@@ -20,7 +23,7 @@ def device_signature(mesh: Any) -> str:
 COLLECTIVE_MODEL_VERSION = 1
 
 
-def collective_model_key(mesh: Any) -> dict:
+def collective_model_key(mesh: Mesh) -> dict:
     """The key of the collective cost model of ``mesh``: it depends on the mesh's shape,
     the device kind and count and the process count (``device_signature``), not on any model."""
     return {"version": COLLECTIVE_MODEL_VERSION, "kind": "collective-model", "mesh": list(mesh.devices.shape),

@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from launcher import jaxcompat
 from launcher.sharding.measuring.quiet import quiet
 from launcher.runtime import hosts
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 # Bytes each accelerator (GPU, TPU) rewrites to evict its cache: triton.testing.do_bench's 256
 # MiB, several times any current GPU's L2 (50 MiB on an H100, 8 MiB per MI250X die).
@@ -47,7 +50,7 @@ class CacheFlush:
     ``bench/bench_cfp_additivity.py`` times segments both ways beside the whole step and reports
     how much of it each adds up to (README, Benchmarks)."""
 
-    def __init__(self, mesh: Any, bytes_per_device: int | None = None) -> None:
+    def __init__(self, mesh: Mesh, bytes_per_device: int | None = None) -> None:
         n = mesh.devices.size
         self.bytes_per_device = bytes_per_device or flush_bytes(mesh)
         sharding = NamedSharding(mesh, PartitionSpec(tuple(mesh.axis_names)))
@@ -60,7 +63,7 @@ class CacheFlush:
         self._buffer.block_until_ready()
 
 
-def flush_bytes(mesh: Any) -> int:
+def flush_bytes(mesh: Mesh) -> int:
     """Per device: ``ACCELERATOR_FLUSH_BYTES`` on accelerators; on CPU devices, which share their
     host's caches, twice the host's largest cache split among the devices this process has."""
     device = mesh.devices.flat[0]
@@ -91,7 +94,7 @@ class Timer:
     repeats: int = 10
     flush: Callable[[], None] | None = field(default=None, repr=False)
 
-    def run_once(self, program: Any, args: Sequence[Any]) -> float:
+    def run_once(self, program: jax.stages.Compiled, args: Sequence[jax.Array]) -> float:
         """Seconds of one run of ``program`` on ``args``, after the cache flush if any."""
         if self.flush is not None:
             self.flush()
@@ -106,7 +109,7 @@ class Timer:
         jaxcompat.settle_programs()
         return seconds
 
-    def runs(self, programs: Sequence[Any], args: Sequence[Any], repeats: int | None = None) -> list[list[float]]:
+    def runs(self, programs: Sequence[jax.stages.Compiled], args: Sequence[jax.Array], repeats: int | None = None) -> list[list[float]]:
         """Seconds per run of each program on ``args``, the programs taking turns (this
         process's own times)."""
         def measure() -> list[list[float]]:
@@ -121,14 +124,14 @@ class Timer:
                 self.run_once(program, args)
         return quiet(measure)
 
-    def beside_overhead(self, program: Any, overhead: Any, args: Sequence[Any],
+    def beside_overhead(self, program: jax.stages.Compiled, overhead: jax.stages.Compiled, args: Sequence[jax.Array],
                         repeats: int | None = None) -> tuple[list[float], list[float]]:
         """Seconds per run of ``program`` and of its overhead program, timed in turn (the
         slowest process's, run by run): ``rounds`` of one entry."""
         (out,) = self.rounds([(program, overhead, args)], repeats)
         return out
 
-    def rounds(self, entries: Sequence[tuple[Any, Any, Sequence[Any]]], repeats: int | None = None,
+    def rounds(self, entries: Sequence[tuple[jax.stages.Compiled, jax.stages.Compiled, Sequence[jax.Array]]], repeats: int | None = None,
                stop: "Callable[[list[list[float]], list[list[float]]], list[bool]] | None" = None, after: int = 2
                ) -> list[tuple[list[float], list[float]]]:
         """Seconds per run of each ``(program, overhead program, arguments)`` of ``entries`` and of
@@ -161,7 +164,7 @@ class Timer:
                 run(overhead, args)
         return [(slowest_process(t), slowest_process(o)) for t, o in quiet(measure)]
 
-    def entry(self, program: Any, overhead: Any, args: Sequence[Any], repeats: int | None = None,
+    def entry(self, program: jax.stages.Compiled, overhead: jax.stages.Compiled, args: Sequence[jax.Array], repeats: int | None = None,
               statistic: Callable[[Sequence[float]], float] = statistics.median) -> dict:
         """A store entry: ``statistic`` (the median) of the seconds of ``program`` and of its
         overhead program."""
@@ -206,8 +209,9 @@ def lower_quartile(xs: Sequence[float]) -> float:
     return statistics.quantiles(xs, n=4)[0] if len(xs) > 1 else xs[0]
 
 
-def overhead_program(args: Sequence[Any], results: Sequence[Any], result_shardings: Sequence[Any],
-                     compile_options: Optional[Mapping[str, Any]] = None) -> Any:
+def overhead_program(args: Sequence[jax.Array], results: Sequence[jax.ShapeDtypeStruct],
+                     result_shardings: Sequence[jax.sharding.Sharding],
+                     compile_options: Optional[Mapping[str, Any]] = None) -> jax.stages.Compiled:
     """A compiled program that takes ``args`` and returns zeros shaped like ``results`` (objects
     with ``shape`` and ``dtype``) with ``result_shardings``, computing nothing else: what running
     any program with these arguments and results costs. Compiled once per signature (arguments'

@@ -28,7 +28,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import jax
 from hydra.utils import instantiate
@@ -54,10 +54,15 @@ from launcher.sharding.search.meshes import for_each_mesh, mesh_shapes
 from launcher.sharding.search.nearest import nearest_on_meshes
 from launcher.sharding.user.api import load_step
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from launcher.sharding.program import TrainingProgram
+    from launcher.sharding.analysis.core import Analysis
+
 Log = Callable[[str], None]
 
 
-def device_count(cfg: Any, per_node_default: int) -> tuple[int, int]:
+def device_count(cfg: DictConfig, per_node_default: int) -> tuple[int, int]:
     """(nodes, devices per node) the job would have: ``cluster.nodes`` times its GPUs (or tasks)
     per node, or the link model's devices per node (a TPU worker's chips)."""
     c = cfg.cluster
@@ -73,7 +78,7 @@ class Candidate:
     name: str                      # the row: a baseline's name, or "search" (the ILP's plan on a mesh)
     mesh: list[int]
     choice: dict[int, Any]         # contraction op id -> strategy
-    analysis: Any                  # the analysis its layouts are in (a block plan's, or the ILP's operators')
+    analysis: Analysis             # the analysis its layouts are in (a block plan's, or the ILP's operators')
     assignment: list[int]          # per block of ``analysis``
     source: str
     model_s: float = math.nan      # the ILP's own cost model's figure (the link model's lines)
@@ -90,7 +95,7 @@ def main(run_dir: str) -> None:
         raise SystemExit(2) from None
 
 
-def predict_job(cfg: Any, run_dir: Path) -> None:
+def predict_job(cfg: DictConfig, run_dir: Path) -> None:
     """The whole command: predicted plans printed, written to the run dir (module doc)."""
     t0 = time.perf_counter()
     links = links_mod.load(links_name(cfg))
@@ -130,7 +135,7 @@ def predict_job(cfg: Any, run_dir: Path) -> None:
         print(f"plan written: {files['plan']}{use}; details: {log_path}", flush=True)
 
 
-def predict(subject: Any, links: Any, *, nodes: int, per_node: int, mesh_shape: Any = "auto",
+def predict(subject: Any, links: links_mod.LinkModel, *, nodes: int, per_node: int, mesh_shape: Any = "auto",
             baselines: Sequence[str] = ("dp", "tp", "fsdp", "dp_tp", "ep"), learning_rate: float = 1e-3,
             time_limit_s: float = 300.0, log: Log = lambda line: None, say: Log = lambda line: None) -> dict:
     """Every candidate's predicted step time and memory per device on ``nodes`` x ``per_node``
@@ -141,7 +146,7 @@ def predict(subject: Any, links: Any, *, nodes: int, per_node: int, mesh_shape: 
     shapes = mesh_shapes(mesh_shape, n, nodes)
     say(f"analysing the step on {len(shapes)} logical mesh(es): {shapes}")
 
-    def analyse(i: int) -> Any:
+    def analyse(i: int) -> pipeline.Analyzed:
         out = pipeline.analyze(subject, mesh_shape=shapes[i], learning_rate=learning_rate, log=log)
         say(f"  [{i + 1}/{len(shapes)}] mesh {shapes[i]}: {len(out.analysis.contractions)} contractions, "
             f"{len(out.analysis.blocks)} blocks ({out.seconds:.1f} s)")
@@ -195,7 +200,7 @@ def predict(subject: Any, links: Any, *, nodes: int, per_node: int, mesh_shape: 
             "meshes": [list(s) for s, _ in kept], "ranked": rows, "best": best}
 
 
-def search_plan(a: Any, links: Any, time_limit_s: float = 300.0, log: Log = lambda line: None) -> Candidate:
+def search_plan(a: Analysis, links: links_mod.LinkModel, time_limit_s: float = 300.0, log: Log = lambda line: None) -> Candidate:
     """The search's plan on ``a``'s mesh when nothing can be measured: the ILP over every
     strategy, each paying its computation and its collectives at ``links``' figures."""
     og = operator_graph(a, every_strategy=True)
@@ -215,12 +220,12 @@ def search_plan(a: Any, links: Any, time_limit_s: float = 300.0, log: Log = lamb
                      "the ILP's plan (per contraction)", problem.time_s(solution.choice))
 
 
-def _dtype(a: Any) -> str:
+def _dtype(a: Analysis) -> str:
     dtypes = [a.graph.vars[c.out].dtype for c in a.contractions.values()]
     return max(set(dtypes), key=dtypes.count) if dtypes else "float32"
 
 
-def _measure_free(c: Candidate, program: Any, links: Any, n: int, log: Log) -> dict:
+def _measure_free(c: Candidate, program: TrainingProgram, links: links_mod.LinkModel, n: int, log: Log) -> dict:
     """A candidate compiled for the virtual devices and predicted by the one model of a step
     (``price.py``, the race's): its row."""
     row: dict = {"plan": c.name, "mesh_shape": c.mesh, "source": c.source, "state_stored_split": bool(c.stored),

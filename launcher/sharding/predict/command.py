@@ -6,19 +6,22 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from launcher.errors import UserError
 from launcher.sharding.predict.links import shipped
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 # The link model a cluster config predicts with when mode.links is not given.
 DEFAULT_LINKS = {"lumi": "lumi", "tpu": "tpu-v5e"}
 ERROR_FILE = "predict_error.txt"   # the child's bad input, one line, for the launcher to raise
 
 
-def links_name(cfg: Any) -> str:
+def links_name(cfg: DictConfig) -> str:
     given = cfg.mode.get("links")
     if given:
         return str(given)
@@ -30,7 +33,7 @@ def links_name(cfg: Any) -> str:
     return name
 
 
-def run_prediction(cfg: Any, run_dir: Path) -> None:
+def run_prediction(cfg: DictConfig, run_dir: Path) -> None:
     """``predict_job`` in a process of its own (JAX's virtual device count is fixed once a
     process starts JAX, and a ``-m`` sweep over ``cluster.nodes`` predicts for several counts
     in one launcher process): its progress and table on this terminal; its bad input raised here

@@ -26,7 +26,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -68,7 +68,7 @@ class Priced:
                 "memory_gb": self.memory_bytes / 2**30, "work": self.work.to_json(), "collectives": self.collectives}
 
 
-def price(compiled: Any, links: links_mod.LinkModel, domain_of: Optional[Sequence[int]] = None) -> Priced:
+def price(compiled: jax.stages.Compiled, links: links_mod.LinkModel, domain_of: Optional[Sequence[int]] = None) -> Priced:
     """``compiled``'s step on ``links`` (module doc). ``domain_of``: each partition's fast-link
     domain (its process, for a link model measured on the job: ``process_domains``); None: the
     partitions numbered domain by domain (a prediction's virtual devices)."""
@@ -98,7 +98,7 @@ def scores(predicted: Sequence[float], measured: Sequence[float]) -> dict:
             "mean_abs_error": statistics.mean(abs(p - m) / m for p, m in zip(predicted, measured, strict=True))}
 
 
-def process_domains(compiled: Any, links: Any = None) -> Optional[list[int]]:
+def process_domains(compiled: jax.stages.Compiled, links: links_mod.LinkModel | None = None) -> Optional[list[int]]:
     """Each partition's process, in the compiled program's device order: the domains of a link
     model measured on the job (``measure_links``: within a process, across processes). None
     where the program names no mesh."""
@@ -109,7 +109,7 @@ def process_domains(compiled: Any, links: Any = None) -> Optional[list[int]]:
     return [process[i] for i in order]
 
 
-def node_domains(compiled: Any, links: links_mod.LinkModel) -> Optional[list[int]]:
+def node_domains(compiled: jax.stages.Compiled, links: links_mod.LinkModel) -> Optional[list[int]]:
     """Each partition's fast-link domain as a link model file counts them: the job's devices
     numbered process by process, ``links.domain_devices`` to a domain."""
     order = jaxcompat.device_order(compiled)

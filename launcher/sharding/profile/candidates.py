@@ -56,7 +56,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -80,6 +80,9 @@ from launcher.sharding.measuring.timing import EarlyStop, Timer, overhead_progra
 from launcher.sharding.profile.units import Unit, first_units
 from launcher import jaxcompat
 from launcher.runtime import compile_share, hosts
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 Candidate = tuple[Unit, tuple[int, ...]]
 
@@ -141,7 +144,7 @@ class Shortcuts:
 QUICK_CPU_COMPILE = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 1}
 
 
-def quick_compile_options(options: ProfileOptions, mesh: Any) -> dict[str, Any]:
+def quick_compile_options(options: ProfileOptions, mesh: Mesh) -> dict[str, Any]:
     """The XLA options the profiled programs compile with (``ProfileOptions.quick_compile``;
     None: on one process's CPU devices): ``QUICK_CPU_COMPILE``, less any option the jaxlib does
     not know or ``XLA_FLAGS`` sets (the process's own flags stand, as they do for the step)."""
@@ -155,7 +158,7 @@ def quick_compile_options(options: ProfileOptions, mesh: Any) -> dict[str, Any]:
     return jaxcompat.known_compile_options(wanted)
 
 
-def overlaps(options: ProfileOptions, mesh: Any) -> bool:
+def overlaps(options: ProfileOptions, mesh: Mesh) -> bool:
     """Whether the next candidate compiles while this one is timed (``overlap_compile``; None:
     on accelerators, not on CPU devices, where the compiler would share the timed program's cores)."""
     if options.overlap_compile is not None:
@@ -168,7 +171,7 @@ def timed_in_full(entry: dict) -> bool:
 
 
 class CandidateLoop:
-    def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, keys: StoreKeys, timer: Timer,
+    def __init__(self, a: Analysis, mesh: Mesh, store: ProfileStore, keys: StoreKeys, timer: Timer,
                  units: Sequence[Unit], options: ProfileOptions = ProfileOptions(), *,
                  keep: Sequence[Sequence[int]] = (), log: Callable[[str], None] = print, is_main: bool = True) -> None:
         self.a, self.mesh, self.store, self.keys, self.timer = a, mesh, store, keys, timer
@@ -336,7 +339,7 @@ class CandidateLoop:
     def submit_all(self, batch: Sequence[Candidate]) -> list[_Submitted]:
         return [self.submit(u, combo) for u, combo in batch]
 
-    def overhead_of(self, u: Unit, compiled: Any, args: list[Any]) -> Any:
+    def overhead_of(self, u: Unit, compiled: jax.stages.Compiled, args: list[Any]) -> Any:
         """The overhead program of ``u``'s program ``compiled`` (``timing.overhead_program``)."""
         outputs = [self.a.graph.vars[v] for v in self.program(u).outputs]
         return overhead_program(args, outputs, compiled.output_shardings, self.compile_options)
@@ -508,7 +511,7 @@ class CandidateLoop:
 class _Ready(NamedTuple):
     unit: Unit
     combo: tuple[int, ...]
-    compiled: Any
+    compiled: jax.stages.Compiled
     overhead: Any        # None: over the memory budget, not timed
     args: list[Any]
     entry: dict
@@ -530,7 +533,7 @@ def batched(todo: list[Candidate], size: int, most: int = ROUNDS_AT_MOST) -> lis
     return out
 
 
-def memory_of(compiled: Any, boundary: int) -> tuple[dict[str, int], int]:
+def memory_of(compiled: jax.stages.Compiled, boundary: int) -> tuple[dict[str, int], int]:
     """(XLA's memory analysis of ``compiled`` (a program, or ``compile_share.Compiling``: its
     compiler's analysis) per device, by kind; the unit's memory the search adds up: the step's
     peak as ``models.train.memory_stats`` reads it, less ``boundary``, the bytes of its inputs

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from launcher.sharding.apply import Layouts
 from launcher.sharding.measuring.keys import device_signature
 from launcher.sharding.profile.segment_program import SegmentProgram, input_layouts
 from launcher.sharding.profile.units import Unit
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 # Part of every store key: bump it when what a measurement means changes (which tensors are
 # pinned, what a segment program contains), so old entries are not reused.
@@ -57,7 +60,7 @@ def graph_signature(g: Graph) -> str:
     return h.hexdigest()[:16]
 
 
-def device_layout(spec: Spec, mesh: Any, ndim: int) -> bytes:
+def device_layout(spec: Spec, mesh: Mesh, ndim: int) -> bytes:
     """Which piece of a tensor each device holds under ``spec`` (per dimension, the mesh axes
     splitting it) on ``mesh``: per dimension the number of pieces, then, by device id, each
     dimension's piece. The same bytes for two meshes whose layouts put the same pieces on the
@@ -80,7 +83,7 @@ def device_layout(spec: Spec, mesh: Any, ndim: int) -> bytes:
 class StoreKeys:
     """The keys of one profile run's entries (an analysis on a mesh, warm or cold caches)."""
 
-    def __init__(self, a: Analysis, mesh: Any, cold: bool = False, compile_options: Mapping[str, Any] | None = None
+    def __init__(self, a: Analysis, mesh: Mesh, cold: bool = False, compile_options: Mapping[str, Any] | None = None
                  ) -> None:
         """``compile_options``: the XLA options the segments' programs compile with
         (``candidates.quick_compile_options``; none: XLA's defaults)."""

@@ -41,7 +41,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from launcher.sharding.measuring.timing import CacheFlush, Timer
 from launcher.sharding.profile.units import Unit, profiling_units
 from launcher.errors import UserError
 from launcher.runtime import hosts
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 
 @dataclass
@@ -153,7 +156,7 @@ MOVED_TIMED = 8
 class Profiler:
     """The profile pass over analysis ``a`` on ``mesh``, measuring what ``store`` lacks."""
 
-    def __init__(self, a: Analysis, mesh: Any, store: ProfileStore, options: ProfileOptions = ProfileOptions(), *,
+    def __init__(self, a: Analysis, mesh: Mesh, store: ProfileStore, options: ProfileOptions = ProfileOptions(), *,
                  keep: Sequence[Sequence[int]] = (), log: Callable[[str], None] = print, is_main: bool = True) -> None:
         """``options``: the profile's (repeats, warmup, cold caches, parts, the shortcuts,
         resharding); ``keep``: whole plans (a plan per block) whose combinations are profiled

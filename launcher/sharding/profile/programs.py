@@ -13,7 +13,7 @@ once per group the whole plan uses (``search/dp.py``).
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 import numpy as np
@@ -27,8 +27,11 @@ from launcher.sharding.profile.segment_program import _host_value, build, segmen
 from launcher.sharding.measuring.timing import Timer, lower_quartile, overhead_program, slowest_process
 from launcher.sharding.profile.units import Unit
 
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
-def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Any, timer: Timer) -> dict:
+
+def reshard_time(shape: Sequence[int], dtype: str, src: Spec, dst: Spec, mesh: Mesh, timer: Timer) -> dict:
     """The store entry (median seconds, and its overhead program's) of turning layout ``src``
     into ``dst``."""
     s_in, s_out = NamedSharding(mesh, pspec(src)), NamedSharding(mesh, pspec(dst))
@@ -54,7 +57,7 @@ def _identity(x: Any, s_in: Any, s_out: Any) -> Any:
     return _IDENTITIES[key]
 
 
-def allreduce_time(mesh: Any, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
+def allreduce_time(mesh: Mesh, axes: Sequence[int], timer: Timer, repeats: int) -> dict:
     """The store entry (lower-quartile seconds, and its overhead program's) of one small
     all-reduce over mesh ``axes``."""
     every = PartitionSpec(tuple(mesh.axis_names))
@@ -92,7 +95,7 @@ def gradient_allreduces(a: Analysis, units: Sequence[Unit]) -> list[list[frozens
     return out
 
 
-def whole_overhead_entry(a: Analysis, mesh: Any, timer: Timer) -> dict:
+def whole_overhead_entry(a: Analysis, mesh: Mesh, timer: Timer) -> dict:
     """The store entry of the whole step's overhead program, timed: its arguments laid out as
     under every block's first plan (the overhead hardly depends on layouts; it grows with buffers)."""
     sp = segment_program(a, 0, len(a.blocks), top_level=True)

@@ -12,7 +12,7 @@ separately (``profile.reshard_cost``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,9 @@ from launcher.sharding.analysis.graph import dtype_of, is_key_dtype, itemsize
 from launcher.sharding.analysis.strategies import Spec, shard_bytes
 from launcher.jaxcompat import key_shape, wrap_keys
 from launcher.sharding.apply import Layouts, constants, evaluate, pins_for, pspec
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
 
 
 @dataclass
@@ -74,7 +77,7 @@ def input_layouts(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int]
     return [layouts.wanted(v, within=within) for v in sp.inputs]
 
 
-def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: Any) -> tuple[Any, list[Any]]:
+def build(a: Analysis, sp: SegmentProgram, assignment: Mapping[int, int], mesh: Mesh) -> tuple[Any, list[Any]]:
     """(function of the inputs, their shardings) under ``assignment`` (block -> plan)."""
     g = a.graph
     pins = pins_for(Layouts(a, assignment).pinned(), mesh)

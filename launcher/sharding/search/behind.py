@@ -20,9 +20,12 @@ noise set them apart (miniGPT's plan nearest dp gathers its position table back 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from launcher.sharding.search.nearest import nearest
+
+if TYPE_CHECKING:
+    import jax
 
 BEHIND = 1.02   # the searched plan over the fastest baseline, paired, beyond which the table says why
 
@@ -37,14 +40,14 @@ class Behind:
     detail: str
 
 
-def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[str]:
+def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[str]:
     """The note for ``planned`` (``title``: how the table names it) measured ``ratio`` times
     ``baseline`` (module doc), or None when it is not behind by ``BEHIND``."""
     found = behind(planned, title, baseline, ratio, devices)
     return found.detail if found is not None else None
 
 
-def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[Any]) -> Optional[Behind]:
+def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[Behind]:
     """``behind_note``'s account, with its short form."""
     if ratio <= BEHIND:
         return None

@@ -29,13 +29,16 @@ Every figure is the compiler's: no step runs here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 import jax
 
 from launcher.errors import NoPlanFits
 from launcher.sharding.search.dp import Candidate
 from launcher.sharding.search.measure import plan_runner
+
+if TYPE_CHECKING:
+    from launcher.sharding.program import TrainingProgram
 
 
 @dataclass
@@ -149,7 +152,7 @@ def compiled_key(i: int, c: Candidate) -> tuple:
     return i, tuple(c.assignment), tuple(sorted(c.stored)), c.across
 
 
-def state_inputs(program: Any) -> frozenset:
+def state_inputs(program: TrainingProgram) -> frozenset:
     """The positions, among the step's inputs (its arguments' leaves), of the state it feeds
     back (a user's state arguments; a model's training state)."""
     out, k = set(), 0

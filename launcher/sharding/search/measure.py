@@ -25,7 +25,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 
 import jax
 import numpy as np
@@ -41,8 +41,11 @@ from launcher.sharding.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT, UserError
 from launcher.hlo.text import fingerprint
 from launcher.models.plans import Plan, builtin
-from launcher.models.train import CompiledStep, Trainer
+from launcher.models.train import CompiledStep, StepTransform, Trainer
 from launcher.runtime import compile_share, hosts, trace_stats
+
+if TYPE_CHECKING:
+    from launcher.sharding.program import TrainingProgram
 
 
 @dataclass
@@ -53,7 +56,7 @@ class PlanRun:
     memory_bytes: int
     flops: float
     compile_time_s: float
-    compiled: Any = field(default=None, repr=False)
+    compiled: jax.stages.Compiled | None = field(default=None, repr=False)
 
     @property
     def step_time_s(self) -> float:
@@ -75,7 +78,7 @@ class _SharedCompile:
     """A plan's step compiled once in the job, by one process, where several build it inside
     ``compile_share.shared()`` (the shortlist, the baselines)."""
 
-    def compile_program(self, lower: Callable[[], Any]) -> compile_share.Compiling:
+    def compile_program(self, lower: Callable[[], jax.stages.Lowered]) -> compile_share.Compiling:
         return compile_share.compile(lower)
 
 
@@ -83,8 +86,8 @@ class Runner(_SharedCompile, Trainer):
     """A plan's training step compiled with its state (``models.train.Trainer``), and the mean
     step time of each round ``race`` ran it for."""
 
-    def __init__(self, name: str, program: Any, plan: Any, devices: Sequence[Any], *, seed: int = 0,
-                 transform_step: Any = None) -> None:
+    def __init__(self, name: str, program: TrainingProgram, plan: Plan, devices: Sequence[jax.Device], *, seed: int = 0,
+                 transform_step: StepTransform | None = None) -> None:
         super().__init__(program.model, plan, devices, optimizer=program.optimizer, seed=seed,
                          transform_step=transform_step)
         self.name, self.program = name, program
@@ -103,7 +106,7 @@ class StepRunner(_SharedCompile, CompiledStep):
     state the step returns is fed back (and donated), so successive steps train; its outputs
     besides are replicated, its loss recorded where it has one."""
 
-    def __init__(self, name: str, program: Any, step: Any, in_shardings: tuple, *, seed: int = 0) -> None:
+    def __init__(self, name: str, program: TrainingProgram, step: Any, in_shardings: tuple, *, seed: int = 0) -> None:
         self.name, self.program = name, program
         self.rounds: list[float] = []
         self.candidate: Any = None
@@ -133,7 +136,7 @@ class StepRunner(_SharedCompile, CompiledStep):
 PlanRunner = Union[Runner, StepRunner]   # a plan's program compiled on its mesh, to race
 
 
-def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, seed: int = 0,
+def plan_runner(a: Analysis, program: TrainingProgram, assignment: Mapping[int, int], mesh: jax.sharding.Mesh, *, seed: int = 0,
                 name: str = "searched", stored: frozenset = frozenset()) -> PlanRunner:
     """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``, to race
     as ``name`` (``OnMesh.runner`` is the algorithms' way to it; ``stored``: inputs kept split
@@ -147,7 +150,7 @@ def plan_runner(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: 
                   transform_step=assignment_transform(a, assignment, stored))
 
 
-def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, seed: int = 0) -> PlanRunner:
+def baseline_runner(program: TrainingProgram, plan_name: str, devices: Sequence[jax.Device], *, seed: int = 0) -> PlanRunner:
     """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
     plan does not fit the model or the devices. A user's step: its baseline of that name
     (``StepProgram.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
@@ -156,7 +159,7 @@ def baseline_runner(program: Any, plan_name: str, devices: Sequence[Any], *, see
     return runner
 
 
-def _baseline(program: Any, plan_name: str, devices: Sequence[Any], seed: int) -> PlanRunner:
+def _baseline(program: TrainingProgram, plan_name: str, devices: Sequence[jax.Device], seed: int) -> PlanRunner:
     if not program.is_model:
         in_shardings = program.baseline_shardings(plan_name, make_mesh([len(devices)], devices))
         return StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
@@ -283,7 +286,7 @@ def race(runners: Sequence[Runner], *, iterations: int, repeats: int, progress: 
     return [r.result() for r in runners]
 
 
-def run_plan(a: Analysis, program: Any, assignment: Mapping[int, int], mesh: Any, *, iterations: int,
+def run_plan(a: Analysis, program: TrainingProgram, assignment: Mapping[int, int], mesh: jax.sharding.Mesh, *, iterations: int,
              repeats: int, seed: int = 0, name: str = "searched", progress: Any = None) -> PlanRun:
     runner = plan_runner(a, program, assignment, mesh, seed=seed, name=name)
     return race([runner], iterations=iterations, repeats=repeats, progress=progress)[0]
@@ -393,7 +396,7 @@ def _decided(rounds: Sequence[Sequence[float]], of: int, margin: float) -> bool:
     return max(below, len(rounds[0]) - below) > of // 2
 
 
-def same_program(runner: Any, others: Sequence[Any]) -> int | None:
+def same_program(runner: Runner, others: Sequence[Runner]) -> int | None:
     """The first of ``others`` compiled to ``runner``'s program (``hlo.text.fingerprint``: the
     same instructions, names and schedule aside) on the same devices in the same order, or None;
     rank 0's answer on every process, which must race the same plans. A searched plan nearest a
@@ -426,7 +429,7 @@ def same_program(runner: Any, others: Sequence[Any]) -> int | None:
     return None if found < 0 else found
 
 
-def _device_order(runner: Any) -> list[int]:
+def _device_order(runner: Runner) -> list[int]:
     """The ids of the devices a runner's program runs on, in its mesh's order: partition ``i`` of
     the compiled program runs on the ``i``-th."""
     return [d.id for d in runner.mesh.devices.flat]
@@ -450,7 +453,7 @@ def agreed(runs: Sequence[PlanRun]) -> list[PlanRun]:
     return out
 
 
-def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: Any,
+def baseline_runners(program: TrainingProgram, devices: Sequence[jax.Device], *, seed: int, log: Callable[[str], None],
                      names: Sequence[str]) -> tuple[list[Runner], dict[str, str]]:
     """Every built-in plan that fits, compiled, not yet run (inside ``compile_share.shared()``,
     each by one process); the others with the reason they do not."""
@@ -465,8 +468,8 @@ def baseline_runners(program: Any, devices: Sequence[Any], *, seed: int, log: An
     return runners, skipped
 
 
-def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int, repeats: int, seed: int,
-                        log: Any) -> list[dict]:
+def communication_study(a: Analysis, program: TrainingProgram, mesh: jax.sharding.Mesh, *, iterations: int, repeats: int, seed: int,
+                        log: Callable[[str], None]) -> list[dict]:
     """Every uniform plan (all blocks on plan k, or their last plan) of the whole step: the
     collective volume of its compiled program, the time spent communicating and the step time.
 
@@ -501,7 +504,7 @@ def communication_study(a: Analysis, program: Any, mesh: Any, *, iterations: int
     return rows
 
 
-def allreduce_bandwidth(mesh: Any, mib: float = 4.0, repeats: int = 5) -> float:
+def allreduce_bandwidth(mesh: jax.sharding.Mesh, mib: float = 4.0, repeats: int = 5) -> float:
     """Bytes per second per device of an all-reduce over every device of ``mesh``."""
     n = mesh.devices.size
     per = max(int(mib * 2**20 / 4), 1)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import jax
 
@@ -44,11 +44,14 @@ from launcher.models.plans import BUILTINS, builtin
 from launcher.models.sharding import use_rules
 from launcher.models.train import make_train_step
 
+if TYPE_CHECKING:
+    from launcher.sharding.program import TrainingProgram
+
 # Identity operators a plan's rules add to the traced step; everything else must line up.
 _ADDED = ("sharding_constraint", "reshard")
 
 
-def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: Any) -> dict[int, Spec] | None:
+def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: TrainingProgram, plan: Any) -> dict[int, Spec] | None:
     """var id (of ``g``, the analysed step) -> the layout ``plan`` gives it on as many devices as
     a mesh of ``mesh_shape`` has, or None when the plan does not map onto that mesh, does not fit
     the model, or its traced step does not line up. Only shapes are traced, on a mesh without
@@ -90,7 +93,7 @@ def reference_layouts(g: Graph, mesh_shape: Sequence[int], program: Any, plan: A
     return known if next(ops, None) is None else None
 
 
-def builtin_references(program: Any, names: Sequence[str] | None = None,
+def builtin_references(program: TrainingProgram, names: Sequence[str] | None = None,
                        natural_only: bool = False) -> Callable[[Graph, Sequence[int]], dict[str, Reference]]:
     """For ``analysis.core.analyze``: (graph, mesh shape) -> {name: reference layout} for each
     built-in plan of ``names`` (default: all) that maps onto the mesh; with ``natural_only``
@@ -109,7 +112,7 @@ def builtin_references(program: Any, names: Sequence[str] | None = None,
     return refs
 
 
-def builtin_layouts(a: Analysis, program: Any, plan: Any) -> dict[int, Spec] | None:
+def builtin_layouts(a: Analysis, program: TrainingProgram, plan: Any) -> dict[int, Spec] | None:
     """``reference_layouts`` on the analysis's graph and mesh; the analysis's own when it was
     given the plan's (``Analysis.references``)."""
     if plan.name in a.references and not plan.constraints:
@@ -194,7 +197,7 @@ def _spec_str(spec: Spec) -> str:
     return "[" + ", ".join("/".join(map(str, ax)) if ax else "-" for ax in spec) + "]"
 
 
-def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -> Nearest | None:
+def nearest(a: Analysis, program: TrainingProgram, name: str, devices: Sequence[jax.Device] = ()) -> Nearest | None:
     """The plan nearest baseline ``name`` on ``a``'s mesh, or None where it does not map. A
     built-in model's baselines are its built-in plans; a user's step (no model protocol,
     ``launcher/sharding/user/step.py``) has no logical axes: the layouts its baseline of that name
@@ -211,7 +214,7 @@ def nearest(a: Analysis, program: Any, name: str, devices: Sequence[Any] = ()) -
     return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
 
 
-def nearest_plans(a: Analysis, program: Any, names: Sequence[str], devices: Sequence[Any] = ()) -> dict[str, list[int]]:
+def nearest_plans(a: Analysis, program: TrainingProgram, names: Sequence[str], devices: Sequence[jax.Device] = ()) -> dict[str, list[int]]:
     """{baseline name: its nearest plan per block} for every name that maps (``nearest``;
     ``devices`` matter for a user's step only)."""
     out = {}
@@ -230,8 +233,8 @@ class Near(NamedTuple):
     exact: bool
 
 
-def nearest_on_meshes(analyses: Sequence[Any], program: Any, names: Sequence[str],
-                      devices: Sequence[Any], log: Callable[[str], None] = lambda line: None) -> dict[str, Near]:
+def nearest_on_meshes(analyses: Sequence[Any], program: TrainingProgram, names: Sequence[str],
+                      devices: Sequence[jax.Device], log: Callable[[str], None] = lambda line: None) -> dict[str, Near]:
     """{built-in plan name: its nearest plan}: each plan on the mesh shaped like its own when one
     is searched, else on the first mesh it maps onto. Where the nearest plan is not the built-in
     plan's own layout, ``log`` says why (``Nearest.reason``)."""

@@ -37,11 +37,11 @@ import sys
 import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from launcher.sharding import pipeline
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
@@ -56,11 +56,12 @@ from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.comparison import Comparison, compare
 from launcher.sharding.report import Row, table_text
 from launcher.sharding.user.console import Console, log_path
-from launcher.sharding.user.reading import combine, program_args, split, step_name, write_back
+from launcher.sharding.user.reading import Loss, combine, program_args, split, step_name, write_back
 from launcher.sharding.user.step import (STEP_BASELINES, baseline_constraints, describe_leaves, out_shardings, place,
                                     shapes_of, step_program)
 from launcher import jaxcompat
 from launcher.errors import UserError
+from launcher.typing import Json, JsonValue, PyTree, StepFn
 from launcher.runtime import hosts
 from launcher.runtime import user_program
 
@@ -75,6 +76,8 @@ from launcher.runtime import user_program
 AUTOSHARD_DEFAULTS = {"iterations": 10, "run_repeats": 10, "drop_after": 3, "verify_top_k": 3, "round_seconds": 0.5,
                       "baselines": [*STEP_BASELINES, ILP_ROW]}
 
+# "auto" (every 1-D and 2-D logical mesh), one mesh ([4, 2]), or the meshes to try ([[8], [4, 2]]).
+MeshShape = Union[str, Sequence[int], Sequence[Sequence[int]]]
 FORMAT = "xlaunch-autoshard-plan"
 VERSION = 2  # 2: the step's reading (state_argnums, loss) saved, data_argnums in the step's positions
 ANSWER_KEY = 3  # the stored answers' key: 3, the user's layout with its mesh (``_layout_key``)
@@ -83,17 +86,17 @@ ANSWER_KEY = 3  # the stored answers' key: 3, the user's layout with its mesh (`
 @dataclass
 class Step:
     """What a ``mode.step`` factory may return instead of ``(step_fn, example_args)``."""
-    fn: Callable[..., Any]
-    args: Sequence[Any]
+    fn: StepFn
+    args: Sequence[PyTree]
     data_argnums: Optional[Sequence[int]] = None  # default: the last argument
-    in_shardings: Any = None                      # the user's own layout, raced as the "user" baseline
+    in_shardings: PyTree = None                      # the user's own layout, raced as the "user" baseline
     state_argnums: Optional[Sequence[int]] = None  # default: the arguments whose new values the step returns
-    loss: Any = None                              # default: its one scalar (reading.py)
+    loss: Loss = None                              # default: its one scalar (reading.py)
 
 
-def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any = AUTO, algorithm: Optional[str] = None,
-              data_argnums: Optional[Sequence[int]] = None, in_shardings: Any = None,
-              state_argnums: Optional[Sequence[int]] = None, loss: Any = None,
+def autoshard(step_fn: StepFn, *example_args: PyTree, mesh_shape: MeshShape = AUTO, algorithm: Optional[str] = None,
+              data_argnums: Optional[Sequence[int]] = None, in_shardings: PyTree = None,
+              state_argnums: Optional[Sequence[int]] = None, loss: Loss = None,
               log: Optional[Callable[[str], None]] = None, reuse: bool = True, **options: Any) -> "AutoPlan":
     """Searches how to shard ``step_fn(*example_args)`` over every device JAX sees.
 
@@ -133,9 +136,9 @@ def autoshard(step_fn: Callable[..., Any], *example_args: Any, mesh_shape: Any =
                           loss, log, reuse, options)
 
 
-def _autoshard(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
-               data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
-               loss: Any, log: Optional[Callable[[str], None]], reuse: bool, options: dict) -> "AutoPlan":
+def _autoshard(step_fn: StepFn, example_args: tuple, mesh_shape: MeshShape, algorithm: str,
+               data_argnums: Optional[Sequence[int]], in_shardings: PyTree, state_argnums: Optional[Sequence[int]],
+               loss: Loss, log: Optional[Callable[[str], None]], reuse: bool, options: dict) -> "AutoPlan":
     """``autoshard``; without ``log``, quiet (``console.py``): the details in a log file, a progress
     bar and the table on the user's screen."""
     Algorithm.named(algorithm, option="algorithm")
@@ -154,9 +157,9 @@ def _autoshard(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any
     return plan
 
 
-def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, algorithm: str,
-            data_argnums: Optional[Sequence[int]], in_shardings: Any, state_argnums: Optional[Sequence[int]],
-            loss: Any, log: Callable[[str], None], progress: Any, reuse: bool, options: dict,
+def _search(step_fn: StepFn, example_args: tuple, mesh_shape: MeshShape, algorithm: str,
+            data_argnums: Optional[Sequence[int]], in_shardings: PyTree, state_argnums: Optional[Sequence[int]],
+            loss: Loss, log: Callable[[str], None], progress: Any, reuse: bool, options: dict,
             say: Callable[[str], None]) -> "AutoPlan":
     """The search (``say``: the one line on the user's screen when a stored answer is handed back)."""
     kind = Algorithm.named(algorithm, option="algorithm")
@@ -182,7 +185,7 @@ def _search(step_fn: Callable[..., Any], example_args: tuple, mesh_shape: Any, a
     return plan
 
 
-def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, search: SearchOptions,
+def _answer_key(program: TrainingProgram, mesh_shape: MeshShape, algorithm: str, search: SearchOptions,
                 settings: dict) -> dict:
     """What an answer depends on: the traced step and its arguments, the devices, the options
     (the store it is kept in aside), the user's own layout. A profile-store key: its fields are
@@ -198,7 +201,7 @@ def _answer_key(program: TrainingProgram, mesh_shape: Any, algorithm: str, searc
             "user": user, "loss": program.reading.loss_path}
 
 
-def _layout_key(shardings: Any) -> Optional[dict]:
+def _layout_key(shardings: PyTree) -> Optional[dict]:
     """The user's own layout (read from the arguments or given) as a key: each leaf's spec and
     the mesh it is on (axis names and sizes, devices in mesh order), so that another layout,
     the same specs on another mesh among them, is searched and measured anew."""
@@ -260,7 +263,7 @@ class AutoPlan:
     for, and what was predicted and measured beside the baselines."""
 
     mesh_shape: list[int]
-    constraints: dict[str, Any]
+    constraints: Json
     args: list[dict]                  # per array leaf of the program's arguments (reading.py): path, shape, dtype
     data_argnums: list[int]           # the step's data arguments (its own positions)
     device_count: int
@@ -298,14 +301,14 @@ class AutoPlan:
     budget_bytes: Optional[float] = None
 
     @classmethod
-    def of(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+    def of(cls, program: TrainingProgram, out: pipeline.Searched) -> "AutoPlan":
         """The answer of a search (``pipeline.run_search``'s ``Searched``): the algorithm's plan
         where the final race measured it faster than the fastest baseline by the margin, else
         that baseline's (``answered``)."""
         return cls.searched_by(program, out).answered(program, out.answer)
 
     @classmethod
-    def searched_by(cls, program: TrainingProgram, out: Any) -> "AutoPlan":
+    def searched_by(cls, program: TrainingProgram, out: pipeline.Searched) -> "AutoPlan":
         """The algorithm's own plan, whichever plan is the answer."""
         p, reading = out.planned, program.reading
         memory = p.predicted_memory_bytes / 2**30 if p.predicted_memory_bytes is not None else None
@@ -320,7 +323,7 @@ class AutoPlan:
         plan.name, plan.searched = plan.row, p.details
         return plan
 
-    def answered(self, program: TrainingProgram, answer: Any) -> "AutoPlan":
+    def answered(self, program: TrainingProgram, answer: pipeline.Answer) -> "AutoPlan":
         """This plan where it is ``answer`` (``pipeline.Answer``, the fastest plan measured:
         docs/cfp.md, "The answer"), else the answer's: a baseline's layouts (its argument
         shardings, nothing pinned inside the step) or the ILP's, with the same race's figures."""
@@ -390,7 +393,7 @@ class AutoPlan:
 
     # --- using it ------------------------------------------------------------------------------
 
-    def mesh(self, devices: Optional[Sequence[Any]] = None) -> Any:
+    def mesh(self, devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
         """The plan's logical mesh over ``devices`` (default: every device, which must be as
         many as it was searched on)."""
         devices = list(devices) if devices is not None else jax.devices()
@@ -399,7 +402,7 @@ class AutoPlan:
                             f"run on {self.device_count} devices, or autoshard the step again on these")
         return make_mesh(self.mesh_shape, devices, AXIS_NAMES.index(self.across) if self.across else None)
 
-    def shardings(self, *args: Any) -> tuple:
+    def shardings(self, *args: PyTree) -> tuple:
         """A ``NamedSharding`` per array leaf of the step's arguments as the program takes them
         (``reading.py``: Flax NNX objects as their joint state, first), as the plan lays them out:
         ``jax.device_put``, ``jax.jit(in_shardings=...)``. Non-array leaves (static) get None."""
@@ -410,7 +413,7 @@ class AutoPlan:
         leaves, tree = jax.tree_util.tree_flatten_with_path(arrays)
         return tuple(jax.tree.unflatten(tree, [self._sharding(jax.tree_util.keystr(p), mesh) for p, _ in leaves]))
 
-    def place(self, *args: Any) -> tuple:
+    def place(self, *args: PyTree) -> tuple:
         """``args`` laid out as the plan says (``shardings``): a value the same on every process
         (host arrays, or jax arrays each process holds whole) becomes a global array; Flax NNX
         objects are updated in place (and returned)."""
@@ -420,18 +423,18 @@ class AutoPlan:
             placed = combine(jax.tree.map(_placed, arrays, self.shardings(*args)), static)
         return write_back(args, at, tuple(placed))
 
-    def apply(self, step_fn: Callable[..., Any], *, donate_argnums: Sequence[int] = ()) -> "Applied":
+    def apply(self, step_fn: StepFn, *, donate_argnums: Sequence[int] = ()) -> "Applied":
         """``step_fn`` jitted under the plan, called as the step is (Flax NNX objects updated in
         place, as ``nnx.jit`` does): its arguments laid out as ``shardings`` (placed there when
         they are not), every layout the plan fixes inside the step pinned (sharding
         constraints), the state it returns laid out as it came in, the rest replicated."""
         return Applied(self, step_fn, tuple(donate_argnums))
 
-    def _sharding(self, path: str, mesh: Any) -> NamedSharding:
+    def _sharding(self, path: str, mesh: Mesh) -> NamedSharding:
         entry = self.constraints.get(f"in:{path}")
         return NamedSharding(mesh, pspec(spec_from_json(entry)) if entry is not None else PartitionSpec())
 
-    def _check_args(self, arrays: Any) -> None:
+    def _check_args(self, arrays: PyTree) -> None:
         given = describe_leaves(shapes_of(arrays))
         if [a["path"] for a in given] != [a["path"] for a in self.args]:
             missing = sorted({a["path"] for a in self.args} ^ {a["path"] for a in given})
@@ -478,7 +481,7 @@ class AutoPlan:
         return cls.from_dict(data, str(path))
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> "AutoPlan":
+    def from_dict(cls, data: JsonValue, where: str) -> "AutoPlan":
         """A plan from ``to_json``'s dict (read from ``where``)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise UserError(f"{where} is not an auto-sharding plan (a plan.json of mode=search for a built-in model "
@@ -494,7 +497,7 @@ class AutoPlan:
 _NOT_SAVED = {"searched", "own"}  # this session's objects
 
 
-def _placed(x: Any, sharding: Any) -> Any:
+def _placed(x: PyTree, sharding: Sharding) -> PyTree:
     """``x`` laid out as ``sharding``: as it is where it already is, on the plan's own mesh (an
     equivalent layout on another mesh, the program's own, is moved: jit takes one mesh)."""
     if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == sharding.mesh \
@@ -519,15 +522,15 @@ class Applied:
     call with arguments of a structure traces the step, checks it is the one searched, and jits
     it under the plan; later calls run the compiled step."""
 
-    def __init__(self, plan: AutoPlan, fn: Callable[..., Any], donate_argnums: tuple[int, ...]) -> None:
+    def __init__(self, plan: AutoPlan, fn: StepFn, donate_argnums: tuple[int, ...]) -> None:
         self.plan, self.fn, self.donate_argnums = plan, fn, donate_argnums
         self._compiled: dict[Any, tuple[TrainingProgram, Any, Any]] = {}
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: PyTree) -> PyTree:
         with jaxcompat.outside_mesh_context():  # the plan's mesh, not the program's (autoshard)
             return self._call(args)
 
-    def _call(self, args: tuple) -> Any:
+    def _call(self, args: tuple) -> PyTree:
         pargs, _ = program_args(args, self.plan.scalars)
         arrays, static = split(pargs)
         # Shapes too: arguments shaped otherwise than the plan's are refused in one line (``_build``).
@@ -537,7 +540,7 @@ class Applied:
             self._compiled[key] = self._build(args)
         program, jitted, shardings = self._compiled[key]
 
-        def run(*pargs: Any) -> Any:
+        def run(*pargs: PyTree) -> PyTree:
             arrays, _ = split(pargs)
             return program.step.whole(jitted(*jax.tree.map(_placed, arrays, shardings)))
 
@@ -561,7 +564,7 @@ class Applied:
         return program, jitted, shardings
 
 
-def _key(x: Any) -> Any:
+def _key(x: PyTree) -> Hashable:
     try:
         hash(x)
         return x

@@ -36,20 +36,22 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import types
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore
 
+from launcher.typing import PyTree, StepFn
 from launcher.errors import UserError
 
-Loss = Optional[Any]   # None (read from the outputs), a path string, or a function of the outputs
+Loss = Union[None, str, Callable[[PyTree], PyTree]]   # None (read from the outputs), a path string, or a function of the outputs
 
 
-def nnx_module() -> Any:
+def nnx_module() -> types.ModuleType | None:
     """flax.nnx where the user's program imported Flax (a step holding NNX objects did)."""
     if "flax" not in sys.modules:
         return None
@@ -58,7 +60,7 @@ def nnx_module() -> Any:
     return nnx
 
 
-def step_name(fn: Any) -> str:
+def step_name(fn: StepFn) -> str:
     """What the user calls ``fn``: its ``__name__``, through the ``functools.partial`` a trainer
     jits (``partial(train_step, config=...)``), and any wrapper that has none, its type's."""
     while isinstance(fn, functools.partial):
@@ -66,18 +68,18 @@ def step_name(fn: Any) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
-def is_array(x: Any) -> bool:
+def is_array(x: PyTree) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
 
 
-def split(tree: Any) -> tuple[Any, Any]:
+def split(tree: PyTree) -> tuple[PyTree, PyTree]:
     """(arrays, static): ``tree`` with its non-array leaves set to None, and with its array
     leaves set to None (``eqx.partition(tree, eqx.is_array)``)."""
     return (jax.tree.map(lambda x: x if is_array(x) else None, tree),
             jax.tree.map(lambda x: None if is_array(x) else x, tree))
 
 
-def combine(arrays: Any, static: Any) -> Any:
+def combine(arrays: PyTree, static: PyTree) -> PyTree:
     """``split``'s inverse."""
     return jax.tree.map(lambda a, s: s if a is None else a, arrays, static, is_leaf=lambda x: x is None)
 
@@ -86,23 +88,23 @@ class ArrayStep:
     """``fn`` as a function of its arguments' array leaves: their other leaves are closed over,
     and the other leaves of what it returns are kept from its last trace (``static_out``)."""
 
-    def __init__(self, fn: Callable[..., Any], static_args: tuple) -> None:
+    def __init__(self, fn: StepFn, static_args: tuple) -> None:
         self.fn, self.static_args = fn, static_args
-        self.static_out: Any = None
+        self.static_out: PyTree = None
         self.__name__ = step_name(fn)
 
-    def __call__(self, *arrays: Any) -> Any:
+    def __call__(self, *arrays: PyTree) -> PyTree:
         out, self.static_out = split(self.fn(*combine(arrays, self.static_args)))
         return out
 
-    def whole(self, out: Any) -> Any:
+    def whole(self, out: PyTree) -> PyTree:
         """What ``fn`` returns, from what this returned."""
         return combine(out, self.static_out)
 
 
 
 
-def canonical(x: Any) -> Any:
+def canonical(x: PyTree) -> PyTree:
     """An array leaf as JAX takes it: NumPy data of a type JAX does not keep (float64, int64
     under x64 off) in the type ``jnp.asarray`` gives it; the rest as it is."""
     if isinstance(x, (np.ndarray, np.generic)):
@@ -114,19 +116,19 @@ def canonical(x: Any) -> Any:
     return x
 
 
-def is_scalar(x: Any) -> bool:
+def is_scalar(x: PyTree) -> bool:
     """A Python number (bool, int, float, complex): ``jax.jit`` traces one as a weakly typed array."""
     return isinstance(x, (bool, int, float, complex))
 
 
-def has_scalars(args: Any) -> bool:
+def has_scalars(args: PyTree) -> bool:
     return any(is_scalar(x) for x in jax.tree.leaves(args))
 
 
-def canonical_args(args: Any, scalars: bool = True) -> Any:
+def canonical_args(args: PyTree, scalars: bool = True) -> PyTree:
     """``args`` as the program takes them: array leaves as JAX takes them (``canonical``) and,
     with ``scalars``, Python numbers as ``jax.jit`` takes them (weakly typed scalar arrays)."""
-    def leaf(x: Any) -> Any:
+    def leaf(x: PyTree) -> PyTree:
         if is_array(x):
             return canonical(x)
         return jnp.asarray(x) if scalars and is_scalar(x) else x
@@ -142,7 +144,7 @@ class Reading:
     """How a user's step with ``n_args`` arguments is read (module doc)."""
     n_args: int
     nnx: tuple[int, ...]                 # argument positions holding NNX objects, passed as one joint state
-    graphdef: Any                        # nnx.split's of those objects (None without any)
+    graphdef: PyTree                     # nnx.split's of those objects (None without any)
     data_argnums: tuple[int, ...]        # of the program's arguments
     feeds_back: tuple[int, ...]          # program arguments whose new values the program returns first
     returned_at: tuple[Optional[int], ...]  # per fed-back argument: its place in the step's outputs (None: NNX state)
@@ -159,7 +161,7 @@ class Reading:
 
     # --- arguments ------------------------------------------------------------------------------
 
-    def args(self, user_args: Sequence[Any]) -> tuple:
+    def args(self, user_args: Sequence[PyTree]) -> tuple:
         """The program's arguments: the NNX objects' joint state first, where there are any."""
         user_args = tuple(user_args)
         if not self.nnx:
@@ -172,7 +174,7 @@ class Reading:
                             "differs): pass the model and optimizer the step was searched with, or autoshard again")
         return (state, *canonical_args([a for i, a in enumerate(user_args) if i not in self.nnx], self.scalars))
 
-    def _user_args(self, args: Sequence[Any]) -> tuple[tuple, tuple]:
+    def _user_args(self, args: Sequence[PyTree]) -> tuple[tuple, tuple]:
         """(the user's arguments, the NNX objects among them) from the program's."""
         if not self.nnx:
             return tuple(args), ()
@@ -184,11 +186,11 @@ class Reading:
 
     # --- the program ----------------------------------------------------------------------------
 
-    def raw(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def raw(self, fn: StepFn) -> StepFn:
         """``fn`` on the program's arguments: (the NNX objects' new state or None, what ``fn``
         returns, the NNX objects it was given among it as ``Returned`` markers: ``call`` puts the
         user's own objects, updated, in their places, as ``nnx.jit`` returns them)."""
-        def raw_step(*args: Any) -> Any:
+        def raw_step(*args: PyTree) -> PyTree:
             user_args, objects = self._user_args(args)
             out = fn(*user_args)
             if objects:
@@ -198,12 +200,12 @@ class Reading:
         raw_step.__name__ = step_name(fn)
         return raw_step
 
-    def step(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def step(self, fn: StepFn) -> StepFn:
         """The program: ``fn`` on the program's arguments, returning the fed-back arguments' new
         values first (in ``feeds_back``'s order), then the rest of its outputs as a tuple."""
         raw = self.raw(fn)
 
-        def program_step(*args: Any) -> Any:
+        def program_step(*args: PyTree) -> PyTree:
             state, out = raw(*args)
             outs = list(out) if self.returns_tuple else [out]
             new = [state if at is None else outs[at] for at in self.returned_at]
@@ -212,7 +214,7 @@ class Reading:
         program_step.__name__ = raw.__name__
         return program_step
 
-    def call(self, program_step: Callable[..., Any], user_args: Sequence[Any]) -> Any:
+    def call(self, program_step: StepFn, user_args: Sequence[PyTree]) -> PyTree:
         """Runs the program (``program_step``: jitted under a plan) on the user's arguments and
         returns what the user's step returns: its outputs in their places, the NNX objects
         updated in place."""
@@ -220,7 +222,7 @@ class Reading:
         new, rest = list(out[:len(self.feeds_back)]), list(out[len(self.feeds_back)])
         if self.nnx:
             nnx_module().update(tuple(user_args[i] for i in self.nnx), new[self.returned_at.index(None)])
-        outs: list[Any] = [None] * self.outputs
+        outs: list[PyTree] = [None] * self.outputs
         for value, at in zip(new, self.returned_at, strict=True):
             if at is not None:
                 outs[at] = value
@@ -244,11 +246,11 @@ class Returned:
     index: int
 
 
-def _returned(o: Any, objects: tuple) -> Any:
+def _returned(o: PyTree, objects: tuple) -> PyTree:
     return next((Returned(j) for j, obj in enumerate(objects) if o is obj), o)
 
 
-def program_args(args: Sequence[Any], scalars: bool = True) -> tuple[tuple, tuple[int, ...]]:
+def program_args(args: Sequence[PyTree], scalars: bool = True) -> tuple[tuple, tuple[int, ...]]:
     """(the program's arguments, the positions of the NNX objects among ``args``) of a step's
     arguments, read as ``read`` reads them (for a plan used without its step: ``AutoPlan.place``;
     ``scalars``: ``Reading.scalars``)."""
@@ -261,7 +263,7 @@ def program_args(args: Sequence[Any], scalars: bool = True) -> tuple[tuple, tupl
     return (state, *canonical_args([a for i, a in enumerate(args) if i not in at], scalars)), at
 
 
-def write_back(args: Sequence[Any], at: tuple[int, ...], placed: tuple) -> tuple:
+def write_back(args: Sequence[PyTree], at: tuple[int, ...], placed: tuple) -> tuple:
     """``args`` with the program's arguments ``placed`` in their places: NNX objects updated in
     place from the joint state (and returned as they are), the others replaced."""
     if at:
@@ -272,7 +274,7 @@ def write_back(args: Sequence[Any], at: tuple[int, ...], placed: tuple) -> tuple
 
 # --- reading a step ---------------------------------------------------------------------------
 
-def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums: Optional[Sequence[int]] = None,
+def read(fn: StepFn, args: Sequence[PyTree], *, name: str, data_argnums: Optional[Sequence[int]] = None,
          state_argnums: Optional[Sequence[int]] = None, loss: Loss = None, log: Callable[[str], None] = print,
          scalars: Optional[bool] = None) -> tuple[Reading, tuple]:
     """(how ``fn`` is read, the program's arguments) from the user's example arguments
@@ -329,7 +331,7 @@ def read(fn: Callable[..., Any], args: Sequence[Any], *, name: str, data_argnums
                    loss_path, tuple(data), stated, scalars), pargs
 
 
-def _eval_shape(fn: Callable[..., Any], shapes: tuple) -> tuple[Any, dict[int, Any]]:
+def _eval_shape(fn: StepFn, shapes: tuple) -> tuple[PyTree, dict[int, PyTree]]:
     """(``jax.eval_shape`` of ``fn`` on ``shapes`` whose non-array leaves, an Equinox module's
     activation or a Python number, are closed over as the program closes over them; per array
     leaf of that, by ``id``, the traced value it is: two leaves of one value, such as nanodo's
@@ -347,12 +349,12 @@ def _default_data(args: tuple, nnx_at: tuple[int, ...]) -> tuple[int, ...]:
     trailing PRNG keys and counters (``(params, opt_state, batch, key)``), and before it those
     whose every array leaf has the same leading dimension (Flax's ``step(model, optimizer, x,
     y)``). Never a Flax NNX object."""
-    def leading(a: Any) -> Optional[set[int]]:
+    def leading(a: PyTree) -> Optional[set[int]]:
         leaves = [x for x in jax.tree.leaves(a) if is_array(x)]
         dims = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
         return dims if leaves and None not in dims and len(dims) == 1 else None
 
-    def scalar_like(a: Any) -> bool:   # a key (typed, or old uint32[2]), a counter, a Python number
+    def scalar_like(a: PyTree) -> bool:   # a key (typed, or old uint32[2]), a counter, a Python number
         if not is_array(a):
             return not jax.tree.leaves(a) or isinstance(a, (int, float))
         dtype = jnp.result_type(a)
@@ -370,7 +372,8 @@ def _default_data(args: tuple, nnx_at: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(data)
 
 
-def _positions(option: str, given: Optional[Sequence[int]], n: int, default: Any, name: str, what: str) -> Any:
+def _positions(option: str, given: Optional[Sequence[int]], n: int, default: tuple[int, ...] | None, name: str,
+               what: str) -> tuple[int, ...] | None:
     if given is None:
         return default
     raw, given = given, (given,) if isinstance(given, int) else tuple(given)
@@ -390,7 +393,7 @@ def _program_positions(n: int, nnx_at: tuple[int, ...]) -> dict[int, int]:
     return out
 
 
-def _paths(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+def _paths(tree: PyTree, prefix: str) -> list[tuple[str, PyTree]]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [(prefix + jax.tree_util.keystr(p), x) for p, x in leaves]
 
@@ -410,14 +413,14 @@ def _refuse_shared(pargs: tuple, state: Sequence[int]) -> None:
                                 "meant to differ")
 
 
-def _same_type(x: Any, y: Any) -> bool:
+def _same_type(x: PyTree, y: PyTree) -> bool:
     """Array leaves alike in shape and dtype (any other leaf, static, is not compared)."""
     if not (is_array(x) and is_array(y)):
         return is_array(x) == is_array(y)
     return np.shape(x) == np.shape(y) and jnp.result_type(x) == jnp.result_type(y)
 
 
-def _alike(a: Any, b: Any) -> bool:
+def _alike(a: PyTree, b: PyTree) -> bool:
     return jax.tree.structure(a) == jax.tree.structure(b) and all(
         _same_type(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
@@ -456,7 +459,7 @@ def _fed_back(name: str, pargs: tuple, state: Sequence[int], outs: list, nnx: bo
     return feeds, at
 
 
-def _refuse_changed(name: str, arg: Any, i: int, outs: list, taken: set) -> None:
+def _refuse_changed(name: str, arg: PyTree, i: int, outs: list, taken: set) -> None:
     """A returned value with a state argument's structure but another dtype (or, for a tree of
     several arrays, another shape): the state would change between steps. Not for an argument
     that is one array other than floating point (a PRNG key, old or typed, a step counter), nor
@@ -477,12 +480,12 @@ def _refuse_changed(name: str, arg: Any, i: int, outs: list, taken: set) -> None
                                 "step), or make the example argument what the step returns")
 
 
-def _array_leaves(tree: Any) -> list:
+def _array_leaves(tree: PyTree) -> list:
     return [x for x in jax.tree.leaves(tree) if is_array(x)]
 
 
-def _loss(name: str, out: Any, rest: tuple, at: list, returns_tuple: bool, loss: Loss,
-          log: Callable[[str], None], values: dict[int, Any]) -> tuple[Optional[int], str]:
+def _loss(name: str, out: PyTree, rest: tuple, at: list, returns_tuple: bool, loss: Loss,
+          log: Callable[[str], None], values: dict[int, PyTree]) -> tuple[Optional[int], str]:
     """(the loss's index among the array leaves of the outputs besides the fed-back state, its
     path in the step's outputs). ``values``: the traced value of each output leaf (by ``id``)."""
     leaves = [(p, x) for p, x in _paths(out, "out" if not returns_tuple else "") if is_array(x)]
@@ -504,7 +507,7 @@ def _loss(name: str, out: Any, rest: tuple, at: list, returns_tuple: bool, loss:
         return None, ""
     # One value under several names (nanodo's metrics: "__train_loss" and "train_loss") is one
     # candidate, named by its most loss-like name.
-    groups: dict[Any, list[tuple[str, Any]]] = {}
+    groups: dict[object, list[tuple[str, PyTree]]] = {}
     for p, x in scalars:
         groups.setdefault(values.get(id(x), id(x)), []).append((p, x))
     candidates = [min(g, key=lambda px: _loss_rank(px[0])) for g in groups.values()]
@@ -545,14 +548,14 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def _few(paths: Any, n: int = 3, width: int = 40) -> str:
+def _few(paths: Iterable[str], n: int = 3, width: int = 40) -> str:
     """A few of ``paths``, each cut to ``width`` characters, for a line that stays short."""
     paths = list(paths)
     cut = [p if len(p) <= width else p[:width - 3] + "..." for p in paths[:n]]
     return ", ".join(cut) + (f", and {len(paths) - n} more" if len(paths) > n else "")
 
 
-def _chosen(name: str, out: Any, loss: Loss, leaves: list[tuple[str, Any]]) -> Any:
+def _chosen(name: str, out: PyTree, loss: Loss, leaves: list[tuple[str, PyTree]]) -> PyTree:
     """The output leaf ``loss`` (a path, or a function of the outputs returning one) picks."""
     if isinstance(loss, str):
         found = [x for p, x in leaves if p == loss or p == f"out{loss}"]
@@ -573,11 +576,11 @@ def _chosen(name: str, out: Any, loss: Loss, leaves: list[tuple[str, Any]]) -> A
     raise UserError(f"loss={loss!r}: give a path of the step's outputs (e.g. \"[1]['loss']\") or a function of them")
 
 
-def _type(x: Any) -> str:
+def _type(x: PyTree) -> str:
     return f"{jnp.result_type(x)}{list(np.shape(x))}"
 
 
-def _describe(o: Any) -> str:
+def _describe(o: PyTree) -> str:
     leaves = _array_leaves(o)
     if len(leaves) == 1 and leaves[0] is o:
         return _type(o)

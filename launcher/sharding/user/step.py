@@ -38,12 +38,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec, Sharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from launcher.sharding.analysis.contractions import find_contractions
 from launcher.sharding.analysis.graph import trace
@@ -52,9 +52,14 @@ from launcher.sharding.analysis.strategies import Spec
 from launcher.sharding.apply import make_mesh, program_signature, spec_json
 from launcher.sharding.options import USER_BASELINE as USER
 from launcher.sharding.program import TrainingProgram
-from launcher.sharding.user.reading import ArrayStep, canonical, nnx_module, read, split, step_name
+from launcher.sharding.user.reading import ArrayStep, Loss, Reading, canonical, nnx_module, read, split, step_name
 from launcher import jaxcompat
 from launcher.errors import UserError
+from launcher.typing import Json, PyTree, StepFn
+
+if TYPE_CHECKING:
+    from launcher.sharding.analysis.contractions import Contraction
+    from launcher.sharding.analysis.core import Analysis
 
 STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout for (and USER, its own)
 
@@ -63,13 +68,13 @@ STEP_BASELINES = ("dp", "fsdp")  # the built-in names a user's step has a layout
 # Array leaves and the rest
 
 
-def shapes_of(tree: Any) -> Any:
+def shapes_of(tree: PyTree) -> PyTree:
     """Shapes and dtypes of an array pytree, dtypes as JAX takes them (``reading.canonical``)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical(x).dtype,
                                                        weak_type=getattr(x, "weak_type", False)), tree)
 
 
-def describe_leaves(tree: Any) -> list[dict]:
+def describe_leaves(tree: PyTree) -> list[dict]:
     """Per array leaf: its path in the arguments (as the plan's ``in:`` constraints name it),
     shape and dtype."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
@@ -80,9 +85,9 @@ def describe_leaves(tree: Any) -> list[dict]:
 # The program
 
 
-def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: Optional[Sequence[int]] = None,
-                 in_shardings: Any = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
-                 loss: Any = None, log: Callable[[str], None] = lambda line: None,
+def step_program(fn: StepFn, args: Sequence[PyTree], *, data_argnums: Optional[Sequence[int]] = None,
+                 in_shardings: PyTree = None, name: Optional[str] = None, state_argnums: Optional[Sequence[int]] = None,
+                 loss: Loss = None, log: Callable[[str], None] = lambda line: None,
                  scalars: Optional[bool] = None) -> StepProgram:
     """``fn(*args)`` as a ``TrainingProgram`` (a ``StepProgram``): read as ``reading.py`` says (NNX objects as their
     joint state, host arrays as JAX takes them, the state fed back, the loss), refused in one
@@ -123,12 +128,12 @@ def step_program(fn: Callable[..., Any], args: Sequence[Any], *, data_argnums: O
                            signature=program_signature(g), reading=reading)
 
 
-def _is_nnx_node(x: Any) -> bool:
+def _is_nnx_node(x: PyTree) -> bool:
     nnx = nnx_module()
     return nnx is not None and nnx.graph.is_graph_node(x)
 
 
-def _laid_out_on(x: Any) -> Any:
+def _laid_out_on(x: PyTree) -> PyTree:
     """The mesh of every device ``x`` is laid out on by a ``NamedSharding``, or None."""
     if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh.size == jax.device_count():
         return x.sharding.mesh
@@ -158,7 +163,7 @@ def _given_shardings(name: str, arrays: tuple, data_argnums: Sequence[int], log:
         log(f"{name}: the arguments' own layout is dp's (the state replicated, the batch split): raced once, as dp")
         return None
 
-    def laid_out(x: Any, data: bool) -> NamedSharding:
+    def laid_out(x: PyTree, data: bool) -> NamedSharding:
         if _laid_out_on(x) == mesh:
             return NamedSharding(auto, x.sharding.spec)
         lead = data and np.ndim(x) > 0 and np.shape(x)[0] % mesh.shape[first] == 0
@@ -178,7 +183,7 @@ def _given_shardings(name: str, arrays: tuple, data_argnums: Sequence[int], log:
     return out
 
 
-def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> tuple:
+def _nnx_shardings(name: str, in_shardings: PyTree, reading: Reading, pargs: tuple) -> tuple:
     """``in_shardings`` given in the step's own positions, a Flax NNX object's as ``nnx.jit`` takes
     it (a Sharding for all its arrays, None, or a tree shaped like ``nnx.state(obj)``, as
     ``nnx.get_named_sharding`` gives), in the program's: the objects' joint state first (a
@@ -188,7 +193,7 @@ def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> 
         raise UserError(f"in_shardings of {name}: give one entry per argument ({reading.n_args}), as for nnx.jit: a "
                         "Sharding, None, or for a Flax NNX object a tree shaped like nnx.state(obj)")
     is_leaf = lambda x: x is None or isinstance(x, Sharding)
-    by_path: dict[str, Any] = {}
+    by_path: dict[str, Sharding | None] = {}
     for j, i in enumerate(reading.nnx):
         if isinstance(given[i], Sharding) or given[i] is None:
             by_path[f"[{j}]"] = given[i]
@@ -196,7 +201,7 @@ def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> 
         for path, s in jax.tree_util.tree_flatten_with_path(given[i], is_leaf=is_leaf)[0]:
             by_path.setdefault(f"[{j}]{jax.tree_util.keystr(path)}", s)
 
-    def lookup(path: Any, _: Any) -> Any:
+    def lookup(path: tuple, _: PyTree) -> Sharding | None:
         key = jax.tree_util.keystr(path)
         return by_path.get(key, by_path.get(key[:key.index("]") + 1]))
 
@@ -204,12 +209,12 @@ def _nnx_shardings(name: str, in_shardings: Any, reading: Any, pargs: tuple) -> 
     return (joint, *[s for i, s in enumerate(given) if i not in reading.nnx])
 
 
-def contraction_flops(contractions: Any) -> float:
+def contraction_flops(contractions: Iterable[Contraction]) -> float:
     """Twice the multiply-adds of the dot and convolution contractions (a loop body's once)."""
     return float(sum(2 * math.prod(d.size for d in c.dims) for c in contractions if c.kind in ("dot", "conv")))
 
 
-def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
+def _user_shardings(name: str, in_shardings: PyTree, shapes: tuple) -> tuple:
     """The user's ``in_shardings`` (as for ``jax.jit``: one per argument, each a Sharding or a
     pytree prefix of it; None: replicated) as a Sharding per array leaf."""
     if isinstance(in_shardings, Sharding):
@@ -234,11 +239,11 @@ def _user_shardings(name: str, in_shardings: Any, shapes: tuple) -> tuple:
     return tuple(prefix.unflatten(full))
 
 
-def first_difference(given: Any, args: Any, is_leaf: Callable[[Any], bool]) -> str:
+def first_difference(given: PyTree, args: PyTree, is_leaf: Callable[[PyTree], bool]) -> str:
     """Where the pytree ``given`` (a prefix of ``args`` down to its ``is_leaf`` leaves) first
     stops matching ``args``, and what stands on each side, in a few words: the whole of either
     (a TrainState's static fields print its model and optimizer) runs to thousands of characters."""
-    def walk(a: Any, b: Any, path: str) -> Optional[str]:
+    def walk(a: PyTree, b: PyTree, path: str) -> Optional[str]:
         if is_leaf(a):
             return None
         one = lambda x: jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
@@ -259,7 +264,7 @@ def first_difference(given: Any, args: Any, is_leaf: Callable[[Any], bool]) -> s
     return walk(given, args, "") or "its structure is not the arguments'"
 
 
-def _static_difference(a: Any, b: Any) -> str:
+def _static_difference(a: PyTree, b: PyTree) -> str:
     """Which static (not pytree) field of two dataclass nodes of one type differs."""
     if dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
@@ -275,7 +280,7 @@ def _static_difference(a: Any, b: Any) -> str:
 # The baselines
 
 
-def baseline_shardings(program: TrainingProgram, name: str, mesh: Any) -> tuple:
+def baseline_shardings(program: TrainingProgram, name: str, mesh: Mesh) -> tuple:
     """The shardings (a pytree per argument) of baseline ``name`` on a 1-D ``mesh`` over every
     device (``user``: the user's own). UserError where it does not apply, saying why."""
     if name == USER:
@@ -287,13 +292,13 @@ def baseline_shardings(program: TrainingProgram, name: str, mesh: Any) -> tuple:
                         f"step has not; give your own layout as in_shardings to race it (the {USER!r} baseline)")
     (axis,), n = mesh.axis_names, mesh.size
 
-    def split_on(x: Any, dim: Optional[int]) -> NamedSharding:
+    def split_on(x: PyTree, dim: Optional[int]) -> NamedSharding:
         return NamedSharding(mesh, PartitionSpec(*[axis if i == dim else None for i in range(len(x.shape))]))
 
-    def data(x: Any) -> NamedSharding:
+    def data(x: PyTree) -> NamedSharding:
         return split_on(x, 0 if x.shape and x.shape[0] % n == 0 else None)
 
-    def state(x: Any) -> NamedSharding:
+    def state(x: PyTree) -> NamedSharding:
         if name == "dp":
             return split_on(x, None)
         divisible = [i for i, s in enumerate(x.shape) if s % n == 0]
@@ -309,7 +314,7 @@ def baseline_shardings(program: TrainingProgram, name: str, mesh: Any) -> tuple:
     return out
 
 
-def baseline_constraints(program: TrainingProgram, name: str) -> tuple[list[int], dict[str, Any]]:
+def baseline_constraints(program: TrainingProgram, name: str) -> tuple[list[int], Json]:
     """Baseline ``name``'s layouts as a plan's mesh shape and ``constraints`` (``apply.py``'s
     format: the step's signature and each argument's layout, nothing pinned inside the step),
     for an ``AutoPlan`` whose answer is that baseline."""
@@ -317,13 +322,13 @@ def baseline_constraints(program: TrainingProgram, name: str) -> tuple[list[int]
     mesh = leaves[0].mesh
     shape = [int(n) for n in mesh.devices.shape]
     axes = axis_map(dict(mesh.shape), shape)
-    constraints: dict[str, Any] = {"program": program.signature}
+    constraints: Json = {"program": program.signature}
     for leaf, sharding in zip(describe_leaves(program.args), leaves, strict=True):
         constraints[f"in:{leaf['path']}"] = spec_json(cfp_spec(sharding.spec, axes, len(leaf["shape"])))
     return shape, constraints
 
 
-def input_layouts(a: Any, program: TrainingProgram, name: str, devices: Sequence[Any]) -> Optional[dict[int, Spec]]:
+def input_layouts(a: Analysis, program: TrainingProgram, name: str, devices: Sequence[jax.Device]) -> Optional[dict[int, Spec]]:
     """var id (of the analysis ``a``'s graph) -> the layout baseline ``name`` gives each input of
     the step, on ``a``'s mesh (``search/nearest.py``'s nearest plan of a user's step); None
     where the baseline does not apply or does not map onto the mesh."""
@@ -345,7 +350,7 @@ def input_layouts(a: Any, program: TrainingProgram, name: str, devices: Sequence
 # Running it
 
 
-def out_shardings(program: TrainingProgram, in_shardings: tuple, replicated: Any) -> Any:
+def out_shardings(program: TrainingProgram, in_shardings: tuple, replicated: NamedSharding) -> PyTree:
     """The step's output shardings: the state it returns laid out as it came in (so steps
     chain), the rest ``replicated``."""
     state = [s for i in program.feeds_back for s in jax.tree.leaves(in_shardings[i])]
@@ -353,7 +358,7 @@ def out_shardings(program: TrainingProgram, in_shardings: tuple, replicated: Any
     return jax.tree.unflatten(tree, state + [replicated] * (tree.num_leaves - len(state)))
 
 
-def place(x: Any, sharding: Any) -> jax.Array:
+def place(x: PyTree, sharding: Sharding) -> jax.Array:
     """``x`` (a host value, or a jax array the same on every process) laid out as ``sharding``,
     as a new array (the runs donate the state they feed back). A jax array on any mesh (the
     program's own, auto or explicit axes) is moved to ``sharding``'s: a step jitted on one mesh
@@ -375,7 +380,7 @@ def materialize(program: TrainingProgram, in_shardings: tuple, seed: int = 0) ->
     values = jax.tree.leaves(program.values) if program.values is not None else [None] * len(shapes)
     missing = [k for k, v in enumerate(values) if v is None or isinstance(v, jax.ShapeDtypeStruct)]
 
-    def make() -> list[Any]:
+    def make() -> list[PyTree]:
         key = jax.random.key(seed)
         return [_made_up(jax.random.fold_in(key, k), shapes[k]) for k in missing]
 
@@ -384,7 +389,7 @@ def materialize(program: TrainingProgram, in_shardings: tuple, seed: int = 0) ->
                                            for k, (v, s) in enumerate(zip(values, shardings, strict=True))]))
 
 
-def _made_up(key: Any, s: jax.ShapeDtypeStruct) -> jax.Array:
+def _made_up(key: jax.Array, s: jax.ShapeDtypeStruct) -> jax.Array:
     if jnp.issubdtype(s.dtype, jax.dtypes.prng_key):
         return jax.random.split(key, s.shape)
     if jnp.issubdtype(s.dtype, jnp.floating):
@@ -392,7 +397,7 @@ def _made_up(key: Any, s: jax.ShapeDtypeStruct) -> jax.Array:
     return jnp.zeros(s.shape, s.dtype)
 
 
-def next_args(program: TrainingProgram, args: Sequence[Any], out: Any) -> tuple:
+def next_args(program: TrainingProgram, args: Sequence[PyTree], out: PyTree) -> tuple:
     """The next step's arguments: the state the step returned in place of its state arguments."""
     if not program.feeds_back:
         return tuple(args)
@@ -403,7 +408,7 @@ def next_args(program: TrainingProgram, args: Sequence[Any], out: Any) -> tuple:
     return tuple(new)
 
 
-def loss_of(program: TrainingProgram, out: Any) -> Optional[float]:
+def loss_of(program: TrainingProgram, out: PyTree) -> Optional[float]:
     """The step's loss (``loss_leaf``) from what it returned, or None."""
     if program.loss_leaf is None:
         return None
@@ -420,20 +425,20 @@ class StepProgram(TrainingProgram):
     a step that has no model protocol, answered by this module. The passes ask it of the program
     they are given, so they import nothing of this folder, which builds on them."""
 
-    def baseline_shardings(self, name: str, mesh: Any) -> tuple:
+    def baseline_shardings(self, name: str, mesh: Mesh) -> tuple:
         return baseline_shardings(self, name, mesh)
 
-    def input_layouts(self, a: Any, name: str, devices: Sequence[Any]) -> Optional[dict[int, Spec]]:
+    def input_layouts(self, a: Analysis, name: str, devices: Sequence[jax.Device]) -> Optional[dict[int, Spec]]:
         return input_layouts(a, self, name, devices)
 
-    def out_shardings(self, in_shardings: tuple, replicated: Any) -> Any:
+    def out_shardings(self, in_shardings: tuple, replicated: NamedSharding) -> PyTree:
         return out_shardings(self, in_shardings, replicated)
 
     def materialize(self, in_shardings: tuple, seed: int = 0) -> tuple:
         return materialize(self, in_shardings, seed)
 
-    def next_args(self, args: Sequence[Any], out: Any) -> tuple:
+    def next_args(self, args: Sequence[PyTree], out: PyTree) -> tuple:
         return next_args(self, args, out)
 
-    def loss_of(self, out: Any) -> Optional[float]:
+    def loss_of(self, out: PyTree) -> Optional[float]:
         return loss_of(self, out)
