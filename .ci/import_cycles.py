@@ -13,11 +13,13 @@ when that is a module, else to the package ``launcher.sharding``. A package's ow
 not an edge of every import beneath it (Python already holds a package that is importing).
 
 The folders are checked too: no loop between folders, each folder's modules taken together (a
-folder is a package; its own loose modules are one node, its subfolders others). An edge between
-a package's loose modules and its subfolders does not count: they are shared by the subfolders
-(``launcher/errors.py``, ``launcher/sharding/apply.py``) or sit on top of them
-(``launcher/sharding/pipeline.py``). A loop between two folders means neither can be read, tested
-or replaced without the other (``profile/`` once imported ``ilp/``, which imported ``profile/``).
+folder is a package). A package's loose modules where it has subfolders (``launcher/sharding/``'s
+``pipeline.py``, ``apply.py``) are nodes of their own, each beside the subfolders, and every edge
+counts: ``pipeline.py`` sits on top of ``algorithms/`` and ``predict/`` and neither imports it back,
+``apply.py`` is shared by the subfolders and imports none that imports it. A loop between two
+folders means neither can be read, tested or replaced without the other (``profile/`` once imported
+``ilp/``, which imported ``profile/``; CFP's profile pass once lived in ``pipeline.py``, which its
+algorithm imported back).
 
 And the floors (``FLOORS``, top first): no module imports from a floor above its own, lazy imports
 included, so the command line sits on the backends, which sit on what runs in a task, and never the
@@ -223,14 +225,24 @@ def folder_of(module: str, known: dict[str, Path]) -> str:
     return module if known[module].name == "__init__.py" else module.rpartition(".")[0]
 
 
+def node_of(module: str, known: dict[str, Path], folders: set[str]) -> str:
+    """A module's node among the folders: its folder, or the module itself where it is a loose
+    module of a package that has subfolders (the module's doc)."""
+    folder = folder_of(module, known)
+    if known[module].name != "__init__.py" and any(f.startswith(folder + ".") for f in folders):
+        return module
+    return folder
+
+
 def folder_graph(graph: dict[str, set[str]], known: dict[str, Path]) -> dict[str, set[str]]:
-    """Folder -> the folders its modules import, neither holding the other (the module's doc)."""
-    out: dict[str, set[str]] = {folder_of(m, known): set() for m in graph}
+    """Node (a folder, or a loose module beside subfolders) -> the nodes its modules import."""
+    folders = {folder_of(m, known) for m in known}
+    out: dict[str, set[str]] = {node_of(m, known, folders): set() for m in graph}
     for m, targets in graph.items():
-        a = folder_of(m, known)
+        a = node_of(m, known, folders)
         for t in targets:
-            b = folder_of(t, known)
-            if a != b and not b.startswith(a + ".") and not a.startswith(b + "."):
+            b = node_of(t, known, folders)
+            if a != b:
                 out[a].add(b)
     return out
 

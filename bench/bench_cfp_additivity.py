@@ -50,6 +50,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
 
     from launcher import jaxcompat
     from launcher.sharding import pipeline
+    from launcher.sharding.algorithms.cfp import profile as cfp_profile
     from launcher.sharding.options import ProfileOptions
     from launcher.sharding.profile.candidates import CandidateLoop
     from launcher.sharding.profile.keys import StoreKeys
@@ -68,7 +69,7 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     a, program = analyzed.analysis, analyzed.program
     mesh = pipeline.make_mesh(a.mesh_shape)
     # Every candidate timed in full (no early stop): the bench compares their times.
-    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=20, warmup=1, cold_caches=cold,
+    prof = cfp_profile.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=20, warmup=1, cold_caches=cold,
                                                            overlap_compile=False, early_stop_ratio=0.0),
                             log=log).profiles
     plans = {"search optimum": search(prof, len(a.blocks)).assignment}

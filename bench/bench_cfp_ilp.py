@@ -10,7 +10,7 @@ llama2, moe, and CFP's own workloads cfp-gpt, cfp-llama, cfp-moe), in its own pr
 virtual devices, on one mesh (``--mesh``, 4x2 as bench_cfp_search.py) and one program:
 
 - CFP as ``mode=search`` runs it: profile every segment combination (a fresh store, so every
-  entry is measured now), the DP, the shortlist measured on the whole step (``algorithms/cfp.py: choose``);
+  entry is measured now), the DP, the shortlist measured on the whole step (``algorithms/cfp/algorithm.py: choose``);
 - the ILP: calibrate the collectives (a fresh store: measured now), formulate, solve;
 - then CFP's plan, CFP's plan compiled a second time (the A/A floor: how far one measurement of
   a plan moves from another of the same plan in the same rounds), the ILP's plan and the
@@ -58,6 +58,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_search import paired
 
     from launcher.sharding import pipeline
+
+    from launcher.sharding.algorithms.cfp import profile as cfp_profile
     from launcher.sharding.algorithms.cfp import choose
     from launcher.sharding.algorithms.base import OnMesh
     from launcher.sharding.ilp.plan import from_blocks, ilp_plan
@@ -73,7 +75,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     mesh = pipeline.make_mesh(a.mesh_shape)
 
     # CFP, as mode=search runs it (but every candidate timed in full: no early stop)
-    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=str(Path(store) / "cfp"), repeats=profile_repeats,
+    prof = cfp_profile.profile(analyzed, mesh, ProfileOptions(store_dir=str(Path(store) / "cfp"), repeats=profile_repeats,
                                                            warmup=1, overlap_compile=False, early_stop_ratio=0.0),
                             log=log).profiles
     found = search(prof, len(a.blocks))

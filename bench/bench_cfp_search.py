@@ -106,6 +106,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from bench_cfp_analysis import tiny_model
 
     from launcher.sharding import pipeline
+
+    from launcher.sharding.algorithms.cfp import profile as cfp_profile
     from launcher.sharding.algorithms.cfp import choose
     from launcher.sharding.algorithms.base import OnMesh
     from launcher.sharding.comparison import compare
@@ -120,7 +122,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     a, program, analysis_s = analyzed.analysis, analyzed.program, analyzed.seconds
     mesh = pipeline.make_mesh(a.mesh_shape)
     # Every candidate timed in full (no early stop): the shortlist is judged on full profiles.
-    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
+    prof = cfp_profile.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
                                                            overlap_compile=False, early_stop_ratio=0.0),
                             log=log).profiles
     found = search(prof, len(a.blocks))
@@ -232,6 +234,8 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
     from bench_cfp_analysis import tiny_model
 
     from launcher.sharding import pipeline
+
+    from launcher.sharding.algorithms.cfp import profile as cfp_profile
     from launcher.sharding.options import ProfileOptions
     from launcher.sharding.search.dp import predict, search
 
@@ -239,7 +243,7 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)
     a = analyzed.analysis
     mesh = pipeline.make_mesh(a.mesh_shape)
-    prof = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
+    prof = cfp_profile.profile(analyzed, mesh, ProfileOptions(store_dir=store, repeats=profile_repeats, warmup=1,
                                                            overlap_compile=False, max_segment_space=max_space,
                                                            memory_budget_gb=budget_gb,
                                                            early_stop_ratio=early_stop_ratio), log=log).profiles
@@ -264,7 +268,7 @@ def shortcut_worker(name: str, mesh_shape: list[int], store: str, profile_repeat
            "least_plan_memory_bytes": least_plan,
            "largest_plan_floor_bytes": least_plan + max(max(m) - min(m) for m in mems.values())}
     if reference:
-        ref = pipeline.profile(analyzed, mesh, ProfileOptions(store_dir=reference, repeats=profile_repeats, warmup=1,
+        ref = cfp_profile.profile(analyzed, mesh, ProfileOptions(store_dir=reference, repeats=profile_repeats, warmup=1,
                                                               overlap_compile=False, max_segment_space=max_space,
                                                               early_stop_ratio=0.0)).profiles
         assert ref.measured == 0, "the reference store lacks entries"

@@ -13,7 +13,7 @@ four; only the links differ, as between one host and several
    one device of each process (across) (``predict/measure_links.py``); written beside the results.
 2. **The plans**: every baseline the search races (dp, tp, fsdp, dp_tp; the built-in plans
    themselves) and the search's plan on each logical mesh ([8], [4, 2], [2, 4]: the ILP over
-   every strategy, priced by that link model, ``predict/ahead.py``): the same plans in every
+   every strategy, priced by that link model, ``ahead/job.py``): the same plans in every
    arrangement.
 3. **Measured** in each arrangement: the plans raced (``search/measure.race``: interleaved rounds,
    the median round), and from the reference each compiled program's collectives with their
@@ -96,7 +96,7 @@ def plans_worker(args: argparse.Namespace) -> None:
     from launcher.sharding.measuring.timing import slowest_process
     from launcher.hlo.text import fingerprint
     from launcher.sharding.predict import collectives, links, price, work
-    from launcher.sharding.predict.ahead import search_plan
+    from launcher.sharding.ahead.job import search_plan
     from launcher.sharding.search.measure import baseline_runner, plan_runner, race
 
     measured = dataclasses.replace(links.load(args.links), domain_devices=DEVICES)   # planned as on one host

@@ -55,7 +55,7 @@ def launch(cfg: DictConfig, run_dir: Path) -> dict[str, Any] | None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.mode.get("predict"):  # plans for nodes one does not have: computed here, nothing submitted
-        from launcher.sharding.predict.command import run_prediction  # noqa: PLC0415 - only for this
+        from launcher.sharding.ahead.command import run_prediction  # noqa: PLC0415 - only for this
 
         try:
             run_prediction(cfg, run_dir)

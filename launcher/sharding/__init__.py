@@ -1,19 +1,24 @@
 """Sharding searches: how to lay a training step out over a mesh, and the proof, measured.
 
 Every algorithm is a module of ``algorithms/`` (a ``base.Algorithm`` subclass, registered by
-subclassing): CFP's profiling search (``algorithms/cfp.py``, after "Profiling-based
+subclassing): CFP's profiling search (``algorithms/cfp/``, after "Profiling-based
 Intra-operator Parallelism Generation by Preserving Communication-Free Structures", on stock
 JAX) and the Alpa-style ILP (``algorithms/ilp.py``). Each plans a program on the logical meshes
 analysed; one orchestration, ``pipeline.run_search``, which names no algorithm, analyses, has the
 algorithm plan, races the plan beside the baselines and answers (``comparison.py``), for
 mode=search, ``autoshard`` and the benches alike. CFP's three passes stay callable one by one
-(``pipeline.analyze -> Analyzed``, ``pipeline.profile -> Profiled``, ``Cfp.search -> Planned``),
+(``pipeline.analyze -> Analyzed``, CFP's ``profile.profile -> Profiled``, ``Cfp.search -> Planned``),
 each taking its options object (``options.py``) and ``log``/``progress`` callbacks.
 
     algorithms/            base.py: the public algorithm API (what an algorithm is given and
-                           returns: OnMesh, Planned, Hooks), the registry; cfp.py (CFP's profile
-                           and search passes), ilp.py (the ILP, its IlpOptions)
-    pipeline.py            the passes, on one mesh or every mesh of mode.mesh_shape; run_search
+                           returns: OnMesh, Planned, Hooks), the registry; ilp.py (the ILP, its
+                           IlpOptions)
+      cfp/                 CFP behind that API: algorithm.py (Cfp: its passes 2 and 3, the
+                           shortlist and duel), profile.py (pass 2: profile, profile_meshes,
+                           profiles.json, mode=profile's communication study)
+    pipeline.py            the analysis, on one mesh or every mesh of mode.mesh_shape; run_search
+    ahead/                 mode=search mode.predict=true: plans for N nodes not there (command.py,
+                           the CLI's side; job.py, the prediction), above pipeline and predict/
     comparison.py          the race compared, once: the paired ratio, the verdict, Comparison
     options.py             ProfileOptions, SearchOptions: every option, its one default
     results.py             the result.json fields of each pass, and the plan files (for the modes)
@@ -61,7 +66,7 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
                            the whole step's overhead program; gradient all-reduces per unit
       segment_program.py   a segment alone as a program, with synthetic inputs
 
-    search/                pass 3's parts (algorithms/cfp.py runs them), and the race every plan runs
+    search/                pass 3's parts (algorithms/cfp/ runs them), and the race every plan runs
       dp.py                dynamic programming over the segment sequence; the shortlist
       meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
                            every pass that works mesh by mesh goes through
@@ -79,8 +84,9 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
       solve.py             HiGHS (highspy) with Alpa's linearisation and the memory budget
       plan.py              the steps in order; the solution as block plans or per-contraction layouts
 
-Folders build on one another without loops (``.ci/import_cycles.py``): analysis/, then
-measuring/, profile/, search/, ilp/, algorithms/, user/. Nothing here imports JAX at module level
+Folders build on one another without loops (``.ci/import_cycles.py``, each loose module here a
+node of its own, no edge exempt): analysis/, then measuring/, profile/, search/, ilp/,
+algorithms/, pipeline.py, user/, ahead/. Nothing here imports JAX at module level
 except the modules that need it to do their work (users import the API from the package:
 ``from launcher import autoshard``, looked up when first used).
 """

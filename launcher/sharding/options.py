@@ -2,7 +2,7 @@
 
     options = SearchOptions(profile=ProfileOptions(store_dir="store", memory_budget_gb=8),
                             baselines=("dp", "dp_tp"))
-    profiled = pipeline.profile(analyzed, mesh, options.profile)
+    profiled = cfp_profile.profile(analyzed, mesh, options.profile)   # algorithms/cfp/profile.py
     searched = pipeline.run_search(model, Cfp(options))      # launcher/sharding/algorithms/
 
 An algorithm's options of its own are its class's, beside its module (the ILP's ``IlpOptions``,
@@ -58,7 +58,7 @@ class Options:
 
 @dataclass(frozen=True)
 class ProfileOptions(Options):
-    """The profile pass (``pipeline.profile``): every plan combination of each unique segment,
+    """The profile pass (``algorithms/cfp/profile.py: profile``): every plan combination of each unique segment,
     measured on the devices and kept in the profile store."""
 
     # Where measurements are kept, shared by runs: an entry is reused by every later run that
@@ -138,7 +138,7 @@ class ProfileOptions(Options):
 @dataclass(frozen=True)
 class SearchOptions(Options):
     """The search: the profile every algorithm plans under (its store, its memory budget), CFP's
-    shortlist measured on the whole step (``algorithms/cfp.py``: ``verify_*``), and the race of
+    shortlist measured on the whole step (``algorithms/cfp/``: ``verify_*``), and the race of
     the plan kept beside the baselines, which answers (``pipeline.race_plans``)."""
 
     # The profile the search works from: its memory budget bounds the search's plans too.

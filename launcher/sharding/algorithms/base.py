@@ -65,7 +65,7 @@ class OnMesh:
     mesh, CFP's profiles of it once profiled."""
     analyzed: Analyzed
     mesh: Mesh
-    profiles: Optional[Profiles] = None   # None until profiled (pipeline.profile_meshes)
+    profiles: Optional[Profiles] = None   # None until profiled (CFP's profile.profile_meshes)
     folder: str = ""       # where its files go in a run dir: "" or, one of several meshes, "mesh_4x2/"
 
     @property

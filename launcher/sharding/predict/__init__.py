@@ -10,6 +10,6 @@
 - ``price.py``: the one model of a plan's step: its work at the device's rates, its collectives
   on their links, its memory as XLA analyses it; every race shows it beside the measured time,
   and ``job_links`` measures (once, into the profile store) the link model of the job's devices;
-- ``ahead.py``: ``mode=search mode.predict=true``: every baseline and the search's plan for N
-  nodes ranked by predicted step time, on a laptop, and the best written as a plan.
+Its use for N nodes not there, ``mode=search mode.predict=true``, is ``launcher/sharding/ahead/``
+(above the orchestration, which prices its races with this package).
 """

@@ -1,6 +1,6 @@
 """One model of a plan's step time and memory, from the program XLA compiled for it: what the
 race shows beside each plan's measured time (``pipeline.race_plans``) and what ``mode.predict``
-ranks plans by (``ahead.py``).
+ranks plans by (``launcher/sharding/ahead/job.py``).
 
 - computation: what one device computes (``work.py``: its dots' FLOPs at the device's matmul
   rate, the bytes its other instructions read and write at its memory bandwidth), and what

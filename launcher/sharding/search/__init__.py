@@ -1,4 +1,4 @@
-"""The parts of CFP's search pass, which ``algorithms/cfp.py`` runs: dynamic programming over the
+"""The parts of CFP's search pass, which ``algorithms/cfp/`` runs: dynamic programming over the
 profiled segments, the nearest plans, the shortlist measured on the whole step; and the race every
 algorithm's plan runs beside the baselines (``measure.py``; map: ``launcher/sharding/__init__.py``).
 

@@ -4,7 +4,7 @@ Structures") as an algorithm, its three passes as the paper has them:
 1. **analysis**: the step's ParallelBlocks and their plans, and its unique segments, on each
    logical mesh (the orchestration's, ``pipeline.analyze_meshes``, the same for every algorithm);
 2. **profile**: every plan combination of each unique segment timed once, into the profile store
-   (``Cfp.plan``: ``pipeline.profile_meshes``, ``launcher/sharding/profile/``);
+   (``Cfp.plan``: ``profile.py``, ``profile_meshes``; the profiler in ``launcher/sharding/profile/``);
 3. **search**: the DP's optimum per mesh under the memory budget (``search/dp.py``), then a
    shortlist (the optimum, its runners-up, the plans nearest the baselines) measured on the whole
    step, the fastest kept (``Cfp.search``, ``choose``).
@@ -52,13 +52,13 @@ class Cfp(Algorithm):
 
     def plan(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
         """Passes 2 and 3 over the meshes analysed (``on``): profiled, then searched."""
-        from launcher.sharding import pipeline  # noqa: PLC0415 - JAX: the command line imports the registry
+        from launcher.sharding.algorithms.cfp import profile  # noqa: PLC0415 - JAX: the command line imports the registry
 
         options = self.options
         on, gated = self.gate(on, hooks)
-        on = pipeline.profile_meshes(on, options.profile, is_main=hooks.is_main, log=hooks.log,
-                                     progress=hooks.progress, baselines=options.baselines)
-        hooks.write({o.folder + "profiles.json": pipeline.profiles_json(o.profiles, o.analyzed.analysis) for o in on})
+        on = profile.profile_meshes(on, options.profile, is_main=hooks.is_main, log=hooks.log,
+                                    progress=hooks.progress, baselines=options.baselines)
+        hooks.write({o.folder + "profiles.json": profile.profiles_json(o.profiles, o.analyzed.analysis) for o in on})
         return self.search(on, hooks, gated)
 
     def gate(self, on: Sequence[OnMesh], hooks: Hooks) -> tuple[list[OnMesh], list[dict]]:

@@ -1,5 +1,5 @@
 """The launcher's side of ``mode=search mode.predict=true`` (no JAX here: the CLI imports it):
-which link model, and the prediction (``ahead.py``) run in a process of its own."""
+which link model, and the prediction (``job.py``) run in a process of its own."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def run_prediction(cfg: DictConfig, run_dir: Path) -> None:
     config = run_dir / "predict_config.yaml"
     config.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
-    rc = subprocess.run([sys.executable, "-m", "launcher.sharding.predict.ahead", str(run_dir)]).returncode
+    rc = subprocess.run([sys.executable, "-m", "launcher.sharding.ahead.job", str(run_dir)]).returncode
     if (run_dir / ERROR_FILE).is_file():
         raise UserError((run_dir / ERROR_FILE).read_text().strip())
     if rc != 0:

@@ -48,7 +48,7 @@ from launcher.sharding.ilp.plan import to_blocks
 from launcher.sharding.ilp.solve import solve
 from launcher.sharding.predict import links as links_mod
 from launcher.sharding.predict.price import price
-from launcher.sharding.predict.command import ERROR_FILE, links_name
+from launcher.sharding.ahead.command import ERROR_FILE, links_name
 from launcher.sharding.search.fit import state_inputs
 from launcher.sharding.search.meshes import for_each_mesh, mesh_shapes
 from launcher.sharding.search.nearest import nearest_on_meshes
