@@ -17,7 +17,8 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.sharding import pipeline
-from launcher.sharding.search.behind import behind_note
+from launcher.sharding.algorithms import cfp, ilp as ilp_algorithm
+from launcher.sharding.behind import behind_note
 from launcher.sharding.search.nearest import nearest
 from launcher.sharding.user.api import AutoPlan, autoshard
 from launcher.sharding.user.step import step_program
@@ -92,30 +93,37 @@ def test_a_budget_no_plan_meets_is_refused_naming_the_least_memory_measured(unco
     assert budget < measured <= 1.01 * max(memory.values())
 
 
+def planned_by(on: SimpleNamespace, assignment: list | None, *, by_ilp: bool = False, **more) -> SimpleNamespace:
+    """What an algorithm says of its plan (``algorithms.base.Planned``), as CFP or the ILP fills it."""
+    said = {"assignment": assignment, "state_stored_split": False, "duel": None, "measured_before_race": not by_ilp,
+            "kept_because": ilp_algorithm.KEPT_BECAUSE if by_ilp else cfp.algorithm.KEPT_BECAUSE}
+    return SimpleNamespace(on=on, **{**said, **more})
+
+
 def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_table():
     """Which blocks (and segments) of the plan differ from the plan nearest the baseline it ran
-    behind, and why that nearest plan is not the baseline's own layout (search/behind.py)."""
+    behind, and why that nearest plan is not the baseline's own layout (sharding/behind.py)."""
     step, args = adam_mlp()
     program = step_program(step, args)
     on = SimpleNamespace(analyzed=pipeline.analyze(program, mesh_shape=[8]), shape=[8])
     a = on.analyzed.analysis
     near = nearest(a, program, "fsdp", jax.devices())
     mine = [(p + 1) % a.blocks[b].num_plans for b, p in enumerate(near.assignment)]   # every block otherwise
-    planned = SimpleNamespace(on=on, fields={"plan": {"assignment": mine}})
+    planned = planned_by(on, mine)
     assert behind_note(planned, "CFP's plan", "fsdp", 1.01, jax.devices()) is None   # within 2%
     note = behind_note(planned, "CFP's plan", "fsdp", 1.3, jax.devices())
     assert note.startswith("CFP's plan ran 1.300x fsdp (over 1.02x): it differs from the plan nearest fsdp in blocks 0")
     assert "(segment" in note and "that plan is not fsdp's layout: fsdp stores" in note
     # The ILP's plan: its block assignment read where its solution is one, and where it is laid out
     # per contraction, said so rather than that the baseline has no nearest plan.
-    ilp = SimpleNamespace(on=on, fields={"plan": {"block_assignment": mine}})
+    ilp = planned_by(on, mine, by_ilp=True)
     assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()).partition(": ")[2] == \
         note.partition(": ")[2]
     # Where the nearest plan is the baseline's own layout, the ILP's plan was kept by its cost
     # model, not by profiles and a shortlist.
     dp = nearest(a, program, "dp", jax.devices())
     assert dp.exact
-    ilp.fields["plan"]["block_assignment"] = [(p + 1) % a.blocks[b].num_plans for b, p in enumerate(dp.assignment)]
+    ilp.assignment = [(p + 1) % a.blocks[b].num_plans for b, p in enumerate(dp.assignment)]
     assert behind_note(ilp, "the Alpa-style ILP's plan", "dp", 1.3, jax.devices()).endswith(
         "that plan is dp's own layout; the ILP's cost model predicted its plan faster (it measures no plan before "
         "the race)")
@@ -128,34 +136,34 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
              "source": "search optimum"},
             {"chosen": False, "incumbent": True, "duel_over_incumbent_paired": 1.0, "duel_rounds": 8,
              "source": "nearest dp"}]
-    duelled = SimpleNamespace(on=on, fields={"plan": {"assignment": ilp.fields["plan"]["block_assignment"]},
-                                             "candidates": rows})
+    duelled = planned_by(on, ilp.assignment, duel=cfp.algorithm.duel_of(rows))
     assert behind_note(duelled, "CFP's plan", "dp", 1.044, jax.devices()).endswith(
         "that plan is dp's own layout; the shortlist raced the two alone, 8 rounds, and measured the kept plan 0.937 "
         "of that plan's time, where this race measured it 1.044x dp: two races of the same layouts apart by more "
         "than the margin, either way, are the machine's noise between them (more verify_repeats and run_repeats "
         "race them longer)")
-    duelled.fields["plan"]["assignment"] = mine
+    duelled.assignment = mine
     assert behind_note(duelled, "CFP's plan", "fsdp", 1.3, jax.devices()) == (
         note + "; the shortlist raced it alone against the plan nearest dp, 8 rounds, and measured it 0.937 of that "
         "plan's time")
     rows[0]["chosen"], rows[1]["chosen"] = False, True   # the duel lost: the incumbent kept, nothing to add
+    duelled.duel = cfp.algorithm.duel_of(rows)
     assert behind_note(duelled, "CFP's plan", "fsdp", 1.3, jax.devices()) == note
     # CFP's plan kept as the shortlist's twin of the plan nearest dp, the state stored split: said
     # so, not that it is dp's own layout.
-    twin = SimpleNamespace(on=on, fields={"plan": {"assignment": list(dp.assignment), "state_stored_split": True}})
+    twin = planned_by(on, list(dp.assignment), state_stored_split=True)
     assert behind_note(twin, "CFP's plan", "dp", 1.07, jax.devices()) == (
         "CFP's plan ran 1.070x dp (over 1.02x): it is the plan nearest dp on mesh [8], with the state stored split "
         "over every device; dp stores it as the plan nearest it computes with it; the shortlist's short rounds "
         "measured the state stored split faster than that plan, dp's own layout (more verify_repeats race them longer)")
     # The plan nearest dp itself, dp's own layout, behind: its program is not dp's (the same program
     # races once, as dp), so XLA's layout of the rest or the race's noise set them apart.
-    twin.fields["plan"]["state_stored_split"] = False
+    twin.state_stored_split = False
     assert behind_note(twin, "CFP's plan", "dp", 1.07, jax.devices()).endswith(
         "it is the plan nearest dp on mesh [8]; that plan is dp's own layout in what its blocks make, yet compiles "
         "to another program than dp's (one program would have raced once): XLA's layout of the rest or the race's "
         "noise set them apart (more run_repeats race them longer)")
-    ilp.fields["plan"]["block_assignment"] = None
+    ilp.assignment = None
     assert behind_note(ilp, "the Alpa-style ILP's plan", "fsdp", 1.3, jax.devices()) == (
         "the Alpa-style ILP's plan ran 1.300x fsdp (over 1.02x): it lays out the contractions of a block apart, "
         "not one plan per block, so no block can be named where it differs from fsdp")

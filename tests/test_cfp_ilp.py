@@ -256,7 +256,7 @@ def test_mode_search_with_the_ilp_writes_a_plan_measured_against_baselines(tmp_p
         ("baseline", "dp", "alpa_ilp", "dp")
     assert answer["vs_best_baseline_paired"] == 1.0 and answer["searched_vs_best_baseline_paired"] > 0
     # The reason ends with the answer, then, where the ILP's plan ran over 1.02x dp, a note on why
-    # (search/behind.py): timings decide whether it is there, never what it says.
+    # (sharding/behind.py): timings decide whether it is there, never what it says.
     said, _, behind = answer["why"].partition(". Behind dp: ")
     assert re.fullmatch(r"the Alpa-style ILP's plan ran [\d.]+x the time of the fastest baseline, dp, round by round "
                         r"\(paired over \d+ rounds\): not faster by the 99% mode\.verify_margin asks, so the answer "

@@ -799,7 +799,7 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     assert "predicted (ms)" in table
     assert result["prediction_error"] == pytest.approx(result["step_time_s"] / result["predicted_step_time_s"] - 1)
     # The reason ends with the answer, then, where CFP's plan ran over 1.02x the fastest baseline,
-    # which segments differ from the plan nearest it and why (search/behind.py).
+    # which segments differ from the plan nearest it and why (sharding/behind.py).
     said, _, behind = answer["why"].partition(f". Behind {answer['best_baseline']}: ")
     assert said.endswith("the answer is " + ("CFP's plan" if beat else f"{answer['name']}'s plan"))
     assert bool(behind) == (answer["searched_vs_best_baseline_paired"] > 1.02), answer["why"]

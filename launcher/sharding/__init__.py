@@ -20,6 +20,8 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
     ahead/                 mode=search mode.predict=true: plans for N nodes not there (command.py,
                            the CLI's side; job.py, the prediction), above pipeline and predict/
     comparison.py          the race compared, once: the paired ratio, the verdict, Comparison
+    behind.py              where a plan ran behind the fastest baseline: which blocks, why (asked of
+                           Planned: its assignment, its duel, why its algorithm kept it)
     options.py             ProfileOptions, SearchOptions: every option, its one default
     results.py             the result.json fields of each pass, and the plan files (for the modes)
     program.py             shared: the training step CFP works on (TrainingProgram), from a model
@@ -72,7 +74,6 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
                            every pass that works mesh by mesh goes through
       nearest.py           the plan nearest each built-in plan
       fit.py               plans within a memory budget as XLA allocates the whole step under them
-      behind.py            where the searched plan ran behind the fastest baseline: which segments, why
       measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
                            race, pick, baselines, and mode=profile's communication study
       comm.py              collectives of a compiled program (volume by kind)

@@ -56,7 +56,7 @@ from launcher.sharding.predict import links as links_mod, price
 from launcher.sharding.profile.budget import gb_at_least
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
-from launcher.sharding.search.behind import behind
+from launcher.sharding.behind import behind
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
 from launcher.sharding.search.nearest import builtin_references
 from launcher.errors import NoPlanFits, UserError

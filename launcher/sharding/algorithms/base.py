@@ -94,6 +94,16 @@ class OnMesh:
                            seed=seed, name=name)
 
 
+@dataclass(frozen=True)
+class Duel:
+    """An algorithm's own race of the plan it kept alone against the plan nearest a baseline,
+    before the final race (CFP's shortlist duel): the kept plan's time over that plan's, round by
+    round, the rounds, and that plan's source ("nearest dp_tp")."""
+    ratio: float
+    rounds: int
+    against: str
+
+
 @dataclass
 class Planned:
     """One algorithm's plan for a program: the mesh it is on, its layouts, the runner that races
@@ -112,6 +122,16 @@ class Planned:
     files: dict = field(default_factory=dict)            # its own run-dir files
     # The algorithm's own objects, which only it and its callers read (CFP's shortlist, the ILP's solution).
     details: object = None
+    # What the orchestration asks where the plan trails a baseline (sharding/behind.py), never read
+    # from the fields above: one plan per ParallelBlock where the plan is one (None: it lays out
+    # the contractions of a block apart), the state kept split between steps, why the algorithm
+    # kept it over the plan nearest a baseline (in its words), whether it measured plans before
+    # the race (a search does; a cost model alone does not), and its own duel, if it ran one.
+    assignment: Optional[list[int]] = None
+    state_stored_split: bool = False
+    kept_because: str = ""
+    measured_before_race: bool = True
+    duel: Optional[Duel] = None
 
     @property
     def mesh_shape(self) -> list[int]:

@@ -16,6 +16,11 @@ from launcher.sharding.ilp import NAME
 from launcher.sharding.options import Options, ProfileOptions, SearchOptions
 
 
+# Why the ILP kept its plan over the plan nearest a baseline that is the baseline's own layout
+# (sharding/behind.py, where the race measured it behind).
+KEPT_BECAUSE = "the ILP's cost model predicted its plan faster (it measures no plan before the race)"
+
+
 @dataclass(frozen=True)
 class IlpOptions(Options):
     """The Alpa-style ILP's options (``launcher/sharding/ilp/``)."""
@@ -58,4 +63,6 @@ class AlpaIlp(Algorithm):
         return Planned(self.name, self.row, where, planned.plan, planned.runner(where.analyzed.program,
                                                                                   seed=self.options.seed),
                        "ILP", planned.predicted_step_time_s, planned.solution.memory_bytes, meshes, fields,
-                       baseline_fields=summary, files={"ilp_plan.txt": planned.describe()}, details=planned)
+                       baseline_fields=summary, files={"ilp_plan.txt": planned.describe()}, details=planned,
+                       assignment=planned.block_assignment, measured_before_race=False,
+                       kept_because=KEPT_BECAUSE)

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from launcher.errors import NoPlanFits, UserError
-from launcher.sharding.algorithms.base import Algorithm, Hooks, Log, OnMesh, Planned, Progress, builtin_baselines
+from launcher.sharding.algorithms.base import (Algorithm, Duel, Hooks, Log, OnMesh, Planned, Progress,
+                                               builtin_baselines)
 from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.meshes import crossings, for_each_mesh, merge_shortlists
 
@@ -151,7 +152,25 @@ class Cfp(Algorithm):
         fields["plan"]["across_processes"] = across
         return Planned(self.name, self.row, where, where.plan_of(picked.assignment, self.row, picked.stored, across),
                        chosen, picked.source, picked.predicted_time_s, step_memory, meshes, fields,
-                       details=CfpSearched(found, picked, candidates, nearest))
+                       details=CfpSearched(found, picked, candidates, nearest), assignment=list(picked.assignment),
+                       state_stored_split=bool(picked.stored), kept_because=KEPT_BECAUSE, duel=duel_of(candidates))
+
+
+# Why CFP kept its plan over the plan nearest a baseline, where that plan is the baseline's own
+# layout and the race measured CFP's behind it (sharding/behind.py).
+KEPT_BECAUSE = ("the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell "
+                "them apart (more verify_repeats race them longer)")
+
+
+def duel_of(rows: Sequence[dict]) -> Optional[Duel]:
+    """Where the shortlist kept its plan after racing it alone against the fastest plan nearest a
+    baseline (``measure.pick``'s duel; ``choose``'s rows): the kept plan's time over that plan's,
+    round by round, the rounds, and that plan's source ("nearest dp_tp"); else None."""
+    kept = next((r for r in rows if r.get("chosen")), None)
+    against = next((r for r in rows if r.get("incumbent") and r.get("duel_over_incumbent_paired") is not None), None)
+    if kept is None or against is None or kept.get("duel_over_incumbent_paired") is None or kept is against:
+        return None
+    return Duel(kept["duel_over_incumbent_paired"], kept["duel_rounds"], against["source"])
 
 
 def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], options: SearchOptions = SearchOptions(),

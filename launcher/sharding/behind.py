@@ -20,8 +20,9 @@ noise set them apart (miniGPT's plan nearest dp gathers its position table back 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
+from launcher.sharding.algorithms.base import Planned
 from launcher.sharding.search.nearest import nearest
 
 if TYPE_CHECKING:
@@ -40,22 +41,20 @@ class Behind:
     detail: str
 
 
-def behind_note(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[str]:
+def behind_note(planned: Planned, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[str]:
     """The note for ``planned`` (``title``: how the table names it) measured ``ratio`` times
     ``baseline`` (module doc), or None when it is not behind by ``BEHIND``."""
     found = behind(planned, title, baseline, ratio, devices)
     return found.detail if found is not None else None
 
 
-def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[Behind]:
+def behind(planned: Planned, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[Behind]:
     """``behind_note``'s account, with its short form."""
     if ratio <= BEHIND:
         return None
     a, program = planned.on.analyzed.analysis, planned.on.analyzed.program
-    # CFP's plan is one plan per block (``assignment``); the ILP's is one where its solution is
-    # (``block_assignment``).
-    plan = planned.fields.get("plan", {})
-    assignment = plan.get("assignment", plan.get("block_assignment"))
+    # What the algorithm says of its plan (``Planned``): one plan per block, where it is one.
+    assignment = planned.assignment
     head = f"{title} ran {ratio:.3f}x {baseline} (over {BEHIND:g}x)"
     if assignment is None:
         note = (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
@@ -75,30 +74,27 @@ def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Seque
     if not differ:
         where = f"it is the plan nearest {baseline} on mesh {planned.on.shape}"
     # The shortlist's twin of a nearest plan (``cfp.choose``): the same blocks, the state stored split.
-    split = bool(plan.get("state_stored_split"))
-    duel = _duel(planned.fields.get("candidates") or [])
+    split = planned.state_stored_split
+    duel = planned.duel
     if split:
         where += ", with the state stored split over every device"
-    short = f"the search's profiles predicted it faster than the plan nearest {baseline} (the log says where)"
+    short = (f"its {'search' if planned.measured_before_race else 'cost model'} kept it over the plan nearest "
+             f"{baseline} (the log says why)")
     if not found.exact:
         why = f"that plan is not {baseline}'s layout: {found.reason(a)}"
         short = f"no plan of its search lays the step out as {baseline} does: {found.in_words(a)}"
-    elif differ and duel is not None and duel[2] == f"nearest {baseline}":
-        why = (f"that plan is {baseline}'s own layout; the shortlist raced the two alone, {duel[1]} rounds, and "
-               f"measured the kept plan {duel[0]:.3f} of that plan's time, where this race measured it {ratio:.3f}x "
+    elif differ and duel is not None and duel.against == f"nearest {baseline}":
+        why = (f"that plan is {baseline}'s own layout; the shortlist raced the two alone, {duel.rounds} rounds, and "
+               f"measured the kept plan {duel.ratio:.3f} of that plan's time, where this race measured it {ratio:.3f}x "
                f"{baseline}: two races of the same layouts apart by more than the margin, either way, are the "
                "machine's noise between them (more verify_repeats and run_repeats race them longer)")
-        short = (f"the shortlist measured it {duel[0]:.3f} of {baseline}'s layout: two races that far apart are the "
+        short = (f"the shortlist measured it {duel.ratio:.3f} of {baseline}'s layout: two races that far apart are the "
                  "machine's noise")
         duel = None   # said: not again below
     elif differ:
-        kept = ("the ILP's cost model predicted its plan faster (it measures no plan before the race)"
-                if "assignment" not in plan else
-                "the segment profiles predicted the kept plan faster, and the shortlist's short rounds did not tell "
-                "them apart (more verify_repeats race them longer)")
-        why = f"that plan is {baseline}'s own layout; {kept}"
-        if "assignment" not in plan:
-            short = f"the ILP's cost model predicted it faster than {baseline}'s layout (it measures no plan)"
+        why = f"that plan is {baseline}'s own layout; {planned.kept_because or 'its algorithm predicted it faster'}"
+        if not planned.measured_before_race:
+            short = f"its cost model predicted it faster than {baseline}'s layout (it measures no plan)"
     elif split:
         why = (f"{baseline} stores it as the plan nearest it computes with it; the shortlist's short rounds measured "
                f"the state stored split faster than that plan, {baseline}'s own layout (more verify_repeats race them "
@@ -110,21 +106,10 @@ def behind(planned: Any, title: str, baseline: str, ratio: float, devices: Seque
                "them apart (more run_repeats race them longer)")
         short = f"it is {baseline}'s layout, yet XLA compiles it to another program"
     if duel is not None:
-        why += (f"; the shortlist raced it alone against the plan {duel[2]}, {duel[1]} rounds, and measured it "
-                f"{duel[0]:.3f} of that plan's time")
+        why += (f"; the shortlist raced it alone against the plan {duel.against}, {duel.rounds} rounds, and measured it "
+                f"{duel.ratio:.3f} of that plan's time")
     return Behind(_cut(f"Behind {baseline}: {short}", 220), f"{head}: {where}; {why}")
 
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def _duel(rows: Sequence[dict]) -> Optional[tuple[float, int, str]]:
-    """Where the shortlist kept its plan after racing it alone against the fastest plan nearest a
-    baseline (``measure.pick``'s duel; ``cfp.choose``'s rows): the kept plan's time over that
-    plan's, round by round, the rounds, and that plan's source ("nearest dp_tp"); else None."""
-    kept = next((r for r in rows if r.get("chosen")), None)
-    against = next((r for r in rows if r.get("incumbent") and r.get("duel_over_incumbent_paired") is not None), None)
-    if kept is None or against is None or kept.get("duel_over_incumbent_paired") is None or kept is against:
-        return None
-    return kept["duel_over_incumbent_paired"], kept["duel_rounds"], against["source"]
