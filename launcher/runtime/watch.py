@@ -499,7 +499,6 @@ class Watcher:
         statuses = self.statuses(self.r.attempt)
         watch = summarize(statuses, len(self.r.watches), self.r.attempt, self.peer_timeout_s,
                           self.init_timeout_s, awake_since, self.straggler_factor)
-        watch.stragglers = straggler.keep_found(watch.stragglers, self.last.stragglers if self.last else None)
         watch.stacks = read_stacks_request(run_dir)
         watch.progress = dict(self.r.progress_report)
         try:
@@ -511,6 +510,8 @@ class Watcher:
         return self.publish(watch)
 
     def publish(self, watch: Watch) -> Watch:
+        # A rank found slow stays found for the attempt (``straggler.keep_found``), in every watch.
+        watch.stragglers = straggler.keep_found(watch.stragglers, self.last.stragglers if self.last else None)
         self.seq += 1
         watch.seq = self.seq
         status._write_json(watch_path(self.r.run_dir), asdict(watch))
@@ -523,7 +524,6 @@ class Watcher:
         if self.last is not None and not self.last.final:
             w = summarize(self.statuses(self.last.attempt), len(self.r.watches), self.last.attempt,
                           float("inf"), float("inf"), straggler_factor=self.straggler_factor)
-            w.stragglers = straggler.keep_found(w.stragglers, self.last.stragglers)
             w.final = True
             with contextlib.suppress(OSError):
                 self.publish(w)

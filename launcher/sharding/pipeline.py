@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -36,11 +36,14 @@ from launcher.sharding.algorithms.base import (
     Algorithm,
     Analyzed,
     Hooks,
+    Log,
     OnMesh,
     Planned,
     algorithm_baselines,
     builtin_baselines,
+    no_progress,
     plan_title,
+    silent,
 )
 from launcher.sharding.analysis.core import analyze_graph
 from launcher.sharding.analysis.core import analyze as analyze_step
@@ -62,17 +65,6 @@ from launcher.sharding.search.nearest import builtin_references
 from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
 
-Log = Callable[[str], None]
-Progress = Callable[[int, str], ContextManager]
-
-
-def _silent(line: str) -> None:
-    pass
-
-
-def _no_progress(total: int, what: str) -> ContextManager:
-    return contextlib.nullcontext()
-
 
 # --- analysis ---------------------------------------------------------------------------------
 
@@ -89,7 +81,7 @@ def make_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[Any]] = None
 
 
 def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str = "", learning_rate: float = 1e-3,
-            two_axis_only: bool = False, log: Log = _silent) -> Analyzed:
+            two_axis_only: bool = False, log: Log = silent) -> Analyzed:
     """The analysis pass over ``model``'s whole training step (or the program itself, a
     ``TrainingProgram``: a user's step, ``user/step.py: step_program``), or the HLO text module
     ``hlo_file``, for a logical mesh (``mesh_shape``; empty: 1-D over every global device).
@@ -128,7 +120,7 @@ def fed_back_pairs(g: Any, program: TrainingProgram) -> tuple[tuple[int, int], .
 
 
 def analyze_meshes(model: Any, mesh_shape: Any, *, learning_rate: float = 1e-3, two_axis_only: bool = True,
-                   log: Log = _silent) -> list[OnMesh]:
+                   log: Log = silent) -> list[OnMesh]:
     """``analyze`` on each logical mesh of ``mesh_shape`` (``auto``: every mesh worth searching,
     ``search/meshes.py``; a list of shapes: those; else the one shape given, [] for 1-D): an
     ``OnMesh`` each, not yet profiled. Of several meshes, the 2-D ones are analysed with
@@ -338,7 +330,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     (``Answer``): the plan only where it beat the fastest baseline by ``verify_margin`` in
     those rounds."""
     hooks = hooks or Hooks()
-    log, progress = hooks.log, hooks.progress or _no_progress
+    log, progress = hooks.log, hooks.progress or no_progress
     final_run = hooks.final_run or contextlib.nullcontext
     iterations, run_repeats, seed = options.iterations, options.run_repeats, options.seed
     drop_after, drop_slower_than = options.drop_after, options.drop_slower_than

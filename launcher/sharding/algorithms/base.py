@@ -17,6 +17,7 @@ helpers import what they run when called).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager, Mapping, Optional, Sequence
 
@@ -35,6 +36,15 @@ if TYPE_CHECKING:  # they import JAX: the command line imports this module
 
 Log = Callable[[str], None]
 Progress = Callable[[int, str], ContextManager]
+
+
+def silent(line: str) -> None:
+    """A ``Log`` that says nothing (the passes' default)."""
+
+
+def no_progress(total: int, what: str) -> ContextManager:
+    """A ``Progress`` that shows nothing (where no bar was given)."""
+    return contextlib.nullcontext()
 
 
 @dataclass

@@ -12,15 +12,15 @@ and store keys), and ``profiles.json``, what the search pass works from.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ContextManager, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 from jax.sharding import Mesh
 
-from launcher.sharding.algorithms.base import Analyzed, Log, OnMesh, Progress, builtin_baselines
+from launcher.sharding.algorithms.base import (Analyzed, Log, OnMesh, Progress, builtin_baselines, no_progress,
+                                               silent)
 from launcher.sharding.analysis.core import Analysis
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.options import ProfileOptions
@@ -30,13 +30,6 @@ from launcher.sharding.profile.units import split_parts
 from launcher.sharding.search.measure import communication_study as study
 from launcher.sharding.search.nearest import nearest_on_meshes
 
-
-def _silent(line: str) -> None:
-    pass
-
-
-def _no_progress(total: int, what: str) -> ContextManager:
-    return contextlib.nullcontext()
 
 
 @dataclass
@@ -67,7 +60,7 @@ def profiles_json(p: Profiles, analysis: Analysis) -> dict:
 
 
 def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
-            log: Log = _silent, progress: Optional[Progress] = None, keep: Sequence[Sequence[int]] = ()) -> Profiled:
+            log: Log = silent, progress: Optional[Progress] = None, keep: Sequence[Sequence[int]] = ()) -> Profiled:
     """The profile pass: measures every segment combination the store at ``options.store_dir``
     lacks. ``options.overlap_compile`` None: compile the next candidate while timing this one on
     accelerators, not on CPU devices (where the compiler would share the timed program's cores).
@@ -106,11 +99,11 @@ def profile(analyzed: Analyzed, mesh: Mesh, options: ProfileOptions = ProfileOpt
             parts = [t.plan_counts[lo:hi] for lo, hi in split_parts(t.plan_counts, o.max_segment_space)]
             log("template %d: %d combinations exceed mode.max_segment_space=%d; profiled in parts %s"
                 % (t.id, t.space, o.max_segment_space, parts))
-    return Profiled(profiler.run(progress or _no_progress), str(store.root))
+    return Profiled(profiler.run(progress or no_progress), str(store.root))
 
 
 def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOptions(), *, is_main: bool = True,
-                   log: Log = _silent, progress: Optional[Progress] = None,
+                   log: Log = silent, progress: Optional[Progress] = None,
                    baselines: Sequence[str] = ()) -> list[OnMesh]:
     """``profile`` on each mesh of ``on`` (``analyze_meshes``'): the same meshes, profiled; with
     the plans nearest ``baselines`` (where the search looks for them) profiled whatever
@@ -134,6 +127,6 @@ def profile_meshes(on: Sequence[OnMesh], options: ProfileOptions = ProfileOption
 
 
 def communication_study(analyzed: Analyzed, mesh: Mesh, *, iterations: int, repeats: int, seed: int = 0,
-                        log: Log = _silent) -> list[dict]:
+                        log: Log = silent) -> list[dict]:
     """Every uniform plan of the whole step: collective volume, communication and step time."""
     return study(analyzed.analysis, analyzed.program, mesh, iterations=iterations, repeats=repeats, seed=seed, log=log)
