@@ -187,7 +187,8 @@ def phase(n: int, kind: str, threads: int, window: float, strace: bool, workdir:
                       "progress_until": event_at if kind == "hang" else float("inf"),
                       "fail_at": event_at if (victim and kind == "fail") else None,
                       **({"slow_at": event_at} if victim and kind == "slow" else {}),
-                      "end_at": event_at + (HANG_S + 60 if kind == "hang" else 40),
+                      # (a slow rank is named after two windows of steps at one a second, and a publish)
+                      "end_at": event_at + {"hang": HANG_S + 60, "slow": 60}.get(kind, 40),
                       "out": str(workdir / f"{kind}-{n}" / f"worker{i}.json")})
     trace = workdir / f"{kind}-{n}" / "strace" if strace else None
     procs = _spawn(specs, trace)

@@ -88,6 +88,25 @@ def test_scores_against_the_median_rank_and_a_rank_s_own_best():
     assert kept["slow"] == entry["slow"] and kept["slowest"] == later["slowest"]
 
 
+def test_a_rank_slow_for_one_window_of_two_is_not_named():
+    """Once the ranks have two windows of steps, the window before must say slow too: a burst of
+    ten slow steps (as shared cores give one rank now and then) is not a slow rank."""
+    clocks = {r: straggler.StepClock(4) for r in range(5)}
+    for r, clock in clocks.items():
+        clock.record(0.10 if r != 2 else 0.13, 0.2, steps=4)
+    first = straggler.scores({r: ("n", c.figures()) for r, c in clocks.items()}, factor=1.2)[1]
+    assert [s.rank for s in first if s.slow] == [2] and first[0].over == 4   # slow from the start: its first window
+    for r, clock in clocks.items():
+        clock.record(0.13 if r in (2, 4) else 0.10, 0.2, steps=4)   # rank 4's burst: one window
+    figures = {r: ("n", c.figures()) for r, c in clocks.items()}
+    assert figures[4][1]["before_s"] == pytest.approx(0.10) and figures[4][1]["host_s"] == pytest.approx(0.13)
+    later = straggler.scores(figures, factor=1.2)[1]
+    assert [s.rank for s in later if s.slow] == [2] and {s.over for s in later} == {8}
+    assert [s.rank for s in later[:2]] == [2, 4]   # both as slow in the last window: ranked, one named
+    text = straggler.warning(later[0].to_dict(), 0.10, 1.2, 4)
+    assert "over its last 8 steps" in text and "relative score 0.77" in text
+
+
 @pytest.mark.core
 def test_the_watch_names_a_slow_rank_from_the_ranks_status_files(tmp_path):
     """Six ranks (the real reporters and watcher, in this process) publish their figures; the

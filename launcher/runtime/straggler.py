@@ -27,6 +27,11 @@ slower as a rule and even at its best, so for that many steps, not once. Like ag
 ranks share cores every rank's step swings with the load (a tenth to a fifth, step to step, with 8
 ranks on 2 cores beside another job), and a rank 1.25x slower had a step under the median rank's
 median in most windows, so its fastest step against the others' median missed it, every run.
+Once a rank has two windows of steps, the window before its last must say so too (against the
+others' window before): under shared cores one rank's steps now and then take a third longer for
+ten steps or so, then not (seen on 8 ranks of 25 ms steps beside other jobs: 1.23x for 4 windows
+of 200; in CI, 1.24x), where a slow rank stays slow. A rank slow from the start is named at its
+first window, one that turns slow after twice as many steps.
 
 Once found slow, a rank stays in the watch's ``slow`` for the attempt (``keep_found``): the
 console names it once, and result.json and the time accounting say which ranks were slow though
@@ -45,7 +50,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from launcher.runtime.status import HEARTBEAT_S
 
@@ -72,7 +77,7 @@ def _main_thread_cpu() -> Callable[[], float]:
 
 
 class StepClock:
-    """One rank's host seconds per step over its last ``window`` steps.
+    """One rank's host seconds per step over its last ``window`` steps, and the ``window`` before.
 
     ``mark`` at each step (from the program's calls); ``record`` for a step measured elsewhere
     (the scale bench's simulated ranks). ``figures`` is what the rank publishes."""
@@ -80,7 +85,7 @@ class StepClock:
     def __init__(self, window: int, cpu: Callable[[], float] | None = None) -> None:
         self.window = max(int(window), 1)
         self._cpu = cpu or _main_thread_cpu()
-        self._host: collections.deque[float] = collections.deque(maxlen=self.window)
+        self._host: collections.deque[float] = collections.deque(maxlen=2 * self.window)
         self._wall: collections.deque[float] = collections.deque(maxlen=self.window)
         self._last: tuple[float, float] | None = None   # (cpu, wall) at the last mark
         self._step: int | None = None
@@ -110,7 +115,7 @@ class StepClock:
     def record(self, host_s: float, wall_s: float, steps: int = 1) -> None:
         """``steps`` steps of ``host_s`` host (main thread CPU) and ``wall_s`` wall seconds each."""
         with self._lock:
-            for _ in range(min(steps, self.window)):
+            for _ in range(min(steps, 2 * self.window)):
                 self._host.append(host_s)
                 self._wall.append(wall_s)
             self.steps += steps
@@ -119,14 +124,20 @@ class StepClock:
         """What the rank publishes once it has a window of steps ({} before): steps measured, the
         median and the lowest host seconds per step over the window, its best median (of those
         asked for here: a step only appends, whatever the program's pace), the median wall
-        seconds per step."""
+        seconds per step; once it has two windows, the median and the lowest over the one before
+        (``before_s``, ``before_low_s``). ``over``: how many steps they speak for."""
         with self._lock:
             if len(self._host) < self.window:
                 return {}
-            host = statistics.median(self._host)
+            steps = list(self._host)
+            last, before = steps[-self.window:], steps[:-self.window]
+            host = statistics.median(last)
             self.best_s = min(self.best_s, host)
-            return {"steps": self.steps, "host_s": host, "low_s": min(self._host), "best_s": self.best_s,
-                    "step_s": statistics.median(self._wall)}
+            out = {"steps": self.steps, "host_s": host, "low_s": min(last), "best_s": self.best_s,
+                   "step_s": statistics.median(self._wall), "over": self.window}
+            if len(before) == self.window:
+                out.update(before_s=statistics.median(before), before_low_s=min(before), over=2 * self.window)
+            return out
 
 
 @dataclass(frozen=True)
@@ -137,12 +148,13 @@ class Score:
     individual: float   # this rank's best / its current
     host_s: float
     steps: int
-    slow: bool          # its median and its fastest step of the window above factor x the median rank's
+    slow: bool          # its median and its fastest step of the window (and of the one before) above factor x the median rank's
+    over: int = 0       # how many of its last steps say so (its figures' ``over``)
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "node": self.node, "relative": round(self.relative, 4),
                 "individual": round(self.individual, 4), "host_s": self.host_s, "steps": self.steps,
-                "slow": self.slow}
+                "slow": self.slow, "over": self.over}
 
     def text(self) -> str:
         return (f"rank {self.rank} on {self.node} (relative {self.relative:.2f}, individual {self.individual:.2f}, "
@@ -155,14 +167,27 @@ def scores(figures: Mapping[int, tuple[str, Mapping]], factor: float) -> tuple[f
     have = {r: (node, f) for r, (node, f) in figures.items() if f and f.get("host_s", 0) > 0}
     if not have:
         return 0.0, []
+    over = {"host_s": _over(have.values(), "host_s", "low_s", factor),
+            "before_s": _over(have.values(), "before_s", "before_low_s", factor)}
     median = statistics.median(f["host_s"] for _, f in have.values())
-    median_low = statistics.median(f.get("low_s", f["host_s"]) for _, f in have.values())
     out = [Score(r, node, relative=median / f["host_s"], individual=min(f.get("best_s", f["host_s"]) / f["host_s"], 1.0),
-                 host_s=f["host_s"], steps=int(f.get("steps", 0)),
-                 slow=f["host_s"] > factor * median and f.get("low_s", f["host_s"]) > factor * median_low)
+                 host_s=f["host_s"], steps=int(f.get("steps", 0)), over=int(f.get("over", 0)),
+                 slow=over["host_s"](f) and ("before_s" not in f or over["before_s"](f)))
            for r, (node, f) in have.items()]
     out.sort(key=lambda s: (s.relative, s.rank))
     return median, out
+
+
+def _over(figures: Iterable[tuple[str, Mapping]], median_key: str, low_key: str, factor: float) -> Callable[[Mapping], bool]:
+    """Whether a rank's window (its figures' ``median_key``, ``low_key``) took over ``factor``
+    times the median rank's, median against median and fastest against fastest, among the ranks
+    that have that window."""
+    have = [f for _, f in figures if f.get(median_key)]
+    if not have:
+        return lambda f: False
+    median = statistics.median(f[median_key] for f in have)
+    median_low = statistics.median(f.get(low_key, f[median_key]) for f in have)
+    return lambda f: f[median_key] > factor * median and f.get(low_key, f[median_key]) > factor * median_low
 
 
 def watch_entry(median: float, ranked: list[Score]) -> dict:
@@ -194,7 +219,7 @@ def keep_found(entry: dict, before: Mapping | None) -> dict:
 def warning(entry: Mapping, median_s: float, factor: float, steps: int) -> str:
     """The console's one line for a slow rank (one of ``watch_entry``'s ``slow``)."""
     return (f"rank {entry['rank']} on {entry['node']} is slow: its host-side work took more than "
-            f"launcher.straggler.factor={factor:g} times the median rank's for each of its last {steps} steps "
+            f"launcher.straggler.factor={factor:g} times the median rank's over its last {entry.get('over') or steps} steps "
             f"(relative score {entry['relative']:.2f}, individual {entry['individual']:.2f}; "
             f"{1e3 * entry['host_s']:.1f} ms a step against {1e3 * median_s:.1f} ms; "
             "xlaunch status names the slowest)")
