@@ -14,8 +14,10 @@ import pytest
 from launcher.cli import console
 from launcher.modes import MODES
 from launcher.sharding.algorithms.base import algorithms
+from launcher.sharding.user.api import autoshard
 from launcher.clusters.base import backends
 from tests.launch import REPO, read_result, run_cli
+from tests.test_autoshard_budget import adam_mlp
 
 TOY = [f"hydra.searchpath=[file://{REPO}/tests/toy_conf]", "cluster=toy"]
 
@@ -78,9 +80,27 @@ def test_an_algorithm_from_outside_the_package_runs_through_the_cli(tmp_path):
         "block's first plan) or ilp" in refused.stderr and not (tmp_path / "bad" / "job.json").exists()
     unknown = run_cli(*toy, "+mode.algorithm_options.second_note=1", run_dir=tmp_path / "bad1", check=False)
     assert unknown.returncode == 2 and "mode.algorithm_options.second_note: mode.algorithm=first has no such option " \
-        "(its options: first_note)" in unknown.stderr
+        "(its options: first_note, first_plans)" in unknown.stderr
     missing = run_cli(*toy[:2], "mode.algorithm_module=tests.no_such", run_dir=tmp_path / "bad2", check=False)
     assert missing.returncode == 2 and "mode.algorithm_module=tests.no_such: cannot be imported" in missing.stderr
+
+
+def test_an_algorithm_from_outside_says_why_its_plan_trails_and_the_answer_shows_it(tmp_path):
+    """Where its plan runs behind the fastest baseline, the orchestration asks the algorithm why
+    (``Algorithm.behind``) and shows its words under the table, as it shows CFP's. The toy's plan
+    alternates each block's first and second plans, resharding between them: 2.0-2.5x fsdp's step
+    here (an Adam MLP on this process's 8 CPU devices)."""
+    import tests.toy_algorithm  # noqa: F401, PLC0415 - registers "first" for this test alone to see
+    step, args = adam_mlp(1024)
+    said: list[str] = []
+    plan = autoshard(step, *args, algorithm="first", first_plans="01", store_dir=str(tmp_path / "store"), reuse=False,
+                     log=said.append, iterations=2, run_repeats=3, mesh_shape=[8], baselines=["dp", "fsdp"])
+    assert plan.row == "fsdp", plan.table()
+    told = "Behind fsdp: first takes the plans it is told (01, block by block) and measures none"
+    assert plan.why.endswith(told) and told in plan.table(), plan.table()
+    assert any(line.startswith("why it trails: first's plan ran ") and line.endswith(
+        "x fsdp: it takes plans 01 block by block, as its option first_plans tells it, and measures none "
+        "before the race") for line in said), [line for line in said if "trails" in line]
 
 
 def _branches_on(tree: ast.AST, names: set[str]) -> list[int]:

@@ -19,26 +19,15 @@ noise set them apart (miniGPT's plan nearest dp gathers its position table back 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from launcher.sharding.algorithms.base import Planned
+from launcher.sharding.algorithms.base import Behind, Planned
 from launcher.sharding.search.nearest import nearest
 
 if TYPE_CHECKING:
     import jax
 
 BEHIND = 1.02   # the searched plan over the fastest baseline, paired, beyond which the table says why
-
-
-@dataclass(frozen=True)
-class Behind:
-    """Why the searched plan trails: ``short``, in a user's words under the table (at most about
-    200 characters: the parameter and the two layouts, not block numbers: JAX's MNIST had 762
-    characters of "block 0 (head op 0): input [0][0][0] is [-, 0] in fsdp, ..."); ``detail``,
-    the whole account, for the search's log (``behind_note``)."""
-    short: str
-    detail: str
 
 
 def behind_note(planned: Planned, title: str, baseline: str, ratio: float, devices: Sequence[jax.Device]) -> Optional[str]:
@@ -59,7 +48,9 @@ def behind(planned: Planned, title: str, baseline: str, ratio: float, devices: S
     if assignment is None:
         note = (f"{head}: it lays out the contractions of a block apart, not one plan per block, so no block can be "
                 f"named where it differs from {baseline}")
-        return Behind(f"Behind {baseline}: its cost model predicted it faster (it measures no plan)", note)
+        kept = ("its cost model predicted it faster (it measures no plan)" if not planned.measured_before_race
+                else planned.kept_because or "its algorithm kept it")
+        return Behind(_cut(f"Behind {baseline}: {kept}", 220), note)
     # (Only now: finding the nearest plan traces the step again.)
     found = nearest(a, program, baseline, devices) if program is not None else None
     if found is None:

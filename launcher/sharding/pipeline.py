@@ -59,7 +59,7 @@ from launcher.sharding.predict import links as links_mod, price
 from launcher.sharding.profile.budget import gb_at_least
 from launcher.sharding.program import TrainingProgram, training_program
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
-from launcher.sharding.behind import behind
+from launcher.sharding.behind import BEHIND, behind
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
 from launcher.sharding.search.nearest import builtin_references
 from launcher.errors import NoPlanFits, UserError
@@ -316,19 +316,21 @@ def run_search(subject: Any, algorithm: Algorithm, *, mesh_shape: Any = (), lear
             # with the answer, as an AutoPlan for a user's step).
             hooks.write({**other.files, f"{row}_plan.json": other.plan.to_json()})
             others[row] = other
-    return race_plans(planned, others, options, hooks, also=(lambda p: also(p, on)) if also is not None else None,
-                      unplanned=unplanned)
+    return race_plans(planned, others, options, hooks, algorithm=algorithm,
+                      also=(lambda p: also(p, on)) if also is not None else None, unplanned=unplanned)
 
 
 def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchOptions,
-               hooks: Optional[Hooks] = None, *, also: Optional[Callable[[Planned], Sequence[Any]]] = None,
+               hooks: Optional[Hooks] = None, *, algorithm: Optional[Algorithm] = None,
+               also: Optional[Callable[[Planned], Sequence[Any]]] = None,
                unplanned: Optional[Mapping[str, str]] = None) -> Searched:
     """The final race: ``planned`` run beside the built-in ``options.baselines`` and ``others``
     (other algorithms' plans) on its devices (``iterations`` steps, ``run_repeats`` interleaved
     rounds; after ``drop_after`` rounds a built-in baseline slower than ``drop_slower_than`` times
     the fastest one in each of them stops, ``measure.Cut``, 0 keeps every one), and the answer
     (``Answer``): the plan only where it beat the fastest baseline by ``verify_margin`` in
-    those rounds."""
+    those rounds. Where it ran over ``BEHIND`` times that baseline, ``algorithm`` (the one that
+    made it) is asked why (``Algorithm.behind``), else the search's own account says."""
     hooks = hooks or Hooks()
     log, progress = hooks.log, hooks.progress or no_progress
     final_run = hooks.final_run or contextlib.nullcontext
@@ -378,10 +380,11 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     plans = {0: planned.plan, **{1 + len(more) + k: o.plan for k, o in enumerate(others.values())}}
     chosen = answer(runners, raced, plans.get, options.verify_margin, budget)
     chosen.same_as = runners[1 + twin].name if twin is not None else ""
-    if chosen.best_baseline is not None and chosen.searched_vs_best_baseline_paired is not None \
+    ratio = chosen.searched_vs_best_baseline_paired
+    if chosen.best_baseline is not None and ratio is not None and ratio > BEHIND \
             and Algorithm.of_row(chosen.best_baseline) is None:
-        trails = behind(planned, plan_title(planned.row), chosen.best_baseline, chosen.searched_vs_best_baseline_paired,
-                        list(where.mesh.devices.flat))
+        trails = (algorithm.behind(planned, chosen.best_baseline, ratio) if algorithm is not None else None) \
+            or behind(planned, plan_title(planned.row), chosen.best_baseline, ratio, list(where.mesh.devices.flat))
         if trails is not None:   # the table says it in a user's words, the log all of it
             chosen.behind = trails.short
             log(f"why it trails: {trails.detail}")

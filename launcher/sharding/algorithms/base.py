@@ -114,6 +114,16 @@ class Duel:
     against: str
 
 
+@dataclass(frozen=True)
+class Behind:
+    """Why a plan ran behind the fastest baseline in the final race: ``short``, in a user's words
+    under the table (at most about 200 characters: the parameter and the two layouts, not block
+    numbers: JAX's MNIST had 762 characters of "block 0 (head op 0): input [0][0][0] is [-, 0] in
+    fsdp, ..."); ``detail``, the whole account, for the search's log."""
+    short: str
+    detail: str
+
+
 @dataclass
 class Planned:
     """One algorithm's plan for a program: the mesh it is on, its layouts, the runner that races
@@ -196,6 +206,13 @@ class Algorithm:
         """The plan for ``on`` (an ``OnMesh`` per logical mesh, analysed; the program is each
         one's ``analyzed.program``), on one of them."""
         raise NotImplementedError
+
+    def behind(self, planned: Planned, baseline: str, ratio: float) -> Optional[Behind]:
+        """Why its plan ``planned`` ran ``ratio`` times ``baseline`` in the final race, asked
+        only where that is over ``sharding.behind.BEHIND``; None (the default): the search's own
+        account, from what ``planned`` says of itself (``Planned.assignment``, ``kept_because``,
+        ``duel``...: the blocks where it differs from the plan nearest that baseline, and why)."""
+        return None
 
     # -- the registry --------------------------------------------------------------------------
     @staticmethod
