@@ -268,13 +268,7 @@ def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int
     compared = compare({r.name: r.repeat_times_s for r in runs}, runs[0].name, margin, over_budget=over,
                        budget_bytes=budget)
     i = compared.verdict.answer
-    if i == 0 or Algorithm.of_row(runs[i].name) is not None:
-        plan = plans(i)
-    elif not hasattr(runners[i], "plan"):  # a user step's baseline: AutoPlan.answered lays it out
-        plan = None
-    else:
-        mesh = runners[i].mesh
-        plan = runners[i].plan.with_axis_sizes(**dict(zip(mesh.axis_names, map(int, mesh.devices.shape), strict=True)))
+    plan = plans(i) if i == 0 or Algorithm.of_row(runs[i].name) is not None else runners[i].answer_plan()
     return Answer(compared, runs[i], plan)
 
 

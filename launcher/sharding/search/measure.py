@@ -25,7 +25,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import numpy as np
@@ -99,6 +99,13 @@ class Runner(_SharedCompile, Trainer):
         return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes,
                        float(self.program.model.flops_per_step()), self.compile_time_s, self.compiled)
 
+    def answer_plan(self) -> Optional[Plan]:
+        """Its plan as the answer's plan file, where it raced as a built-in baseline: the plan's
+        rules with its mesh axes sized as it ran, so ``mode=train mode.plan=`` runs it on the
+        same mesh."""
+        sizes = dict(zip(self.mesh.axis_names, map(int, self.mesh.devices.shape), strict=True))
+        return self.plan.with_axis_sizes(**sizes)
+
 
 class StepRunner(_SharedCompile, CompiledStep):
     """A user's step (``program.model`` None) compiled with its arguments laid out as
@@ -131,6 +138,10 @@ class StepRunner(_SharedCompile, CompiledStep):
     def result(self) -> PlanRun:
         return PlanRun(self.name, self.rounds, self.losses, self.peak_memory_bytes, self.program.flops_per_step,
                        self.compile_time_s, self.compiled)
+
+    def answer_plan(self) -> None:
+        """None: a user's step's baseline is no ``Plan``; ``AutoPlan.answered`` lays it out."""
+        return None
 
 
 PlanRunner = Union[Runner, StepRunner]   # a plan's program compiled on its mesh, to race
