@@ -127,7 +127,7 @@ def plans_worker(args: argparse.Namespace) -> None:
 
 
 def model_program(model):
-    from launcher.sharding.program import training_program
+    from launcher.sharding.model_program import training_program
 
     return training_program(model)
 

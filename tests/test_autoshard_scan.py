@@ -12,7 +12,7 @@ import pytest
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.user.api import autoshard
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.sharding.search.comm import collectives
 from launcher.sharding.search.measure import baseline_runner, plan_runner
 from launcher.sharding.search.nearest import builtin_references, nearest, nearest_plans

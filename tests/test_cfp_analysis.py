@@ -16,7 +16,7 @@ import pytest
 from launcher.sharding.analysis.core import analyze, analyze_graph
 from launcher.sharding.analysis.contractions import find_contractions
 from launcher.sharding.analysis.hlo_text import parse_hlo, read_hlo
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.sharding.analysis.strategies import allreduce_axes, enumerate_strategies, notation
 from launcher.errors import UserError
 from tests.launch import read_result, run_cli

@@ -10,7 +10,7 @@ from tests.test_cfp_search import run_python
 from tests.test_cfp_search import SMALL_GPT
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding import pipeline
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.sharding.apply import plan_json
 from launcher.models.plans import Plan
 import jax
@@ -91,7 +91,7 @@ import jax
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.search.measure import communication_study
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.models.gpt import GPT
 p = training_program(GPT(**json.loads(sys.argv[1])))
 a = analyze(p.step, p.args, [4])
@@ -205,7 +205,7 @@ from launcher.sharding.apply import make_mesh
 from launcher.sharding.search.comm import collectives
 from launcher.sharding.search.measure import baseline_runner, plan_runner
 from launcher.sharding.search.nearest import nearest_plans
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 
 program = training_program(gpt(1, heads=8))  # tp splits the heads 8 ways
 two_axis_only = sys.argv[1] == "auto"  # the plans mode.mesh_shape=auto searches on a 2-D mesh
@@ -251,7 +251,7 @@ from launcher.sharding.apply import make_mesh
 from launcher.sharding.search.comm import collectives
 from launcher.sharding.search.measure import baseline_runner, plan_runner
 from launcher.sharding.search.nearest import nearest_plans
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 
 program = training_program(load_preset("cfp-moe-tiny"))
 a = analyze(program.step, program.args, [4, 2])

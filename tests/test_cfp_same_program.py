@@ -19,7 +19,7 @@ from launcher.sharding.apply import make_mesh
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from tests.test_cfp_search import SMALL_GPT
 
 pytestmark = pytest.mark.core

@@ -401,7 +401,7 @@ import dataclasses, json, sys
 import jax
 from launcher.models.gpt import GPT
 from launcher.models.plans import builtin
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.hlo.text import fingerprint
 from launcher.sharding.search.measure import Runner, same_program
 
@@ -694,7 +694,7 @@ from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
 from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.profiler import Profiler
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.sharding.search.dp import predict, search
 from launcher.sharding.measuring.store import ProfileStore
 from launcher.errors import UserError

@@ -32,7 +32,7 @@ from launcher.sharding.apply import make_mesh
 from tests.test_cfp_analysis import mlp_program
 from launcher.sharding.profile.profiler import Profiler
 from launcher.sharding.profile.keys import StoreKeys
-from launcher.sharding.program import training_program
+from launcher.sharding.model_program import training_program
 from launcher.models.gpt import GPT
 from launcher.sharding.profile.units import profiling_units
 from launcher.sharding.profile.budget import UNITS_OVER_STEP, gb_at_least, state_floor_bytes

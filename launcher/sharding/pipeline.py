@@ -57,11 +57,11 @@ from launcher.sharding.options import (
 )
 from launcher.sharding.predict import links as links_mod, price
 from launcher.sharding.profile.budget import gb_at_least
-from launcher.sharding.program import TrainingProgram, training_program
+from launcher.sharding.model_program import training_program
+from launcher.sharding.program import TrainingProgram
 from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
 from launcher.sharding.behind import BEHIND, behind
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
-from launcher.sharding.search.nearest import builtin_references
 from launcher.errors import NoPlanFits, UserError
 from launcher.models.plans import Plan
 
@@ -94,10 +94,10 @@ def analyze(model: Any = None, *, mesh_shape: Sequence[int] = (), hlo_file: str 
         result = analyze_graph(read_hlo(hlo_file), mesh_shape, two_axis_only)
     else:
         program = model if isinstance(model, TrainingProgram) else training_program(model, learning_rate)
-        # The built-in plans' layouts, so that the blocks offer them (analysis/references.py); a
+        # Its baselines' layouts, where the blocks can offer them (analysis/references.py): a
         # user's step has no logical axes, and its baselines lay out its inputs alone.
-        references = builtin_references(program, natural_only=two_axis_only) if program.is_model else None
-        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only, references)
+        result = analyze_step(program.step, program.args, mesh_shape, two_axis_only,
+                              program.references(natural_only=two_axis_only))
         result.fed_back = fed_back_pairs(result.graph, program)
     seconds = time.perf_counter() - t0
     log("analysis on mesh %s: %d contractions, %d ParallelBlocks, %d segments over %d templates; exhaustive space "

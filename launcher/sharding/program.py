@@ -1,24 +1,37 @@
 """The program CFP works on: a training step and the shapes of its arguments.
 
-Two builders make one: ``training_program(model)`` from the model protocol (``models/base.py``:
-the step is ``models.train.make_train_step`` with the optimizer ``models.train.make_optimizer``
-builds, its arguments ``(state, batch)``), and ``step_program(step_fn, args)`` from any function a
-user jits (Flax, Equinox, plain JAX: ``launcher/sharding/user/step.py``, a ``StepProgram``). Every
-pass takes either; what differs is how a plan of it is run (``search/measure.py``: the models'
-trainer, or ``StepRunner`` on the step's own arguments) and which baselines it has (the built-in
-plans need the model's logical axes; a user's step gets dp, fsdp and its own shardings), which a
-``StepProgram`` answers itself.
+One interface, two kinds. ``training_program(model)`` (``model_program.py: ModelProgram``) makes
+one from the model protocol (``models/base.py``: the step is ``models.train.make_train_step`` with
+the optimizer ``models.train.make_optimizer`` builds, its arguments ``(state, batch)``), and
+``step_program(step_fn, args)`` (``user/step.py: StepProgram``) from any function a user jits
+(Flax, Equinox, plain JAX). Every pass takes either, and what differs between them it asks of the
+program (the methods below): how a plan of it is compiled to race (the models' trainer, or the
+step on its own arguments), which baselines it has and how they lay it out (the built-in plans
+need the model's logical axes; a user's step gets dp, fsdp and its own shardings), and which
+layouts the analysis offers. No pass branches on which kind it has.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence
 
-import jax
+if TYPE_CHECKING:
+    import jax
 
-from launcher.models.base import check_model
-from launcher.models.train import init_state, make_optimizer, make_train_step
+    from launcher.sharding.analysis.core import Analysis
+    from launcher.sharding.analysis.references import Reference
+    from launcher.sharding.analysis.strategies import Spec
+
+
+class CompiledPlan(Protocol):
+    """A plan of a program compiled on its mesh, to race: ``search/measure.py``'s ``Runner`` (a
+    model's) or ``StepRunner`` (a user's step's), its ``PlanRunner``. Named here by what the race
+    asks of it, since the runners hold their program: this module imports none of them."""
+    name: str
+    compile_time_s: float
+
+    def steps(self, n: int, progress: object = None) -> list[float]: ...
 
 
 @dataclass
@@ -47,7 +60,8 @@ class TrainingProgram:
 
     @property
     def is_model(self) -> bool:
-        """Built from the model protocol (its plans are run by the models' trainer)."""
+        """Built from the model protocol: its plan files are ``models.plans.Plan``s (a user's
+        step's, ``AutoPlan``s: ``results.plan_files``, the one reader of this)."""
         return self.model is not None
 
     @property
@@ -56,11 +70,29 @@ class TrainingProgram:
         multiply-adds of its contractions (``user/step.py: contraction_flops``)."""
         return float(self.model.flops_per_step()) if self.model is not None else self.flops
 
+    # -- what the passes ask of it, answered by its kind ----------------------------------------
 
-def training_program(model: Any, learning_rate: float = 1e-3) -> TrainingProgram:
-    check_model(model)
-    optimizer = make_optimizer(learning_rate)
-    state = jax.eval_shape(lambda k: init_state(model, optimizer, k), jax.random.key(0))
-    batch = jax.eval_shape(model.make_batch, jax.random.key(0))
-    return TrainingProgram(make_train_step(model, optimizer), (state, batch), model=model, optimizer=optimizer,
-                           data_argnums=(1,), feeds_back=(0,), name=type(model).__name__)
+    # Whether its baselines' layouts are of its inputs alone (a user's step: no logical axes to
+    # lay out its activations), which the nearest plans carry through the step.
+    layouts_inputs_only = False
+
+    def plan_runner(self, a: Analysis, assignment: Mapping[int, int], mesh: jax.sharding.Mesh, *, seed: int = 0,
+                    name: str = "searched", stored: frozenset = frozenset()) -> CompiledPlan:
+        """Compiled under a block-plan assignment on ``mesh``, to race as ``name`` (``stored``:
+        inputs kept split between steps, ``apply.plan_constraints``)."""
+        raise NotImplementedError
+
+    def baseline_runner(self, name: str, devices: Sequence[jax.Device], *, seed: int = 0) -> CompiledPlan:
+        """Its baseline ``name`` compiled on ``devices`` (not yet run); ModelError or UserError
+        where it has no such baseline, or it does not fit."""
+        raise NotImplementedError
+
+    def baseline_layouts(self, a: Analysis, name: str, devices: Sequence[jax.Device]) -> Optional[dict[int, Spec]]:
+        """Var id (of ``a``'s graph) -> the layout its baseline ``name`` gives it on ``a``'s mesh
+        (on ``devices``), or None where that baseline does not map (``search/nearest.py``)."""
+        raise NotImplementedError
+
+    def references(self, natural_only: bool) -> Optional[Callable[..., dict[str, Reference]]]:
+        """What the analysis offers besides its own strategies: (graph, mesh shape) -> {baseline
+        name: its layout} (``analysis.core.analyze``), or None."""
+        return None

@@ -33,14 +33,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from launcher import jaxcompat
 from launcher.sharding.analysis.core import Analysis
-from launcher.sharding.apply import across_of, assignment_transform, make_mesh, whole_step
 from launcher.sharding.comparison import paired_over, paired_ratios, winner
 from launcher.sharding.measuring.quiet import quiet
 from launcher.sharding.measuring.timing import Timer, slowest_process
 from launcher.sharding.search.comm import collectives, total_bytes
 from launcher.errors import BAD_INPUT, UserError
 from launcher.hlo.text import fingerprint
-from launcher.models.plans import Plan, builtin
+from launcher.models.plans import Plan
 from launcher.models.train import CompiledStep, StepTransform, Trainer
 from launcher.runtime import compile_share, hosts, trace_stats
 
@@ -149,32 +148,19 @@ PlanRunner = Union[Runner, StepRunner]   # a plan's program compiled on its mesh
 
 def plan_runner(a: Analysis, program: TrainingProgram, assignment: Mapping[int, int], mesh: jax.sharding.Mesh, *, seed: int = 0,
                 name: str = "searched", stored: frozenset = frozenset()) -> PlanRunner:
-    """``program`` (a TrainingProgram) compiled under a block-plan assignment on ``mesh``, to race
-    as ``name`` (``OnMesh.runner`` is the algorithms' way to it; ``stored``: inputs kept split
-    between steps, ``apply.plan_constraints``)."""
-    if not program.is_model:
-        step, in_shardings, _ = whole_step(a, assignment, mesh, stored)
-        return StepRunner(name, program, step, in_shardings, seed=seed)
-    plan = Plan(name, tuple(zip(mesh.axis_names, mesh.devices.shape, strict=True)), {"params": {}, "activations": {}, "inputs": {}},
-                across=across_of(mesh))
-    return Runner(name, program, plan, list(mesh.devices.flat), seed=seed,
-                  transform_step=assignment_transform(a, assignment, stored))
+    """``program`` compiled under a block-plan assignment on ``mesh``, to race as ``name``
+    (``OnMesh.runner`` is the algorithms' way to it; ``stored``: inputs kept split between steps,
+    ``apply.plan_constraints``): its kind's runner (``TrainingProgram.plan_runner``)."""
+    return program.plan_runner(a, assignment, mesh, seed=seed, name=name, stored=stored)
 
 
 def baseline_runner(program: TrainingProgram, plan_name: str, devices: Sequence[jax.Device], *, seed: int = 0) -> PlanRunner:
-    """A built-in plan (``models.plans``), compiled and run one step; raises ModelError when the
-    plan does not fit the model or the devices. A user's step: its baseline of that name
-    (``StepProgram.baseline_shardings``: dp, fsdp or the user's own), or UserError saying why none."""
-    runner = _baseline(program, plan_name, devices, seed)
+    """Its baseline ``plan_name`` (a built-in plan, ``models.plans``; a user's step's dp, fsdp or
+    its own layout), compiled and run one step; raises ModelError when the plan does not fit the
+    model or the devices, UserError where a user's step has no such baseline."""
+    runner = program.baseline_runner(plan_name, devices, seed=seed)
     runner.steps(1)
     return runner
-
-
-def _baseline(program: TrainingProgram, plan_name: str, devices: Sequence[jax.Device], seed: int) -> PlanRunner:
-    if not program.is_model:
-        in_shardings = program.baseline_shardings(plan_name, make_mesh([len(devices)], devices))
-        return StepRunner(plan_name, program, program.step, in_shardings, seed=seed)
-    return Runner(plan_name, program, builtin(plan_name), devices, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -472,7 +458,7 @@ def baseline_runners(program: TrainingProgram, devices: Sequence[jax.Device], *,
     with compile_share.shared():
         for name in names:
             try:
-                runners.append(_baseline(program, name, devices, seed))
+                runners.append(program.baseline_runner(name, devices, seed=seed))
             except BAD_INPUT as e:
                 skipped[name] = str(e)
                 log(f"baseline {name}: skipped ({e})")

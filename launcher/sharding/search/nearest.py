@@ -203,14 +203,11 @@ def nearest(a: Analysis, program: TrainingProgram, name: str, devices: Sequence[
     ``launcher/sharding/user/step.py``) has no logical axes: the layouts its baseline of that name
     (dp, fsdp, the user's own) gives the step's inputs decide alone (on ``devices``, default
     every device)."""
-    if program.is_model:
-        known = builtin_layouts(a, program, builtin(name))
-    else:
-        known = program.input_layouts(a, name, list(devices) or jax.devices())
+    known = program.baseline_layouts(a, name, list(devices) or jax.devices())
     if known is None:
         return None
     known = references.into_loops(a.graph, known, a.mesh_shape)
-    assignment = nearest_assignment(a, known, carry=not program.is_model)
+    assignment = nearest_assignment(a, known, carry=program.layouts_inputs_only)
     return Nearest(name, assignment, references.mismatches(a.graph, a.blocks, a.contractions, known, assignment))
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +49,10 @@ from launcher.sharding.analysis.contractions import find_contractions
 from launcher.sharding.analysis.graph import trace
 from launcher.sharding.analysis.references import axis_map, cfp_spec
 from launcher.sharding.analysis.strategies import Spec
-from launcher.sharding.apply import make_mesh, program_signature, spec_json
+from launcher.sharding.apply import make_mesh, program_signature, spec_json, whole_step
 from launcher.sharding.options import USER_BASELINE as USER
 from launcher.sharding.program import TrainingProgram
+from launcher.sharding.search.measure import StepRunner
 from launcher.sharding.user.reading import ArrayStep, Loss, Reading, canonical, nnx_module, read, split, step_name
 from launcher import jaxcompat
 from launcher.errors import UserError
@@ -425,11 +426,23 @@ class StepProgram(TrainingProgram):
     a step that has no model protocol, answered by this module. The passes ask it of the program
     they are given, so they import nothing of this folder, which builds on them."""
 
+    # Its baselines lay out its inputs alone: the nearest plans carry them through the step.
+    layouts_inputs_only = True
+
+    def plan_runner(self, a: Analysis, assignment: Mapping[int, int], mesh: Mesh, *, seed: int = 0,
+                    name: str = "searched", stored: frozenset = frozenset()) -> StepRunner:
+        step, in_shardings, _ = whole_step(a, assignment, mesh, stored)
+        return StepRunner(name, self, step, in_shardings, seed=seed)
+
+    def baseline_runner(self, name: str, devices: Sequence[jax.Device], *, seed: int = 0) -> StepRunner:
+        return StepRunner(name, self, self.step, self.baseline_shardings(name, make_mesh([len(devices)], devices)),
+                          seed=seed)
+
+    def baseline_layouts(self, a: Analysis, name: str, devices: Sequence[jax.Device]) -> Optional[dict[int, Spec]]:
+        return input_layouts(a, self, name, devices)
+
     def baseline_shardings(self, name: str, mesh: Mesh) -> tuple:
         return baseline_shardings(self, name, mesh)
-
-    def input_layouts(self, a: Analysis, name: str, devices: Sequence[jax.Device]) -> Optional[dict[int, Spec]]:
-        return input_layouts(a, self, name, devices)
 
     def out_shardings(self, in_shardings: tuple, replicated: NamedSharding) -> PyTree:
         return out_shardings(self, in_shardings, replicated)
