@@ -76,7 +76,8 @@ def worker(name: str, store: str, iterations: int, repeats: int) -> dict:
     from launcher.sharding.apply import constrained_step
     from launcher.sharding.comparison import compare
     from launcher.sharding.user.api import autoshard
-    from launcher.sharding.search.measure import StepRunner, baseline_runner, race
+    from launcher.sharding.search.measure import StepRunner, baseline_runner
+    from launcher.sharding.search.race import race
     from launcher.sharding.user.step import step_program
     from tests import user_programs
 

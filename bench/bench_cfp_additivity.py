@@ -60,7 +60,8 @@ def worker(name: str, mesh_shape: list[int], rounds: int, iterations: int, repea
     from launcher.sharding.measuring.timing import CacheFlush, Timer
     from launcher.sharding.search.comm import collectives
     from launcher.sharding.search.dp import predict, search
-    from launcher.sharding.search.measure import plan_runner, race
+    from launcher.sharding.search.measure import plan_runner
+    from launcher.sharding.search.race import race
     from launcher.sharding.search.nearest import nearest_plans
 
     model = tiny_model(name)

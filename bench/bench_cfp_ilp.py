@@ -15,7 +15,7 @@ virtual devices, on one mesh (``--mesh``, 4x2 as bench_cfp_search.py) and one pr
 - then CFP's plan, CFP's plan compiled a second time (the A/A floor: how far one measurement of
   a plan moves from another of the same plan in the same rounds), the ILP's plan and the
   ``--baselines`` trained side by side, ``--repeats`` interleaved rounds of ``--iterations``
-  steps (``measure.race``).
+  steps (``race.race``).
 
 Reported per model: CFP's step time over the ILP's, *paired* (the median over rounds of the
 ratio within each round, as bench_cfp_search.py) and as the ratio of medians, beside the A/A
@@ -67,7 +67,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.sharding.measuring.quiet import counts
     from launcher.sharding.measuring.store import ProfileStore
     from launcher.sharding.search.dp import search
-    from launcher.sharding.search.measure import baseline_runners, plan_runner, race
+    from launcher.sharding.search.measure import baseline_runners, plan_runner
+    from launcher.sharding.search.race import race
 
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)
     analyzed = pipeline.analyze(tiny_model(name), mesh_shape=mesh_shape)

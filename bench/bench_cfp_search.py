@@ -114,7 +114,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.sharding.options import ProfileOptions, SearchOptions
     from launcher.sharding.measuring.quiet import counts
     from launcher.sharding.search.dp import predict, search
-    from launcher.sharding.search.measure import baseline_runners, plan_runner, race
+    from launcher.sharding.search.measure import baseline_runners, plan_runner
+    from launcher.sharding.search.race import race
 
     model = tiny_model(name)
     log = lambda line: print(f"[{name}] {line}", file=sys.stderr, flush=True)

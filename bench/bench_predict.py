@@ -15,7 +15,7 @@ four; only the links differ, as between one host and several
    themselves) and the search's plan on each logical mesh ([8], [4, 2], [2, 4]: the ILP over
    every strategy, priced by that link model, ``ahead/job.py``): the same plans in every
    arrangement.
-3. **Measured** in each arrangement: the plans raced (``search/measure.race``: interleaved rounds,
+3. **Measured** in each arrangement: the plans raced (``search/race.race``: interleaved rounds,
    the median round), and from the reference each compiled program's collectives with their
    replica groups (``predict/collectives.py``).
 4. **Predicted** for 2 x 4, 4 x 2 and 8 x 1 from the reference alone: its measured step, less its
@@ -97,7 +97,8 @@ def plans_worker(args: argparse.Namespace) -> None:
     from launcher.hlo.text import fingerprint
     from launcher.sharding.predict import collectives, links, price, work
     from launcher.sharding.ahead.job import search_plan
-    from launcher.sharding.search.measure import baseline_runner, plan_runner, race
+    from launcher.sharding.search.measure import baseline_runner, plan_runner
+    from launcher.sharding.search.race import race
 
     measured = dataclasses.replace(links.load(args.links), domain_devices=DEVICES)   # planned as on one host
     model = tiny_model(args.model)
@@ -177,7 +178,7 @@ def one_run(args: argparse.Namespace, work: Path, k: int) -> dict:
               flush=True)
     ref = found[1]
     # A plan compiled to another's program (the search's plan on [8] is dp's) is one plan, as the
-    # search races it once (measure.same_program): the first name stands for both.
+    # search races it once (race.same_program): the first name stands for both.
     seen: dict = {}
     for r in ref:
         seen.setdefault(r["fingerprint"], r["plan"])

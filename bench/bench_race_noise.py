@@ -5,7 +5,7 @@
 The default job (``python -m launcher``) runs 2 processes of 4 CPU devices, gloo between them.
 This starts the same two processes (``jax.distributed`` on localhost), and races, in
 ``--rounds`` interleaved rounds of ``--iterations`` steps as ``mode=cfp``'s final runs do
-(``launcher.sharding.search.measure.race``): dp_tp, dp_tp compiled a second time, and the plan
+(``launcher.sharding.search.race.race``): dp_tp, dp_tp compiled a second time, and the plan
 nearest dp_tp on the 4x2 mesh (``launcher/sharding/search/nearest.py``). dp_tp over itself is an A/A
 test: any spread in it is the machine's.
 
@@ -50,7 +50,8 @@ def worker(args: argparse.Namespace) -> None:
     from bench_cfp_analysis import tiny_model
     from launcher.sharding import pipeline
     from launcher.sharding.measuring.timing import slowest_process
-    from launcher.sharding.search.measure import baseline_runner, plan_runner, race
+    from launcher.sharding.search.measure import baseline_runner, plan_runner
+    from launcher.sharding.search.race import race
     from launcher.sharding.search.nearest import nearest_plans
 
     analyzed = pipeline.analyze(tiny_model(args.model), mesh_shape=[4, 2])
@@ -86,7 +87,7 @@ def main() -> None:
     import numpy as np
 
     from launcher.sharding.comparison import verdict
-    from launcher.sharding.search.measure import paired_over as paired
+    from launcher.sharding.comparison import paired_over as paired
     from launcher.clusters.base import free_port
 
     if args.reuse:

@@ -127,7 +127,7 @@ def test_a_searched_plan_behind_the_fastest_baseline_is_explained_under_the_tabl
     assert behind_note(ilp, "the Alpa-style ILP's plan", "dp", 1.3, jax.devices()).endswith(
         "that plan is dp's own layout; the ILP's cost model predicted its plan faster (it measures no plan before "
         "the race)")
-    # Kept after the shortlist raced it alone against the plan nearest a baseline (measure.pick's
+    # Kept after the shortlist raced it alone against the plan nearest a baseline (cfp.shortlist.pick's
     # duel): what that duel measured, beside this race's ratio. Against the baseline's own layout,
     # the two races disagree (the default job's moe-tiny: 0.937 of the plan nearest dp_tp, then
     # 1.044x dp_tp); against another baseline's nearest plan (bert-tiny: its duel was with the plan

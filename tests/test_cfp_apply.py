@@ -90,7 +90,7 @@ import json, sys
 import jax
 from launcher.sharding.analysis.core import analyze
 from launcher.sharding.apply import make_mesh
-from launcher.sharding.search.measure import communication_study
+from launcher.sharding.search.studies import communication_study
 from launcher.sharding.model_program import training_program
 from launcher.models.gpt import GPT
 p = training_program(GPT(**json.loads(sys.argv[1])))

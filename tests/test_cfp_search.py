@@ -39,9 +39,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from launcher.sharding.measuring.timing import Timer, overhead_program
 from launcher.sharding.comparison import paired_ratios
-from launcher.sharding.search.measure import Cut, race, steps_per_round
+from launcher.sharding.search.race import Cut, race, steps_per_round
 from launcher.sharding.comparison import winner
-from launcher.sharding.search.measure import _clearly_ahead, _decided
+from launcher.sharding.algorithms.cfp.shortlist import _clearly_ahead, _decided
 from launcher.sharding.comparison import Verdict, verdict
 from launcher.sharding.pipeline import Searched, answer
 from launcher.sharding import results
@@ -49,7 +49,7 @@ from launcher.sharding.comparison import compare
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.report import comparison_text
 from launcher.sharding.user.api import AutoPlan
-from launcher.sharding.search.measure import PlanRun
+from launcher.sharding.search.measure import PlanRun, Runner
 from launcher.models.plans import Plan, builtin
 
 pytestmark = pytest.mark.core
@@ -403,7 +403,8 @@ from launcher.models.gpt import GPT
 from launcher.models.plans import builtin
 from launcher.sharding.model_program import training_program
 from launcher.hlo.text import fingerprint
-from launcher.sharding.search.measure import Runner, same_program
+from launcher.sharding.search.measure import Runner
+from launcher.sharding.search.race import same_program
 
 program = training_program(GPT(**json.loads(sys.argv[1])))
 plan, devices = builtin("dp_tp"), jax.devices()
@@ -524,8 +525,9 @@ def test_the_answer_says_which_plan_and_why_and_writes_a_baseline_as_it_ran():
     class Devices:   # a Runner's mesh: its axes and their sizes
         axis_names, devices = ("data", "model"), np.zeros((4, 2))
 
-    class Ran:       # what answer reads of a Runner: the plan and mesh it ran on
+    class Ran:       # what answer asks of a Runner (its answer_plan): the plan and mesh it ran on
         plan, mesh = builtin("dp_tp"), Devices()
+        answer_plan = Runner.answer_plan
 
     run = lambda name, times: PlanRun(name, times, [1.0], 0, 1.0, 0.0)
     searched = Plan("cfp", (("cfp0", 4), ("cfp1", 2)), {"params": {}, "activations": {}, "inputs": {}})
@@ -567,6 +569,7 @@ def test_every_output_names_the_same_best_baseline_where_medians_and_paired_rati
 
     class Ran:
         plan, mesh = builtin("fsdp"), type("Mesh", (), {"axis_names": ("data",), "devices": np.zeros(3)})()
+        answer_plan = Runner.answer_plan
 
     searched_plan = Plan("cfp", (("cfp0", 3),), {"params": {}, "activations": {}, "inputs": {}})
     a = answer([None, Ran(), Ran()], runs, {0: searched_plan}.get, 0.02)

@@ -62,7 +62,7 @@ class ProfileConfig(AnalysisConfig):
     interleave: bool = ProfileOptions.interleave
     overlap_compile: Optional[bool] = ProfileOptions.overlap_compile
     quick_compile: Optional[bool] = ProfileOptions.quick_compile
-    # mode=profile's communication study (launcher/sharding/search/measure.py): every uniform plan of
+    # mode=profile's communication study (launcher/sharding/search/studies.py): every uniform plan of
     # the whole step, with its collectives and step time, run iterations steps x run_repeats.
     enumerate: bool = False
     iterations: int = 10

@@ -68,14 +68,17 @@ each taking its options object (``options.py``) and ``log``/``progress`` callbac
                            the whole step's overhead program; gradient all-reduces per unit
       segment_program.py   a segment alone as a program, with synthetic inputs
 
-    search/                pass 3's parts (algorithms/cfp/ runs them), and the race every plan runs
+    search/                pass 3's parts (algorithms/cfp/ runs them; its shortlist and duel are
+                           algorithms/cfp/shortlist.py), and the race every plan runs
       dp.py                dynamic programming over the segment sequence; the shortlist
       meshes.py            the logical meshes of mode.mesh_shape=auto; for_each_mesh, the loop
                            every pass that works mesh by mesh goes through
       nearest.py           the plan nearest each built-in plan
       fit.py               plans within a memory budget as XLA allocates the whole step under them
-      measure.py           whole-step runs on models.train's Trainer (a user's step: StepRunner):
-                           race, pick, baselines, and mode=profile's communication study
+      measure.py           the runners of whole steps: models.train's Trainer (Runner), a user's
+                           step's (StepRunner), the baselines'; which one, the program says
+      race.py              the race every plan runs: interleaved rounds, Cut, agreed, same_program
+      studies.py           mode=profile's communication study, the mesh's all-reduce bandwidth
       comm.py              collectives of a compiled program (volume by kind)
 
     ilp/                   the comparison: Alpa's intra-operator ILP on the same program and mesh

@@ -12,7 +12,7 @@ against a plan nearest a baseline, what that duel measured, so the two races' di
 the default job's moe-tiny plan measured 0.937 of the plan nearest dp_tp, dp_tp's own program,
 and then 1.044x dp_tp), or, where the plan is that nearest plan, that
 it compiles to another program than the baseline's (the same program races once, as the
-baseline: ``measure.same_program``), so XLA's layout of what the blocks leave unsaid or the race's
+baseline: ``race.same_program``), so XLA's layout of what the blocks leave unsaid or the race's
 noise set them apart (miniGPT's plan nearest dp gathers its position table back every step; a
 10-round ratio of its steps is good to about 5% on a 2-core machine: docs/benchmarks.md).
 """

@@ -1,7 +1,7 @@
 """What a race measured, and its answer, computed once: every output of a search (the console's
 table, ``result.json``, ``AutoPlan.comparison()``, the benches) reads ``Comparison``.
 
-The plans of a race run in interleaved rounds (``search/measure.py: race``), so they are
+The plans of a race run in interleaved rounds (``search/race.py: race``), so they are
 compared round by round: ``paired_over`` (the one paired ratio: the median over rounds of one
 plan's time over another's in the same round) and ``paired_ratios`` (each plan's over every
 round's median). ``winner`` picks the fastest, the incumbents kept within a margin; ``verdict``
@@ -53,7 +53,7 @@ def paired_ratios(rounds: Sequence[Sequence[float]]) -> list[float]:
     median plan time. The plans of a round run minutes apart at most, those of different rounds
     further: on a machine whose speed drifts, ratios within a round compare plans where medians
     of raw times would compare the moments they ran at. A plan cut from the race (``Cut``)
-    counts in the rounds it ran (``search/measure.py: Cut``)."""
+    counts in the rounds it ran (``search/race.py: Cut``)."""
     per_round = [statistics.median(times[k] for times in rounds if len(times) > k)
                  for k in range(max(map(len, rounds)))]
     return [statistics.median(t / m for t, m in zip(times, per_round, strict=False)) for times in rounds]

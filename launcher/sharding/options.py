@@ -177,14 +177,14 @@ class SearchOptions(Options):
     run_repeats: int = 3  # interleaved rounds of the searched plan and the baselines
     # After the first round, a plan whose steps of a round (iterations, verify_iterations) took
     # longer than this runs only as many a round as take about this long, at least 2 (search/
-    # measure.py, race): the rounds, not the steps within one, are what the pairing works on. 0:
+    # race.py, race): the rounds, not the steps within one, are what the pairing works on. 0:
     # every round runs every step (mode=search's default, so mode.iterations means what it says;
     # autoshard's is 0.5: a user's step of 200 ms raced 10 steps a round, 2 s a plan).
     round_seconds: float = 0.0
     # After drop_after rounds, a built-in baseline over drop_slower_than times the fastest one in
     # every round so far runs no more (0: every baseline runs every round). What decides the
     # result is the searched plan over the fastest baseline; rounds spent on a plan twice as slow
-    # do not narrow it (search/measure.py, Cut).
+    # do not narrow it (search/race.py, Cut).
     drop_after: int = 4
     drop_slower_than: float = 1.25
     seed: int = 0  # of the whole-step runs' parameters and data (a run's top-level seed)

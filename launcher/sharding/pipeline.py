@@ -59,7 +59,8 @@ from launcher.sharding.predict import links as links_mod, price
 from launcher.sharding.profile.budget import gb_at_least
 from launcher.sharding.model_program import training_program
 from launcher.sharding.program import TrainingProgram
-from launcher.sharding.search.measure import Cut, PlanRun, agreed, baseline_runners, race, same_program
+from launcher.sharding.search.measure import PlanRun, baseline_runners
+from launcher.sharding.search.race import Cut, agreed, race, same_program
 from launcher.sharding.behind import BEHIND, behind
 from launcher.sharding.search.meshes import for_each_mesh, is_several, mesh_shapes, shown
 from launcher.errors import NoPlanFits, UserError
@@ -252,7 +253,7 @@ class Answer:
 
 def answer(runners: Sequence[Any], runs: Sequence[PlanRun], plans: Callable[[int], Optional[Plan]], margin: float,
            budget: Optional[float] = None) -> Answer:
-    """The answer of a final race (``runs``, agreed by every process, ``measure.agreed``; the
+    """The answer of a final race (``runs``, agreed by every process, ``race.agreed``; the
     searched plan first, then the baselines; ``runners`` theirs): ``comparison.compare``'s.
     ``plans(i)``: the i-th plan's ``Plan`` where an algorithm planned it (the searched plan,
     another algorithm's raced as a baseline); a built-in plan is written with its mesh axes sized
@@ -321,7 +322,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     """The final race: ``planned`` run beside the built-in ``options.baselines`` and ``others``
     (other algorithms' plans) on its devices (``iterations`` steps, ``run_repeats`` interleaved
     rounds; after ``drop_after`` rounds a built-in baseline slower than ``drop_slower_than`` times
-    the fastest one in each of them stops, ``measure.Cut``, 0 keeps every one), and the answer
+    the fastest one in each of them stops, ``race.Cut``, 0 keeps every one), and the answer
     (``Answer``): the plan only where it beat the fastest baseline by ``verify_margin`` in
     those rounds. Where it ran over ``BEHIND`` times that baseline, ``algorithm`` (the one that
     made it) is asked why (``Algorithm.behind``), else the search's own account says."""
@@ -339,7 +340,7 @@ def race_plans(planned: Planned, others: Mapping[str, Planned], options: SearchO
     runners += [o.runner for o in others.values()]
     extra = list(also(planned)) if also is not None else []
     # The searched plan compiled to a baseline's own program is not raced beside it: its figures
-    # are that baseline's (measure.same_program). That baseline then runs every round.
+    # are that baseline's (race.same_program). That baseline then runs every round.
     # Another algorithm's plan alike (the ILP's beside CFP's) is looked at too, after the built-in ones.
     twin = same_program(planned.runner, runners[1:])
     if twin is not None:

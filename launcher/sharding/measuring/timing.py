@@ -104,7 +104,7 @@ class Timer:
         jax.block_until_ready(program(*args))
         seconds = time.perf_counter() - t
         # Outside the timed span: before JAX 0.5, runs of multi-process programs are fenced apart
-        # as measure.race fences its runners. (A precaution: the gloo abort CI showed in
+        # as race.race fences its runners. (A precaution: the gloo abort CI showed in
         # two-process profiles on 0.4.35 came from host exchanges, see hosts.py.)
         jaxcompat.settle_programs()
         return seconds

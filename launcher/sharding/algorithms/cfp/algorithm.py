@@ -164,7 +164,7 @@ KEPT_BECAUSE = ("the segment profiles predicted the kept plan faster, and the sh
 
 def duel_of(rows: Sequence[dict]) -> Optional[Duel]:
     """Where the shortlist kept its plan after racing it alone against the fastest plan nearest a
-    baseline (``measure.pick``'s duel; ``choose``'s rows): the kept plan's time over that plan's,
+    baseline (``shortlist.pick``'s duel; ``choose``'s rows): the kept plan's time over that plan's,
     round by round, the rounds, and that plan's source ("nearest dp_tp"); else None."""
     kept = next((r for r in rows if r.get("chosen")), None)
     against = next((r for r in rows if r.get("incumbent") and r.get("duel_over_incumbent_paired") is not None), None)
@@ -177,20 +177,20 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
            *, name: str = Cfp.name, log: Log = lambda line: None, progress: Optional[Progress] = None
            ) -> tuple[Runner | StepRunner, list[dict], dict[str, tuple[list[int], list[int]]]]:
     """The plan to run: the fastest of the shortlist measured on the whole step
-    (``search.measure.pick``), compiled to race as ``name``. The shortlist: each mesh's DP optimum
+    (``cfp.shortlist.pick``), compiled to race as ``name``. The shortlist: each mesh's DP optimum
     (``founds``, None where nothing fit), the plans nearest the baselines (``verify_nearest``;
     each on the mesh shaped like it, ``search/meshes.py``) and the rest of the meshes' shortlists
     up to ``verify_top_k``, within the profile's memory budget. The fastest plan nearest a
     baseline is kept unless another is faster by ``verify_margin`` (a fraction) in the
     shortlist's ``verify_repeats`` rounds of ``verify_iterations`` steps and then alone against
-    it (``search.measure.pick``). Returns the chosen runner (its ``mesh_index`` set), a row per
+    it (``cfp.shortlist.pick``). Returns the chosen runner (its ``mesh_index`` set), a row per
     candidate, and the nearest plans ({name: (mesh shape, plan per block)})."""
     import jax  # noqa: PLC0415 - JAX: the command line imports the registry
 
     from launcher.sharding.apply import make_mesh  # noqa: PLC0415
     from launcher.sharding.search.dp import Candidate, predict, shortlist  # noqa: PLC0415
     from launcher.sharding.search.fit import compiled_key, state_inputs, within_budget  # noqa: PLC0415
-    from launcher.sharding.search.measure import pick  # noqa: PLC0415
+    from launcher.sharding.algorithms.cfp.shortlist import pick  # noqa: PLC0415
     from launcher.sharding.search.nearest import nearest_on_meshes  # noqa: PLC0415
 
     progress = progress or (lambda total, what: contextlib.nullcontext())
@@ -322,7 +322,7 @@ def across_processes(on: Sequence[OnMesh], short: Sequence[tuple[int, Candidate]
 
 def _log_shortlist(rows: Sequence[dict], repeats: int, iterations: int, margin: float, log: Log) -> None:
     """Each shortlisted plan's figures, the duel where one was raced, and why the plan kept is."""
-    from launcher.sharding.search.measure import CLEARLY_AHEAD  # noqa: PLC0415 - JAX, as in choose
+    from launcher.sharding.algorithms.cfp.shortlist import CLEARLY_AHEAD  # noqa: PLC0415 - JAX, as in choose
     for i, row in enumerate(rows):
         if row["measured_step_time_s"] is not None:
             cut = f", cut after {row['rounds']} of {repeats} rounds" if row["rounds"] < repeats else ""

@@ -27,7 +27,7 @@ from launcher.sharding.options import ProfileOptions
 from launcher.sharding.profile.budget import refuse_if_nothing_fits
 from launcher.sharding.profile.profiler import Profiler, Profiles
 from launcher.sharding.profile.units import split_parts
-from launcher.sharding.search.measure import communication_study as study
+from launcher.sharding.search.studies import communication_study as study
 from launcher.sharding.search.nearest import nearest_on_meshes
 
 
