@@ -17,7 +17,10 @@ A step is what the program says it is: mode=train's steps, ``launcher.context().
 Scores, as NVIDIA's resiliency extension names them (0 worst, 1 best), but against the median
 rank rather than the fastest, so that one fast outlier does not flag every other rank:
 
-- *relative*: the median rank's host seconds per step over this rank's (0.77: 1.3x slower);
+- *relative*: the median rank's host seconds per step over this rank's (0.77: 1.3x slower), in
+  the better of its last two windows once it has two (below: a rank is slow only where both say
+  so, and a burst of shared cores in one window is not its score; CI's even job ended with a
+  rank's last window at 0.77);
 - *individual*: this rank's best over its current (its lowest median over a window of steps, of
   those it published).
 
@@ -144,7 +147,7 @@ class StepClock:
 class Score:
     rank: int
     node: str
-    relative: float     # the median rank's host time per step / this rank's
+    relative: float     # the median rank's host time per step / this rank's (the better of its two windows)
     individual: float   # this rank's best / its current
     host_s: float
     steps: int
@@ -170,7 +173,14 @@ def scores(figures: Mapping[int, tuple[str, Mapping]], factor: float) -> tuple[f
     over = {"host_s": _over(have.values(), "host_s", "low_s", factor),
             "before_s": _over(have.values(), "before_s", "before_low_s", factor)}
     median = statistics.median(f["host_s"] for _, f in have.values())
-    out = [Score(r, node, relative=median / f["host_s"], individual=min(f.get("best_s", f["host_s"]) / f["host_s"], 1.0),
+    before = [f["before_s"] for _, f in have.values() if f.get("before_s")]
+    median_before = statistics.median(before) if before else 0.0
+
+    def relative(f: Mapping) -> float:   # in the better of its two windows
+        now = median / f["host_s"]
+        return max(now, median_before / f["before_s"]) if median_before and f.get("before_s") else now
+
+    out = [Score(r, node, relative=relative(f), individual=min(f.get("best_s", f["host_s"]) / f["host_s"], 1.0),
                  host_s=f["host_s"], steps=int(f.get("steps", 0)), over=int(f.get("over", 0)),
                  slow=over["host_s"](f) and ("before_s" not in f or over["before_s"](f)))
            for r, (node, f) in have.items()]
