@@ -170,11 +170,8 @@ def scores(figures: Mapping[int, tuple[str, Mapping]], factor: float) -> tuple[f
     have = {r: (node, f) for r, (node, f) in figures.items() if f and f.get("host_s", 0) > 0}
     if not have:
         return 0.0, []
-    over = {"host_s": _over(have.values(), "host_s", "low_s", factor),
-            "before_s": _over(have.values(), "before_s", "before_low_s", factor)}
-    median = statistics.median(f["host_s"] for _, f in have.values())
-    before = [f["before_s"] for _, f in have.values() if f.get("before_s")]
-    median_before = statistics.median(before) if before else 0.0
+    median, slow_now = _window(have.values(), "host_s", "low_s", factor)
+    median_before, slow_before = _window(have.values(), "before_s", "before_low_s", factor)
 
     def relative(f: Mapping) -> float:   # in the better of its two windows
         now = median / f["host_s"]
@@ -182,22 +179,23 @@ def scores(figures: Mapping[int, tuple[str, Mapping]], factor: float) -> tuple[f
 
     out = [Score(r, node, relative=relative(f), individual=min(f.get("best_s", f["host_s"]) / f["host_s"], 1.0),
                  host_s=f["host_s"], steps=int(f.get("steps", 0)), over=int(f.get("over", 0)),
-                 slow=over["host_s"](f) and ("before_s" not in f or over["before_s"](f)))
+                 slow=slow_now(f) and ("before_s" not in f or slow_before(f)))
            for r, (node, f) in have.items()]
     out.sort(key=lambda s: (s.relative, s.rank))
     return median, out
 
 
-def _over(figures: Iterable[tuple[str, Mapping]], median_key: str, low_key: str, factor: float) -> Callable[[Mapping], bool]:
-    """Whether a rank's window (its figures' ``median_key``, ``low_key``) took over ``factor``
-    times the median rank's, median against median and fastest against fastest, among the ranks
-    that have that window."""
+def _window(figures: Iterable[tuple[str, Mapping]], median_key: str, low_key: str,
+            factor: float) -> tuple[float, Callable[[Mapping], bool]]:
+    """Of the ranks that have a window (their figures' ``median_key``, ``low_key``): the median
+    rank's median (0.0 with none), and whether a rank's window took over ``factor`` times the
+    median rank's, median against median and fastest against fastest."""
     have = [f for _, f in figures if f.get(median_key)]
     if not have:
-        return lambda f: False
+        return 0.0, lambda f: False
     median = statistics.median(f[median_key] for f in have)
     median_low = statistics.median(f.get(low_key, f[median_key]) for f in have)
-    return lambda f: f[median_key] > factor * median and f.get(low_key, f[median_key]) > factor * median_low
+    return median, lambda f: f[median_key] > factor * median and f.get(low_key, f[median_key]) > factor * median_low
 
 
 def watch_entry(median: float, ranked: list[Score]) -> dict:
