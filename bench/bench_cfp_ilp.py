@@ -60,7 +60,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.sharding import pipeline
 
     from launcher.sharding.algorithms.cfp import profile as cfp_profile
-    from launcher.sharding.algorithms.cfp import choose
+    from launcher.sharding.algorithms.cfp import CfpOptions, choose
     from launcher.sharding.algorithms.base import OnMesh
     from launcher.sharding.ilp.plan import from_blocks, ilp_plan
     from launcher.sharding.options import ProfileOptions, SearchOptions
@@ -81,8 +81,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
                             log=log).profiles
     found = search(prof, len(a.blocks))
     t0 = time.perf_counter()
-    chosen, candidates, _ = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(verify_top_k=top_k),
-                                       name="cfp")
+    chosen, candidates, _ = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(),
+                                   CfpOptions(verify_top_k=top_k), name="cfp")
     choose_s = time.perf_counter() - t0
     picked = chosen.candidate
     log(f"CFP: {picked.assignment} ({picked.source})")

@@ -108,7 +108,7 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
     from launcher.sharding import pipeline
 
     from launcher.sharding.algorithms.cfp import profile as cfp_profile
-    from launcher.sharding.algorithms.cfp import choose
+    from launcher.sharding.algorithms.cfp import CfpOptions, choose
     from launcher.sharding.algorithms.base import OnMesh
     from launcher.sharding.comparison import compare
     from launcher.sharding.options import ProfileOptions, SearchOptions
@@ -128,8 +128,8 @@ def worker(name: str, mesh_shape: list[int], iterations: int, repeats: int, stor
                             log=log).profiles
     found = search(prof, len(a.blocks))
     # The shortlist measured as mode=search measures it (its verify_* defaults).
-    chosen, candidates, nearest = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(verify_top_k=top_k),
-                                                  name="cfp")
+    chosen, candidates, nearest = choose([OnMesh(analyzed, mesh, prof)], [found], SearchOptions(),
+                                         CfpOptions(verify_top_k=top_k), name="cfp")
     picked = chosen.candidate
     log(f"search optimum {found.assignment}; searched ParallelBlock Strategies solution: {picked.assignment} "
         f"({picked.source})")

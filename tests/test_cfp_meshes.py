@@ -17,7 +17,7 @@ from launcher.modes.search import Config as SearchMode
 from launcher.sharding import pipeline
 from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.sharding.analysis.strategies import enumerate_strategies
-from launcher.sharding.algorithms.cfp import within_reach
+from launcher.sharding.algorithms.cfp import CfpOptions, within_reach
 from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.dp import Candidate
 from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, is_several, merge_shortlists,
@@ -146,7 +146,7 @@ def test_a_shortlisted_plan_predicted_far_slower_is_not_measured_but_the_fastest
     assert within_reach(short, incumbents=[3, 4], slower_than=0) == (list(range(6)), {})   # 0: every one
     assert within_reach(short, incumbents=[], slower_than=3.0)[0] == [0, 1, 2, 4, 5]
     with pytest.raises(UserError, match=r"mode.verify_slower_than=1: must be a factor above 1"):
-        SearchOptions(verify_slower_than=1)
+        CfpOptions(verify_slower_than=1)
 
 
 def test_a_mesh_that_refuses_is_left_out_and_one_typed_error_when_every_mesh_does():

@@ -38,12 +38,7 @@ class _Search(ProfileConfig):
     drop_after: int = SearchOptions.drop_after
     drop_slower_than: float = SearchOptions.drop_slower_than
     baselines: List[str] = field(default_factory=lambda: list(SearchOptions.baselines))
-    verify_top_k: int = SearchOptions.verify_top_k
-    verify_nearest: bool = SearchOptions.verify_nearest
     mesh_gate: float = SearchOptions.mesh_gate
-    verify_slower_than: float = SearchOptions.verify_slower_than
-    verify_iterations: int = SearchOptions.verify_iterations
-    verify_repeats: int = SearchOptions.verify_repeats
     verify_margin: float = SearchOptions.verify_margin
     price_race: bool = SearchOptions.price_race
     # The algorithm (launcher/sharding/algorithms/; default: the one its class says is): cfp, CFP's
@@ -86,8 +81,8 @@ class _Search(ProfileConfig):
                 check_target(mode.step, {}, Path.cwd(), "mode.step")
 
 
-# The package's algorithms' own options, each a key of the mode with its default (the ILP's time
-# limit), as each algorithm declares them (Algorithm.option_defaults).
+# The package's algorithms' own options, each a key of the mode with its default (CFP's shortlist,
+# mode.verify_top_k...; the ILP's time limit), as each algorithm declares them (Algorithm.option_defaults).
 Config = make_dataclass("Config", [(name, type(default), field(default=default))
                                    for name, default in Algorithm.package_options().items()],
                         bases=(_Search,))

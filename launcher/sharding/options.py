@@ -137,15 +137,12 @@ class ProfileOptions(Options):
 
 @dataclass(frozen=True)
 class SearchOptions(Options):
-    """The search: the profile every algorithm plans under (its store, its memory budget), CFP's
-    shortlist measured on the whole step (``algorithms/cfp/``: ``verify_*``), and the race of
-    the plan kept beside the baselines, which answers (``pipeline.race_plans``)."""
+    """The search: the profile every algorithm plans under (its store, its memory budget), and
+    the race of the plan kept beside the baselines, which answers (``pipeline.race_plans``).
+    CFP's shortlist has options of its own (``algorithms/cfp/algorithm.py``: ``CfpOptions``)."""
 
     # The profile the search works from: its memory budget bounds the search's plans too.
     profile: ProfileOptions = ProfileOptions()
-    # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
-    # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
-    verify_top_k: int = 4
     # Of several logical meshes, profile only those whose best plan the ILP's calibrated cost
     # model prices within this many times the cheapest mesh's (ilp/gate.py). 0 (the default):
     # profile every mesh. Off because, on the presets over 2 processes x 4 devices, the model
@@ -153,23 +150,11 @@ class SearchOptions(Options):
     # there leaves out [8] at most, and pricing costs more than profiling it (39-51 s against
     # 14-19 s; bench/bench_mesh_gate.py, docs/cfp.md "The mesh gate").
     mesh_gate: float = 0.0
-    # Measure, besides, the plan nearest each of the baselines (search/nearest.py).
-    verify_nearest: bool = True
-    # A shortlisted plan the profile predicts over this many times the fastest prediction is not
-    # measured (its row says so), except the fastest-predicted plan nearest a baseline, which the
-    # others must beat. Each one measured costs a whole-step compile and its rounds, most of a
-    # cold search's shortlist; the profile's predictions rank such plans as the race does (the
-    # scanned LM's nearest-fsdp plan: predicted 3.3x the optimum, measured 3.2x). 0: measure all.
-    verify_slower_than: float = 2.0
-    verify_iterations: int = 10  # steps per round when measuring them
-    # Interleaved rounds; the best few plans are often within a round's noise of each other
-    # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
-    verify_repeats: int = 6
-    # A plan replaces the fastest plan nearest a baseline only when faster by this fraction,
-    # round by round: short rounds cannot tell plans apart within their noise (the bench's A/A
-    # floor, 0.01-0.07 on the tiny models), and there the baseline-like plan is the safe one.
-    # Likewise the answer (plan.json): the searched plan only where the final race measured it
-    # faster than the fastest baseline by this fraction, else that baseline's (docs/cfp.md).
+    # The answer (plan.json): the searched plan only where the final race measured it faster
+    # than the fastest baseline by this fraction, round by round, else that baseline's: short
+    # rounds cannot tell plans apart within their noise (bench/bench_cfp_search.py's A/A floor,
+    # 0.01-0.07 on the tiny models), and there the baseline is the safe one (docs/cfp.md). CFP's
+    # shortlist keeps the plan nearest a baseline by the same fraction (``CfpOptions``).
     verify_margin: float = 0.02
     # The plans the searched one races, built-in plans and (alpa_ilp) the Alpa-style ILP's.
     baselines: tuple[str, ...] = BASELINES
@@ -207,10 +192,6 @@ class SearchOptions(Options):
             raise UserError(f"mode.drop_slower_than={self.drop_slower_than}: must be a factor above 1 (a baseline "
                             "that much slower than the fastest in every round stops racing), e.g. 1.25, or 0 to "
                             "race every baseline every round")
-        if self.verify_slower_than != 0 and not self.verify_slower_than > 1:
-            raise UserError(f"mode.verify_slower_than={self.verify_slower_than}: must be a factor above 1 (a "
-                            "shortlisted plan predicted that much slower than the fastest is not measured), e.g. "
-                            "2, or 0 to measure every one")
         if self.mesh_gate != 0 and not self.mesh_gate >= 1:
             raise UserError(f"mode.mesh_gate={self.mesh_gate}: must be a factor of 1 or more (a mesh whose best "
                             "plan the ILP's cost model predicts that much slower than the best mesh's is not "

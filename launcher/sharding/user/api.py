@@ -46,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 from launcher.sharding import pipeline
 from launcher.sharding.apply import AXIS_NAMES, constrained_step, make_mesh, pspec, spec_from_json
 from launcher.sharding.algorithms.base import Algorithm, Hooks, algorithms, plan_heading
+from launcher.sharding.algorithms.cfp.algorithm import CfpOptions
 from launcher.sharding.ilp import NAME as ILP_ROW
 from launcher.sharding.options import ProfileOptions, SearchOptions
 from launcher.sharding.program import TrainingProgram
@@ -165,7 +166,7 @@ def _search(step_fn: StepFn, example_args: tuple, mesh_shape: MeshShape, algorit
     kind = Algorithm.named(algorithm, option="algorithm")
     program = step_program(step_fn, example_args, data_argnums=data_argnums, in_shardings=in_shardings,
                            state_argnums=state_argnums, loss=loss, log=log)
-    settings = dict(options)
+    settings = {**AUTOSHARD_DEFAULTS, **options}   # the algorithms' own among them (verify_top_k)
     search = search_options(program, settings)
     store = ProfileStore(Path(search.profile.store_dir).expanduser().resolve())
     key = _answer_key(program, mesh_shape, algorithm, search, settings)
@@ -190,15 +191,18 @@ def _answer_key(program: TrainingProgram, mesh_shape: MeshShape, algorithm: str,
     """What an answer depends on: the traced step and its arguments, the devices, the options
     (the store it is kept in aside), the user's own layout. A profile-store key: its fields are
     the store's format."""
-    options = {**dataclasses.asdict(search), "profile": {k: v for k, v in dataclasses.asdict(search.profile).items()
-                                                          if k != "store_dir"}}
+    # The package's algorithms' own options, at the values given or their defaults (Algorithm.option_defaults).
+    own = {name: settings.get(name, default) for name, default in Algorithm.package_options().items()}
+    # CFP's shortlist options were the search's (SearchOptions) when answers were first keyed, and
+    # are kept among its options: the key, the store's format, is the same.
+    shortlist = {name: own.pop(name) for name in CfpOptions.defaults()}
+    options = {**dataclasses.asdict(search), **shortlist,
+               "profile": {k: v for k, v in dataclasses.asdict(search.profile).items() if k != "store_dir"}}
     user = _layout_key(program.in_shardings)
     return {"version": ANSWER_KEY, "kind": "autoshard-answer", "program": program.signature,
             "args": describe_leaves(program.args), "devices": device_signature(make_mesh([jax.device_count()])),
             "mesh_shape": str(mesh_shape), "algorithm": algorithm, "options": json.loads(json.dumps(options, default=str)),
-            # The package's algorithms' own options, at the values given or their defaults (Algorithm.option_defaults).
-            **{name: settings.get(name, default) for name, default in Algorithm.package_options().items()},
-            "user": user, "loss": program.reading.loss_path}
+            **own, "user": user, "loss": program.reading.loss_path}
 
 
 def _layout_key(shardings: PyTree) -> Optional[dict]:

@@ -8,6 +8,6 @@ plans, the fit under a budget) and the profiler's in ``launcher/sharding/profile
 Importing the package imports no JAX (the command line reads the registry): ``profile.py`` does,
 and is imported where a pass runs."""
 
-from launcher.sharding.algorithms.cfp.algorithm import Cfp, CfpSearched, choose, within_reach
+from launcher.sharding.algorithms.cfp.algorithm import Cfp, CfpOptions, CfpSearched, choose, within_reach
 
-__all__ = ["Cfp", "CfpSearched", "choose", "within_reach"]
+__all__ = ["Cfp", "CfpOptions", "CfpSearched", "choose", "within_reach"]

@@ -10,8 +10,8 @@ Structures") as an algorithm, its three passes as the paper has them:
    step, the fastest kept (``Cfp.search``, ``choose``).
 
 The race of the plan kept beside the baselines, and the answer, are the orchestration's
-(``pipeline.race_plans``). CFP's options are the profile's (``ProfileOptions``) and the
-shortlist's (``SearchOptions.verify_*``).
+(``pipeline.race_plans``). CFP's options are the profile's (``ProfileOptions``) and its
+shortlist's (``CfpOptions``, here: ``mode.verify_*``, autoshard's ``verify_*=``).
 
 This module imports no JAX at its top (the command line reads the registry); each pass imports
 what it runs.
@@ -20,18 +20,55 @@ what it runs.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from launcher.errors import NoPlanFits, UserError
 from launcher.sharding.algorithms.base import (Algorithm, Duel, Hooks, Log, OnMesh, Planned, Progress,
                                                builtin_baselines)
-from launcher.sharding.options import SearchOptions
+from launcher.sharding.options import Options, SearchOptions
 from launcher.sharding.search.meshes import crossings, for_each_mesh, merge_shortlists
 
 if TYPE_CHECKING:  # they import JAX
     from launcher.sharding.search.dp import Candidate, SearchResult
     from launcher.sharding.search.measure import Runner, StepRunner
+
+
+@dataclass(frozen=True)
+class CfpOptions(Options):
+    """CFP's shortlist: the plans measured on the whole step before one is kept (``choose``).
+    The profile it searches is ``SearchOptions.profile``; the margin a plan must win by, the
+    race's ``SearchOptions.verify_margin``."""
+
+    # Measure the search's best few plans (its optimum, runners-up, uniform plans) on the whole
+    # step and keep the fastest: 1 takes the search's optimum unmeasured (unless verify_nearest).
+    verify_top_k: int = 4
+    # Measure, besides, the plan nearest each of the baselines (search/nearest.py). A plan
+    # replaces the fastest of them only when faster by mode.verify_margin, round by round: short
+    # rounds cannot tell plans apart within their noise, and there the baseline-like plan is the
+    # safe one.
+    verify_nearest: bool = True
+    # A shortlisted plan the profile predicts over this many times the fastest prediction is not
+    # measured (its row says so), except the fastest-predicted plan nearest a baseline, which the
+    # others must beat. Each one measured costs a whole-step compile and its rounds, most of a
+    # cold search's shortlist; the profile's predictions rank such plans as the race does (the
+    # scanned LM's nearest-fsdp plan: predicted 3.3x the optimum, measured 3.2x). 0: measure all.
+    verify_slower_than: float = 2.0
+    verify_iterations: int = 10  # steps per round when measuring them
+    # Interleaved rounds; the best few plans are often within a round's noise of each other
+    # (bench/bench_cfp_search.py's A/A figure), and a round of them costs far less than compiling them.
+    verify_repeats: int = 6
+
+    def __post_init__(self) -> None:
+        if self.verify_slower_than != 0 and not self.verify_slower_than > 1:
+            raise UserError(f"mode.verify_slower_than={self.verify_slower_than}: must be a factor above 1 (a "
+                            "shortlisted plan predicted that much slower than the fastest is not measured), e.g. "
+                            "2, or 0 to measure every one")
+
+    @classmethod
+    def defaults(cls) -> dict[str, object]:
+        """Each option by name with its default: ``Cfp.option_defaults``."""
+        return {f.name: f.default for f in fields(cls)}
 
 
 @dataclass
@@ -50,6 +87,11 @@ class Cfp(Algorithm):
     description = "CFP's profiling search"
     color = "tab:red"
     is_default = True
+    option_defaults = CfpOptions.defaults()   # mode.verify_top_k, ...: the shortlist's (CfpOptions)
+
+    def __init__(self, options: SearchOptions, settings: Mapping[str, object] = {}) -> None:  # noqa: B006 - read only
+        super().__init__(options, settings)
+        self.cfp = CfpOptions(**{name: self.setting(name) for name in self.option_defaults})
 
     def plan(self, on: Sequence[OnMesh], hooks: Hooks) -> Planned:
         """Passes 2 and 3 over the meshes analysed (``on``): profiled, then searched."""
@@ -118,7 +160,8 @@ class Cfp(Algorithm):
         if gated:   # every mesh given, in its order: the gate's prediction beside what was found
             found_rows = {tuple(m["mesh_shape"]): m for m in meshes}
             meshes = [{**g, **found_rows.get(tuple(g["mesh_shape"]), {})} for g in gated]
-        chosen, candidates, nearest = choose(on, founds, options, name=self.row, log=log, progress=hooks.progress)
+        chosen, candidates, nearest = choose(on, founds, options, self.cfp, name=self.row, log=log,
+                                             progress=hooks.progress)
         picked, where, found = chosen.candidate, on[chosen.mesh_index], founds[chosen.mesh_index]
         log("searched ParallelBlock Strategies solution: %s on mesh %s (%s)" % (picked.assignment, where.shape,
                                                                               picked.source))
@@ -174,7 +217,8 @@ def duel_of(rows: Sequence[dict]) -> Optional[Duel]:
 
 
 def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], options: SearchOptions = SearchOptions(),
-           *, name: str = Cfp.name, log: Log = lambda line: None, progress: Optional[Progress] = None
+           cfp: CfpOptions = CfpOptions(), *, name: str = Cfp.name, log: Log = lambda line: None,
+           progress: Optional[Progress] = None
            ) -> tuple[Runner | StepRunner, list[dict], dict[str, tuple[list[int], list[int]]]]:
     """The plan to run: the fastest of the shortlist measured on the whole step
     (``cfp.shortlist.pick``), compiled to race as ``name``. The shortlist: each mesh's DP optimum
@@ -194,9 +238,9 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
     from launcher.sharding.search.nearest import nearest_on_meshes  # noqa: PLC0415
 
     progress = progress or (lambda total, what: contextlib.nullcontext())
-    verify_top_k, verify_nearest = options.verify_top_k, options.verify_nearest
+    verify_top_k, verify_nearest = cfp.verify_top_k, cfp.verify_nearest
     baselines = builtin_baselines(options.baselines)
-    iterations, repeats, margin = options.verify_iterations, options.verify_repeats, options.verify_margin
+    iterations, repeats, margin = cfp.verify_iterations, cfp.verify_repeats, options.verify_margin
     budget, seed = options.profile.memory_budget_bytes, options.seed
     live = [i for i, f in enumerate(founds) if f is not None]
     program = on[0].analyzed.program
@@ -245,7 +289,7 @@ def choose(on: Sequence[OnMesh], founds: Sequence[Optional[SearchResult]], optio
                     incumbents.append(len(short))
                 short.append((i, c))
     short += across_processes(on, short, jax.process_count(), log)
-    keep, unmeasured = within_reach(short, incumbents, options.verify_slower_than)
+    keep, unmeasured = within_reach(short, incumbents, cfp.verify_slower_than)
     measured = [short[k] for k in keep]
     among = {k: j for j, k in enumerate(keep)}   # a kept plan's place among those measured
     bar = progress(repeats * iterations * len(measured), f"measuring {len(measured)} plans") \
