@@ -780,8 +780,11 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
                    "mode.run_repeats=2", "mode.repeats=2",
                    "mode.drop_after=1", "mode.drop_slower_than=1.01", "mode.baselines=[dp,dp_tp,ep]",
                    "mode.verify_iterations=2", "mode.verify_repeats=2",
+                   # its own cache: the link model measured here, with 2 runs of each collective
+                   # (timing them is most of the measuring: mode.link_repeats)
+                   "mode.link_repeats=2",
                    f"mode.store_dir={tmp_path / 'store'}", run_dir=tmp_path / "cfp", timeout=900,
-                   env={"XLAUNCH_CACHE_DIR": str(tmp_path / "cache")})   # its own: the link model measured here
+                   env={"XLAUNCH_CACHE_DIR": str(tmp_path / "cache")})
     result = read_result(tmp_path / "cfp")
     # The console ends with the answer, without a terminal too: the comparison table (a row per
     # plan run; a baseline that cannot apply, ep without experts, named once below it) and the chart.
@@ -827,8 +830,9 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     assert scored["predicted_best_over_measured_best"] >= 1
     assert "model (ms)" in table and f"over the {len(scored['scored'])} programs raced, mean error" in table
     assert "measuring it once for the race's predictions" in rank0
-    # the measured link model is a file like the shipped ones (mode.links=<it> reads it)
-    assert 0 < links.load(str(cached[0])).memory_bytes_per_s < math.inf
+    # the measured link model is a file like the shipped ones (mode.links=<it> reads it), timed as asked
+    measured = links.load(str(cached[0]))
+    assert 0 < measured.memory_bytes_per_s < math.inf and "(2 repeats, the mean run" in measured.source["measured"]
     assert f"plan: {tmp_path / 'cfp' / 'plan.json'} ({answer['name']}" in proc.stdout
     cfp_plan = json.loads((tmp_path / "cfp" / "cfp_plan.json").read_text())
     assert result["plan"]["file"] == str(tmp_path / "cfp" / "cfp_plan.json") and cfp_plan["constraints"]
@@ -921,6 +925,8 @@ def test_two_processes_agree_and_the_saved_plan_trains(tmp_path, mesh_shape):
     ("mode.drop_slower_than=0.9", "mode.drop_slower_than=0.9: must be a factor above 1"),
     ("mode.drop_after=0", "mode.drop_after=0: must be a number of rounds, at least 1"),
     ("mode.mesh_gate=0.5", "mode.mesh_gate=0.5: must be a factor of 1 or more"),
+    ("mode.verify_slower_than=1", "mode.verify_slower_than=1.0: must be a factor above 1"),
+    ("mode.link_repeats=1", "mode.link_repeats=1: must be at least 2"),
     ("mode.mesh_shape=[3,3]", "mode.mesh_shape=[3, 3] has 9 devices but the job has 8"),
 ])
 def test_bad_search_settings_fail_with_one_clear_message(tmp_path, override, message):

@@ -59,6 +59,7 @@ class _Search(ProfileConfig):
     # link model the race's predictions use (mode.price_race; null: this job's, measured).
     predict: bool = False
     links: Optional[str] = SearchOptions.links
+    link_repeats: int = SearchOptions.link_repeats   # measuring this job's link model (price_race)
 
     @classmethod
     def check(cls, mode, job) -> None:

@@ -177,11 +177,16 @@ class SearchOptions(Options):
     # dots and bytes at the device's rates, its collectives on the links they cross), shown
     # beside its measured time, the model's error kept in result.json: what tells a user how far
     # to trust mode.predict's figures for hosts they do not have. The link model: mode.links (a
-    # shipped name or a file), else this job's own, measured once (about 13 s on 2 processes x 4
-    # CPU devices) and kept in the user's cache for every later search on as many processes and
-    # devices of that kind ($XLAUNCH_CACHE_DIR, default ~/.cache/xlaunch). false: no prediction.
+    # shipped name or a file), else this job's own, measured once (34 s on 2 processes x 4 CPU
+    # devices here, alone, 2026-12-08) and kept in the user's cache for every later search on as
+    # many processes and devices of that kind ($XLAUNCH_CACHE_DIR, default ~/.cache/xlaunch).
+    # false: no prediction.
     price_race: bool = True
     links: Optional[str] = None
+    # Timed runs of each collective at each size when this job's link model is measured (their
+    # mean counts; mode=check mode.measure_links=true has the same option, 12 by default there).
+    # Timing them is most of that measuring: 24 of its 34 s above at 6.
+    link_repeats: int = 6
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "baselines", tuple(self.baselines))
@@ -199,6 +204,9 @@ class SearchOptions(Options):
         if not self.round_seconds >= 0:
             raise UserError(f"mode.round_seconds={self.round_seconds}: must be seconds, 0 or more (0: every round "
                             "runs mode.iterations steps), e.g. 0.5")
+        if self.link_repeats < 2:
+            raise UserError(f"mode.link_repeats={self.link_repeats}: must be at least 2 (the runs whose mean a "
+                            "link's figures are; e.g. mode.link_repeats=6)")
         if self.drop_after < 1:
             raise UserError(f"mode.drop_after={self.drop_after}: must be a number of rounds, at least 1, e.g. 4")
         # Which baselines are neither built-in plans nor an algorithm's is the algorithms'

@@ -401,7 +401,7 @@ def price_plans(runs: Mapping[str, PlanRun], options: SearchOptions, hooks: Hook
     if options.links:
         model, domains = links_mod.load(options.links), price.node_domains
     else:
-        model, now, seconds = price.job_links(is_main=hooks.is_main, log=hooks.log)
+        model, now, seconds = price.job_links(repeats=options.link_repeats, is_main=hooks.is_main, log=hooks.log)
         domains = price.process_domains
         if now:
             hooks.log(f"link model measured in {seconds:.1f} s: {model.describe()}")

@@ -41,7 +41,6 @@ from launcher.sharding.predict.work import Work, work
 
 # Bump when what ``measure_links`` measures changes: older cached link models are measured again.
 LINK_MODEL_VERSION = 3   # 2: the launch of a step measured too; 3: points at small sizes, the mean run
-LINK_REPEATS = 6   # timed runs per collective and size in a search (mode=check's own default is 12)
 
 
 @dataclass(frozen=True)
@@ -134,12 +133,12 @@ def cached_links_path() -> Path:
                           f"_v{LINK_MODEL_VERSION}.yaml")
 
 
-def job_links(*, is_main: bool = True, log: Callable[[str], None] = print
+def job_links(*, repeats: int, is_main: bool = True, log: Callable[[str], None] = print
               ) -> tuple[Optional[links_mod.LinkModel], bool, float]:
     """(this job's link model, whether it was measured now, seconds this took): the cache's
     file (``cached_links_path``; read by process 0 alone: the others get None and price
-    nothing), else measured on every process now (``measure_links``) and written there by process
-    0, a YAML file like the shipped ones (``mode.links=<it>`` reads it; edit it, or delete it to
+    nothing), else measured on every process now (``measure_links``, ``repeats`` timed runs of each
+    collective at each size: ``mode.link_repeats``) and written there by process 0, a YAML file like the shipped ones (``mode.links=<it>`` reads it; edit it, or delete it to
     measure again)."""
     from launcher.sharding.predict.measure_links import measure_links   # noqa: PLC0415  only when measuring
 
@@ -156,7 +155,7 @@ def job_links(*, is_main: bool = True, log: Callable[[str], None] = print
         return model, False, time.perf_counter() - t0
     log(f"link model of this job's devices ({jax.process_count()} process(es) x {jax.local_device_count()}): "
         f"measuring it once for the race's predictions, kept in {path}")
-    model = measure_links(repeats=LINK_REPEATS, name="measured")
+    model = measure_links(repeats=repeats, name="measured")
     if is_main:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -196,7 +196,10 @@ def _answer_key(program: TrainingProgram, mesh_shape: MeshShape, algorithm: str,
     # CFP's shortlist options were the search's (SearchOptions) when answers were first keyed, and
     # are kept among its options: the key, the store's format, is the same.
     shortlist = {name: own.pop(name) for name in CfpOptions.defaults()}
-    options = {**dataclasses.asdict(search), **shortlist,
+    # How often the link model for the race's predictions times a collective changes no answer
+    # (and came after the key's format): left out, as the store's folder is.
+    searched = {k: v for k, v in dataclasses.asdict(search).items() if k != "link_repeats"}
+    options = {**searched, **shortlist,
                "profile": {k: v for k, v in dataclasses.asdict(search.profile).items() if k != "store_dir"}}
     user = _layout_key(program.in_shardings)
     return {"version": ANSWER_KEY, "kind": "autoshard-answer", "program": program.signature,
