@@ -14,7 +14,7 @@ own mesh and a typed dropout key), in a process of its own with
 2. the same call again: the **warm** search's (the store holds the answer);
 3. ``autoshard(..., algorithm="ilp")``: the Alpa-style ILP's plan, and its search time;
 4. a race of its own (``--repeats`` interleaved rounds of ``--iterations`` steps,
-   ``search/measure.py: race``): CFP's own plan (whatever the answer), the same plan compiled a
+   ``search/race.py: race``): CFP's own plan (whatever the answer), the same plan compiled a
    second time (the A/A floor: any ratio is only as exact as this one's distance from 1), the
    ILP's plan, and the baselines dp, fsdp and the user's layout. Reported, paired (the median
    over rounds of the ratio within a round): CFP's own plan over the best baseline, the answer

@@ -18,6 +18,7 @@ from launcher.sharding import pipeline
 from launcher.sharding.analysis.contractions import Contraction, LoopDim as Dim
 from launcher.sharding.analysis.strategies import enumerate_strategies
 from launcher.sharding.algorithms.cfp import CfpOptions, within_reach
+from launcher.sharding.algorithms.cfp.algorithm import _log_shortlist
 from launcher.sharding.options import SearchOptions
 from launcher.sharding.search.dp import Candidate
 from launcher.sharding.search.meshes import (auto_shapes, crossings, for_each_mesh, is_several, merge_shortlists,
@@ -147,6 +148,40 @@ def test_a_shortlisted_plan_predicted_far_slower_is_not_measured_but_the_fastest
     assert within_reach(short, incumbents=[], slower_than=3.0)[0] == [0, 1, 2, 4, 5]
     with pytest.raises(UserError, match=r"mode.verify_slower_than=1: must be a factor above 1"):
         CfpOptions(verify_slower_than=1)
+
+
+def _row(source, ratio, over, *, rounds=4, chosen=False, incumbent=False, duel=None):
+    """A shortlist row as shortlist.pick makes it (the figures the log reads)."""
+    return {"source": source, "assignment": [0, 1], "mesh_shape": [4, 2], "predicted_step_time_s": 0.2,
+            "measured_step_time_s": 0.1 * ratio, "paired_ratio": ratio, "over_incumbent_paired": over,
+            "chosen": chosen, "incumbent": incumbent, "duel_over_incumbent_paired": duel, "rounds": rounds,
+            "duel_rounds": 8 if duel is not None else 0, "won_clearly": False}
+
+
+def test_the_shortlists_log_says_why_a_plan_ahead_by_the_margin_was_not_kept():
+    """The default job of 2026-12-08: the plan measured fastest over all the shortlist's rows
+    (0.884 of the plan nearest dp_tp, round by round) was neither kept nor raced alone, as the
+    plan first among those that ran every round raced it alone and lost; the log had said the
+    fastest one missed the 0.980 it had met."""
+    said = []
+    rows = [_row("search optimum", 0.841, 0.90, duel=1.002), _row("nearest dp_tp", 0.998, 1.0, chosen=True,
+                                                                    incumbent=True, duel=1.0),
+            _row("search optimum, cfp1 across processes", 0.812, 0.884)]
+    _log_shortlist(rows, 4, 5, 0.02, said.append)
+    assert said[-1] == ("kept nearest dp_tp ([0, 1]): search optimum, cfp1 across processes ([0, 1]) measured 0.884 "
+                        "of its time round by round, but search optimum ([0, 1]) came first among the plans that ran "
+                        "every round (each round's median taken over them) and raced it alone instead")
+    assert not any("not the 0.980" in line for line in said)
+    # Cut from the short rounds: only a plan that ran every one replaces it.
+    said.clear()
+    _log_shortlist([rows[1], _row("runner-up", 0.8, 0.85, rounds=2)], 4, 5, 0.02, said.append)
+    assert said[-1].endswith("measured 0.850 of its time round by round, but it ran 2 of 4 rounds, and only a plan "
+                             "that ran every one replaces it")
+    # Behind the margin: as it was.
+    said.clear()
+    _log_shortlist([rows[1], _row("runner-up", 0.99, 0.99)], 4, 5, 0.02, said.append)
+    assert said[-1] == ("kept nearest dp_tp ([0, 1]): runner-up measured 0.990 of its time round by round, not the "
+                        "0.980 (mode.verify_margin=0.02) needed to replace a plan nearest a baseline")
 
 
 def test_a_mesh_that_refuses_is_left_out_and_one_typed_error_when_every_mesh_does():
