@@ -138,8 +138,8 @@ def job_links(*, repeats: int, is_main: bool = True, log: Callable[[str], None] 
     """(this job's link model, whether it was measured now, seconds this took): the cache's
     file (``cached_links_path``; read by process 0 alone: the others get None and price
     nothing), else measured on every process now (``measure_links``, ``repeats`` timed runs of each
-    collective at each size: ``mode.link_repeats``) and written there by process 0, a YAML file like the shipped ones (``mode.links=<it>`` reads it; edit it, or delete it to
-    measure again)."""
+    collective at each size: ``mode.link_repeats``) and written there by process 0, a YAML file
+    like the shipped ones (``mode.links=<it>`` reads it; edit it, or delete it to measure again)."""
     from launcher.sharding.predict.measure_links import measure_links   # noqa: PLC0415  only when measuring
 
     t0 = time.perf_counter()
